@@ -1,0 +1,949 @@
+//! A simulated SMP machine that models real TLB behaviour (feature `mock`).
+//!
+//! Every host test, benchmark and fuzz target of this crate runs on it, and
+//! kernels can use it in their own tests. It is a model, not a counter:
+//!
+//! - Each simulated CPU has a bounded TLB that fills on access by walking
+//!   the simulated page tables, sets accessed and dirty bits atomically the
+//!   way hardware does, and keeps stale entries until they are flushed.
+//! - A write through a cached *clean* entry re-walks the page table (and
+//!   faults if the PTE is gone), as on x86; [`NoRewalk`] models hardware
+//!   without that guarantee, so tests can prove the crate never defers
+//!   there. [`BroadcastTlbi`] models broadcast invalidation (arm64 `TLBI IS`,
+//!   AMD `INVLPGB`): no IPIs, remote entries disappear at the barrier.
+//! - A frame-state oracle knows which frames are free, in use or under I/O
+//!   and records every [`Violation`] of the safety contract: a write
+//!   through a stale entry into a free or in-I/O frame, a read of a free
+//!   frame, a frame freed while cached, a frame sent to I/O while cached
+//!   writable.
+//! - IPIs are delivered either synchronously (the target's handler runs at
+//!   once, on the sender's thread) or, with [`Delivery::Threaded`] and
+//!   [`MockMachine::run_threaded`], to CPUs that are real threads and take
+//!   interrupts at their instruction boundaries when interrupts are enabled.
+//! - A [`CostModel`] charges cycles for IPIs, invalidations and refills, kept
+//!   as running totals.
+//!
+//! Each [`MockCpu`] is one CPU's view of the machine and implements
+//! [`Arch`]; many machines can run side by side in parallel tests.
+
+mod cost;
+mod oracle;
+mod tlb;
+
+use core::marker::PhantomData;
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::boxed::Box;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::vec::Vec;
+
+pub use cost::{CostKind, CostModel, CostTotals};
+pub use oracle::{FrameError, FrameState, Violation};
+pub use tlb::TlbEntry;
+
+use tlb::Tlb;
+
+use crate::arch::{Arch, Asid};
+use crate::cpuset::{CpuId, CpuSet, MAX_CPUS};
+use crate::mm::{switch_mm, MmTlbState};
+use crate::pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT};
+use crate::shootdown::{handle_flush_ipi, TlbShootdown};
+use crate::stats::{TlbStatsSnapshot, TraceEvent};
+use crate::Error;
+
+/// The hardware properties a simulated machine has.
+pub trait Model: Send + Sync + 'static {
+    /// See [`Arch::CLEAN_WRITE_REWALK`].
+    const CLEAN_WRITE_REWALK: bool;
+    /// See [`Arch::ACCESSED_CLEAR_NEEDS_FLUSH`].
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
+    /// See [`Arch::BROADCAST_INVALIDATE`].
+    const BROADCAST_INVALIDATE: bool;
+}
+
+/// x86-like hardware: writes through clean entries re-walk, clearing the
+/// accessed bit needs no flush, remote flushes need IPIs.
+#[derive(Debug)]
+pub struct X86Like;
+
+impl Model for X86Like {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    const BROADCAST_INVALIDATE: bool = false;
+}
+
+/// Hardware that writes through a cached clean entry without looking at
+/// the page table again: deferring a flush is unsafe there.
+#[derive(Debug)]
+pub struct NoRewalk;
+
+impl Model for NoRewalk {
+    const CLEAN_WRITE_REWALK: bool = false;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
+    const BROADCAST_INVALIDATE: bool = false;
+}
+
+/// Broadcast-invalidation hardware (arm64 `TLBI ... IS` + `DSB`, AMD
+/// `INVLPGB` + `TLBSYNC`): remote entries go without any IPI, completed by
+/// one barrier.
+#[derive(Debug)]
+pub struct BroadcastTlbi;
+
+impl Model for BroadcastTlbi {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
+    const BROADCAST_INVALIDATE: bool = true;
+}
+
+/// How IPIs reach their target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// The target's handler runs at once, on the sending thread (interrupt
+    /// masking is not modelled). Deterministic; for counting tests.
+    Synchronous,
+    /// The target CPU is a thread (see [`MockMachine::run_threaded`]) and
+    /// takes the interrupt at its next instruction boundary while its
+    /// interrupts are enabled.
+    Threaded,
+}
+
+/// The shape of a simulated machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MockConfig {
+    /// Number of CPUs, 1 to [`MAX_CPUS`].
+    pub cpus: usize,
+    /// Physical frames of memory.
+    pub frames: usize,
+    /// TLB entries per CPU.
+    pub tlb_entries: usize,
+    /// Whether TLB entries survive address-space switches (PCID).
+    pub tagged_tlb: bool,
+    /// How IPIs are delivered.
+    pub delivery: Delivery,
+    /// Cycle charges.
+    pub cost: CostModel,
+}
+
+impl MockConfig {
+    /// `cpus` CPUs, 4096 frames, 64-entry untagged TLBs, synchronous IPIs.
+    pub fn x86_like(cpus: usize) -> Self {
+        MockConfig {
+            cpus,
+            frames: 4096,
+            tlb_entries: 64,
+            tagged_tlb: false,
+            delivery: Delivery::Synchronous,
+            cost: CostModel::default(),
+        }
+    }
+
+    /// The same machine with threaded IPI delivery.
+    #[must_use]
+    pub fn threaded(mut self) -> Self {
+        self.delivery = Delivery::Threaded;
+        self
+    }
+}
+
+/// Why a simulated memory access did not complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// No present PTE maps the address (page fault).
+    NotMapped {
+        /// The faulting address.
+        va: u64,
+    },
+    /// A write to a page mapped read-only.
+    WriteProtected {
+        /// The faulting address.
+        va: u64,
+    },
+}
+
+/// Why a machine-level operation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MockError {
+    /// A frame operation was refused.
+    Frame(FrameError),
+    /// Bad input (unaligned address, CPU out of range, ...).
+    Input(Error),
+    /// The address space was not created by this machine.
+    UnknownAddressSpace,
+}
+
+impl From<FrameError> for MockError {
+    fn from(e: FrameError) -> Self {
+        MockError::Frame(e)
+    }
+}
+
+impl From<Error> for MockError {
+    fn from(e: Error) -> Self {
+        MockError::Input(e)
+    }
+}
+
+const KERNEL_ROOT: u64 = 0;
+
+#[derive(Clone, Copy, Debug)]
+enum BroadcastOp {
+    Page(Asid, u64),
+    Asid(Asid),
+    All(bool),
+}
+
+struct CpuState {
+    tlb: Mutex<Tlb>,
+    loaded: Mutex<Option<(Asid, u64)>>,
+    mm: Mutex<Option<Arc<MmTlbState>>>,
+    irq_enabled: AtomicBool,
+    irq_pending: AtomicBool,
+    cycles: AtomicU64,
+    interrupts: AtomicU64,
+}
+
+type PageTable = HashMap<u64, AtomicU64>;
+
+/// Locks a mutex, carrying on past poisoning (a panicking test thread must
+/// not hide the state other assertions want to read).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A simulated SMP machine; `M` fixes its hardware [`Model`].
+pub struct MockMachine<M: Model = X86Like> {
+    config: MockConfig,
+    shootdown: Box<TlbShootdown>,
+    cpus: Vec<CpuState>,
+    memory: Mutex<oracle::Memory>,
+    tables: RwLock<HashMap<u64, PageTable>>,
+    next_root: AtomicU64,
+    kernel_mm: Arc<MmTlbState>,
+    asid_roots: Mutex<HashMap<Asid, u64>>,
+    violations: Mutex<Vec<Violation>>,
+    broadcast_queue: Mutex<Vec<(CpuId, BroadcastOp)>>,
+    costs: cost::CostMeter,
+    ipis_sent: AtomicU64,
+    tracing: AtomicBool,
+    trace_log: Mutex<Vec<TraceEvent>>,
+    _model: PhantomData<M>,
+}
+
+impl MockMachine<X86Like> {
+    /// An x86-like machine (see [`MockMachine::with_model`]).
+    pub fn new(config: MockConfig) -> Result<Self, Error> {
+        Self::with_model(config)
+    }
+}
+
+impl<M: Model> MockMachine<M> {
+    /// A machine of model `M`. Errors: [`Error::CpuOutOfRange`] when
+    /// `config.cpus` is 0 or above [`MAX_CPUS`].
+    pub fn with_model(config: MockConfig) -> Result<Self, Error> {
+        if config.cpus == 0 || config.cpus > MAX_CPUS {
+            return Err(Error::CpuOutOfRange {
+                cpu: config.cpus,
+                limit: MAX_CPUS,
+            });
+        }
+        let cpus = (0..config.cpus)
+            .map(|_| CpuState {
+                tlb: Mutex::new(Tlb::new(config.tlb_entries)),
+                loaded: Mutex::new(None),
+                mm: Mutex::new(None),
+                irq_enabled: AtomicBool::new(true),
+                irq_pending: AtomicBool::new(false),
+                cycles: AtomicU64::new(0),
+                interrupts: AtomicU64::new(0),
+            })
+            .collect();
+        let mut tables = HashMap::new();
+        tables.insert(KERNEL_ROOT, PageTable::new());
+        Ok(MockMachine {
+            config,
+            shootdown: Box::new(TlbShootdown::new()),
+            cpus,
+            memory: Mutex::new(oracle::Memory::new(config.frames)),
+            tables: RwLock::new(tables),
+            next_root: AtomicU64::new(KERNEL_ROOT + 1),
+            kernel_mm: Arc::new(MmTlbState::kernel(KERNEL_ROOT)),
+            asid_roots: Mutex::new(HashMap::new()),
+            violations: Mutex::new(Vec::new()),
+            broadcast_queue: Mutex::new(Vec::new()),
+            costs: cost::CostMeter::default(),
+            ipis_sent: AtomicU64::new(0),
+            tracing: AtomicBool::new(false),
+            trace_log: Mutex::new(Vec::new()),
+            _model: PhantomData,
+        })
+    }
+
+    /// The configuration the machine was built with.
+    pub fn config(&self) -> &MockConfig {
+        &self.config
+    }
+
+    /// Number of CPUs.
+    pub fn nr_cpus(&self) -> usize {
+        self.cpus.len()
+    }
+
+    /// CPU `index`'s view of the machine, or [`Error::CpuOutOfRange`].
+    pub fn cpu(&self, index: usize) -> Result<MockCpu<'_, M>, Error> {
+        if index >= self.cpus.len() {
+            return Err(Error::CpuOutOfRange {
+                cpu: index,
+                limit: self.cpus.len(),
+            });
+        }
+        Ok(MockCpu {
+            machine: self,
+            id: CpuId::new(index)?,
+        })
+    }
+
+    /// Every CPU's view, in order.
+    pub fn cpus(&self) -> impl Iterator<Item = MockCpu<'_, M>> + '_ {
+        (0..self.cpus.len()).filter_map(move |i| self.cpu(i).ok())
+    }
+
+    fn state(&self, cpu: CpuId) -> &CpuState {
+        // Every CpuId this machine hands out is below `cpus.len()`.
+        &self.cpus[cpu.index()]
+    }
+
+    // ----- address spaces and page tables -----
+
+    /// A new, empty user address space with this ASID. Give each live
+    /// address space its own ASID: the model tells TLB entries apart by it.
+    pub fn new_mm(&self, asid: Asid) -> Arc<MmTlbState> {
+        let root = self.next_root.fetch_add(1, Ordering::Relaxed);
+        lock(&self.asid_roots).insert(asid, root);
+        self.tables
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(root, PageTable::new());
+        Arc::new(MmTlbState::new(asid, root))
+    }
+
+    /// The kernel's address space: its mappings are global and visible from
+    /// every address space.
+    pub fn kernel_mm(&self) -> &Arc<MmTlbState> {
+        &self.kernel_mm
+    }
+
+    fn with_pte<R>(&self, root: u64, vpn: u64, f: impl FnOnce(&AtomicU64) -> R) -> Option<R> {
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        tables.get(&root).and_then(|t| t.get(&vpn)).map(f)
+    }
+
+    /// Maps `frame` at `va` in `mm` (replacing any previous entry).
+    /// Kernel mappings are global.
+    pub fn map(&self, mm: &MmTlbState, va: u64, frame: Frame, writable: bool) -> Result<(), MockError> {
+        check_aligned(va)?;
+        let mut flags = PteFlags::PRESENT;
+        if writable {
+            flags |= PteFlags::WRITABLE;
+        }
+        flags |= if mm.is_kernel() {
+            PteFlags::GLOBAL
+        } else {
+            PteFlags::USER
+        };
+        self.set_pte(mm, va, Pte::new(frame, flags))
+    }
+
+    /// Allocates a frame and maps it at `va` in `mm`.
+    pub fn map_new(&self, mm: &MmTlbState, va: u64, writable: bool) -> Result<Frame, MockError> {
+        check_aligned(va)?;
+        let frame = self.alloc_frame()?;
+        self.map(mm, va, frame, writable)?;
+        Ok(frame)
+    }
+
+    /// Stores `pte` at `va` in `mm`.
+    pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
+        check_aligned(va)?;
+        let vpn = va >> PAGE_SHIFT;
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
+        table
+            .entry(vpn)
+            .or_insert_with(|| AtomicU64::new(0))
+            .store(pte.0, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The PTE at `va` in `mm` (empty when nothing was ever mapped there).
+    pub fn pte(&self, mm: &MmTlbState, va: u64) -> Result<Pte, MockError> {
+        check_aligned(va)?;
+        self.known(mm)?;
+        Ok(self
+            .with_pte(mm.root(), va >> PAGE_SHIFT, |p| Pte(p.load(Ordering::SeqCst)))
+            .unwrap_or(Pte::EMPTY))
+    }
+
+    /// Atomically clears the PTE at `va` in `mm` and returns what it held,
+    /// with whatever accessed and dirty bits hardware set up to that
+    /// instant. Flushes nothing.
+    pub fn clear_pte(&self, mm: &MmTlbState, va: u64) -> Result<Pte, MockError> {
+        check_aligned(va)?;
+        self.known(mm)?;
+        Ok(self
+            .with_pte(mm.root(), va >> PAGE_SHIFT, |p| Pte(p.swap(0, Ordering::SeqCst)))
+            .unwrap_or(Pte::EMPTY))
+    }
+
+    fn known(&self, mm: &MmTlbState) -> Result<(), MockError> {
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        if tables.contains_key(&mm.root()) {
+            Ok(())
+        } else {
+            Err(MockError::UnknownAddressSpace)
+        }
+    }
+
+    // ----- frames and the oracle -----
+
+    /// Takes a free frame.
+    pub fn alloc_frame(&self) -> Result<Frame, MockError> {
+        Ok(lock(&self.memory).alloc()?)
+    }
+
+    /// Returns a frame to the free list. The oracle records a
+    /// [`Violation::FreedWhileCached`] for every CPU still caching it.
+    pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
+        for (cpu, entry) in self.cached_translations(frame) {
+            self.record(Violation::FreedWhileCached {
+                frame,
+                cpu,
+                writable: entry.writable,
+            });
+        }
+        Ok(lock(&self.memory).free(frame)?)
+    }
+
+    /// Starts writing a frame out. The oracle records a
+    /// [`Violation::IoWhileWritable`] for every CPU caching it writable.
+    pub fn start_io(&self, frame: Frame) -> Result<(), MockError> {
+        for (cpu, entry) in self.cached_translations(frame) {
+            if entry.writable {
+                self.record(Violation::IoWhileWritable { frame, cpu });
+            }
+        }
+        Ok(lock(&self.memory).start_io(frame)?)
+    }
+
+    /// Finishes writing a frame out.
+    pub fn end_io(&self, frame: Frame) -> Result<(), MockError> {
+        Ok(lock(&self.memory).end_io(frame)?)
+    }
+
+    /// A frame's state.
+    pub fn frame_state(&self, frame: Frame) -> Result<FrameState, MockError> {
+        Ok(lock(&self.memory).state(frame)?)
+    }
+
+    /// The data word last written into a frame.
+    pub fn frame_data(&self, frame: Frame) -> Result<u64, MockError> {
+        Ok(lock(&self.memory).read(frame)?.0)
+    }
+
+    /// Marks a frame's page dirty (the software flag the kernel keeps).
+    pub fn set_frame_dirty(&self, frame: Frame) -> Result<(), MockError> {
+        Ok(lock(&self.memory).set_dirty(frame)?)
+    }
+
+    /// Whether a frame's page is marked dirty.
+    pub fn frame_dirty(&self, frame: Frame) -> Result<bool, MockError> {
+        Ok(lock(&self.memory).is_dirty(frame)?)
+    }
+
+    /// Number of free frames.
+    pub fn free_frames(&self) -> usize {
+        lock(&self.memory).free_count()
+    }
+
+    fn record(&self, v: Violation) {
+        lock(&self.violations).push(v);
+    }
+
+    /// Every violation the oracle recorded so far.
+    pub fn violations(&self) -> Vec<Violation> {
+        lock(&self.violations).clone()
+    }
+
+    /// Every (CPU, entry) pair caching a translation to `frame`.
+    pub fn cached_translations(&self, frame: Frame) -> Vec<(CpuId, TlbEntry)> {
+        self.all_entries()
+            .into_iter()
+            .filter(|(_, e)| e.frame == frame)
+            .collect()
+    }
+
+    /// Every TLB entry of every CPU.
+    pub fn all_entries(&self) -> Vec<(CpuId, TlbEntry)> {
+        let mut out = Vec::new();
+        for cpu in self.cpus() {
+            out.extend(lock(&self.state(cpu.id).tlb).entries().map(|e| (cpu.id, *e)));
+        }
+        out
+    }
+
+    /// The TLB entries that no longer match the page table: the PTE they
+    /// came from is gone, maps another frame, or no longer allows a write
+    /// the entry allows. These are what shootdowns exist to remove.
+    pub fn stale_entries(&self) -> Vec<(CpuId, TlbEntry)> {
+        let roots = lock(&self.asid_roots).clone();
+        self.all_entries()
+            .into_iter()
+            .filter(|(_, e)| {
+                let root = if e.global {
+                    Some(KERNEL_ROOT)
+                } else {
+                    roots.get(&e.asid).copied()
+                };
+                let pte = root.and_then(|r| self.with_pte(r, e.vpn, |p| Pte(p.load(Ordering::SeqCst))));
+                !pte.is_some_and(|p| {
+                    p.is_present() && p.frame() == e.frame && (p.is_writable() || !e.writable)
+                })
+            })
+            .collect()
+    }
+
+    // ----- costs, counters, tracing -----
+
+    /// Cycle totals by kind.
+    pub fn costs(&self) -> CostTotals {
+        self.costs.totals()
+    }
+
+    /// Cycles charged to one CPU.
+    pub fn cpu_cycles(&self, cpu: CpuId) -> u64 {
+        self.state(cpu).cycles.load(Ordering::Relaxed)
+    }
+
+    /// Flush interrupts `cpu` has taken.
+    pub fn interrupts_taken(&self, cpu: CpuId) -> u64 {
+        self.state(cpu).interrupts.load(Ordering::Relaxed)
+    }
+
+    /// IPIs the machine delivered or queued, counted by the machine itself
+    /// (independently of the crate's own counters).
+    pub fn ipis_sent(&self) -> u64 {
+        self.ipis_sent.load(Ordering::Relaxed)
+    }
+
+    /// The crate's counters for this machine.
+    pub fn stats(&self) -> TlbStatsSnapshot {
+        self.shootdown.stats()
+    }
+
+    /// Starts or stops recording [`TraceEvent`]s.
+    pub fn set_tracing(&self, on: bool) {
+        self.tracing.store(on, Ordering::Relaxed);
+    }
+
+    /// The trace events recorded so far, emptying the log.
+    pub fn take_trace(&self) -> Vec<TraceEvent> {
+        core::mem::take(&mut *lock(&self.trace_log))
+    }
+
+    fn charge(&self, cpu: CpuId, kind: CostKind, cycles: u64) {
+        self.state(cpu).cycles.fetch_add(cycles, Ordering::Relaxed);
+        self.costs.charge(kind, cycles);
+    }
+
+    // ----- threads -----
+
+    /// Runs `f` once on every CPU, each CPU a real thread, and returns when
+    /// all are done. A thread whose `f` returned keeps taking interrupts
+    /// until every other one returned, so late IPIs are still served. Use
+    /// with [`Delivery::Threaded`].
+    pub fn run_threaded<F>(&self, f: F)
+    where
+        F: Fn(MockCpu<'_, M>) + Sync,
+    {
+        let done = AtomicUsize::new(0);
+        let n = self.cpus.len();
+        std::thread::scope(|s| {
+            for cpu in self.cpus() {
+                let (f, done) = (&f, &done);
+                s.spawn(move || {
+                    f(cpu);
+                    cpu.enable_interrupts();
+                    done.fetch_add(1, Ordering::SeqCst);
+                    while done.load(Ordering::SeqCst) < n {
+                        cpu.poll_interrupts();
+                        std::thread::yield_now();
+                    }
+                    cpu.poll_interrupts();
+                });
+            }
+        });
+    }
+}
+
+/// One CPU of a [`MockMachine`]: the handle that implements [`Arch`] and
+/// performs simulated memory accesses. `Copy`; hand one to each thread.
+pub struct MockCpu<'m, M: Model = X86Like> {
+    machine: &'m MockMachine<M>,
+    id: CpuId,
+}
+
+impl<M: Model> Clone for MockCpu<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M: Model> Copy for MockCpu<'_, M> {}
+
+impl<M: Model> core::fmt::Debug for MockCpu<'_, M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "MockCpu({:?})", self.id)
+    }
+}
+
+impl<'m, M: Model> MockCpu<'m, M> {
+    /// This CPU's id.
+    pub fn id(&self) -> CpuId {
+        self.id
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &'m MockMachine<M> {
+        self.machine
+    }
+
+    fn state(&self) -> &'m CpuState {
+        self.machine.state(self.id)
+    }
+
+    /// Switches this CPU to `next` through the crate's [`switch_mm`] hook.
+    pub fn switch_to(&self, next: &Arc<MmTlbState>) {
+        let prev = lock(&self.state().mm).replace(Arc::clone(next));
+        // SAFETY: every root the mock hands out names one of its own page
+        // tables, and the mock's `switch_address_space` only records it.
+        unsafe { switch_mm(self, prev.as_deref(), next) };
+    }
+
+    /// The address space this CPU runs, if any.
+    pub fn current_mm(&self) -> Option<Arc<MmTlbState>> {
+        lock(&self.state().mm).clone()
+    }
+
+    /// Masks interrupts: IPIs stay pending until they are enabled again
+    /// (threaded delivery only).
+    pub fn disable_interrupts(&self) {
+        self.state().irq_enabled.store(false, Ordering::SeqCst);
+    }
+
+    /// Unmasks interrupts and takes any pending one.
+    pub fn enable_interrupts(&self) {
+        self.state().irq_enabled.store(true, Ordering::SeqCst);
+        self.poll_interrupts();
+    }
+
+    /// Whether interrupts are enabled.
+    pub fn interrupts_enabled(&self) -> bool {
+        self.state().irq_enabled.load(Ordering::SeqCst)
+    }
+
+    /// An instruction boundary: takes a pending flush IPI if interrupts are
+    /// enabled (threaded delivery). Returns whether it took one.
+    pub fn poll_interrupts(&self) -> bool {
+        let st = self.state();
+        if self.machine.config.delivery == Delivery::Threaded
+            && st.irq_enabled.load(Ordering::SeqCst)
+            && st.irq_pending.swap(false, Ordering::SeqCst)
+        {
+            self.take_interrupt();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn take_interrupt(&self) {
+        self.state().interrupts.fetch_add(1, Ordering::Relaxed);
+        self.machine.charge(
+            self.id,
+            CostKind::IpiReceive,
+            self.machine.config.cost.ipi_receive,
+        );
+        handle_flush_ipi(self);
+    }
+
+    /// Reads the data word of the page at `va` in the current address space
+    /// (or the kernel's), filling the TLB as hardware would.
+    pub fn read(&self, va: u64) -> Result<u64, Fault> {
+        self.access(va, None)
+    }
+
+    /// Writes `value` into the page at `va`, setting the dirty bit as
+    /// hardware would; a write through a stale entry lands in whatever frame
+    /// the entry names, and the oracle judges it.
+    pub fn write(&self, va: u64, value: u64) -> Result<(), Fault> {
+        self.access(va, Some(value)).map(|_| ())
+    }
+
+    fn access(&self, va: u64, write: Option<u64>) -> Result<u64, Fault> {
+        self.poll_interrupts();
+        let m = self.machine;
+        let vpn = va >> PAGE_SHIFT;
+        let loaded = *lock(&self.state().loaded);
+        let asid = loaded.map_or(Asid::KERNEL, |(a, _)| a);
+        // The TLB stays locked for the whole access: an instruction is not
+        // interrupted half-way, so no flush can slip between translation
+        // and the memory operation.
+        let mut tlb = lock(&self.state().tlb);
+        let frame = match (tlb.lookup(asid, vpn), write.is_some()) {
+            (Some(e), false) => e.frame,
+            (Some(e), true) if !e.writable => {
+                tlb.remove(asid, vpn);
+                return Err(Fault::WriteProtected { va });
+            }
+            (Some(e), true) if e.dirty => e.frame,
+            (Some(e), true) if !M::CLEAN_WRITE_REWALK => {
+                // No re-walk: the write goes through the cached entry; the
+                // dirty bit reaches the PTE only if it still maps the frame.
+                tlb.mark_dirty(asid, vpn);
+                self.set_dirty_in_place(loaded, e);
+                e.frame
+            }
+            (Some(_), true) => {
+                // Clean entry: hardware walks again to set the dirty bit and
+                // faults if the PTE is gone.
+                tlb.remove(asid, vpn);
+                self.walk_and_fill(&mut tlb, loaded, va, true)?
+            }
+            (None, w) => self.walk_and_fill(&mut tlb, loaded, va, w)?,
+        };
+        let mut mem = lock(&m.memory);
+        let violation = match write {
+            Some(value) => match mem.write(frame, value) {
+                Ok(FrameState::Free) => Some(Violation::WriteToFreeFrame {
+                    cpu: self.id,
+                    frame,
+                    va,
+                }),
+                Ok(FrameState::UnderIo) => Some(Violation::WriteDuringIo {
+                    cpu: self.id,
+                    frame,
+                    va,
+                }),
+                _ => None,
+            },
+            None => match mem.read(frame) {
+                Ok((_, FrameState::Free)) => Some(Violation::ReadOfFreeFrame {
+                    cpu: self.id,
+                    frame,
+                    va,
+                }),
+                _ => None,
+            },
+        };
+        let value = mem.read(frame).map(|(d, _)| d).unwrap_or(0);
+        drop(mem);
+        drop(tlb);
+        if let Some(v) = violation {
+            m.record(v);
+        }
+        Ok(value)
+    }
+
+    fn set_dirty_in_place(&self, loaded: Option<(Asid, u64)>, e: TlbEntry) {
+        let root = if e.global {
+            KERNEL_ROOT
+        } else {
+            loaded.map_or(KERNEL_ROOT, |(_, r)| r)
+        };
+        self.machine.with_pte(root, e.vpn, |p| {
+            let _ = p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                let pte = Pte(v);
+                (pte.is_present() && pte.frame() == e.frame).then_some(v | PteFlags::DIRTY.bits())
+            });
+        });
+    }
+
+    fn walk_and_fill(
+        &self,
+        tlb: &mut Tlb,
+        loaded: Option<(Asid, u64)>,
+        va: u64,
+        write: bool,
+    ) -> Result<Frame, Fault> {
+        let m = self.machine;
+        m.charge(self.id, CostKind::TlbRefill, m.config.cost.tlb_refill);
+        let vpn = va >> PAGE_SHIFT;
+        let walk = |root: u64| {
+            m.with_pte(root, vpn, |p| {
+                // The hardware's locked update of the A/D bits: it acts on
+                // the PTE as it is at this instant, so it can never resurrect
+                // a cleared entry nor be lost to a concurrent clear.
+                p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    let pte = Pte(v);
+                    if !pte.is_present() || (write && !pte.is_writable()) {
+                        return None;
+                    }
+                    let mut bits = v | PteFlags::ACCESSED.bits();
+                    if write {
+                        bits |= PteFlags::DIRTY.bits();
+                    }
+                    Some(bits)
+                })
+            })
+        };
+        let user = loaded.and_then(|(_, root)| walk(root));
+        let result = match user {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(v)) if Pte(v).is_present() => Err(v),
+            _ => walk(KERNEL_ROOT).unwrap_or(Err(0)),
+        };
+        let old = match result {
+            Ok(v) => Pte(v),
+            Err(v) if Pte(v).is_present() => return Err(Fault::WriteProtected { va }),
+            Err(_) => return Err(Fault::NotMapped { va }),
+        };
+        let global = old.flags().contains(PteFlags::GLOBAL);
+        let asid = if global {
+            Asid::KERNEL
+        } else {
+            loaded.map_or(Asid::KERNEL, |(a, _)| a)
+        };
+        tlb.insert(TlbEntry {
+            asid,
+            vpn,
+            frame: old.frame(),
+            writable: old.is_writable(),
+            dirty: write || old.is_dirty(),
+            global,
+        });
+        Ok(old.frame())
+    }
+
+    fn broadcast(&self, op: BroadcastOp) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::Broadcast, m.config.cost.broadcast_invalidate);
+        lock(&m.broadcast_queue).push((self.id, op));
+    }
+}
+
+// SAFETY: each MockCpu reports its own id; online CPUs are exactly the
+// machine's CPUs, all of which answer IPIs (synchronously or from their
+// threads); local flushes edit this CPU's modelled TLB before returning;
+// `send_flush_ipi` runs or queues `handle_flush_ipi` for each target; every
+// CPU of one machine returns the machine's single `TlbShootdown`; the
+// constants come from the model, which the simulated hardware obeys; the
+// broadcast operations reach every CPU's TLB at `broadcast_sync`.
+unsafe impl<M: Model> Arch for MockCpu<'_, M> {
+    const CLEAN_WRITE_REWALK: bool = M::CLEAN_WRITE_REWALK;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = M::ACCESSED_CLEAR_NEEDS_FLUSH;
+    const BROADCAST_INVALIDATE: bool = M::BROADCAST_INVALIDATE;
+
+    fn current_cpu(&self) -> CpuId {
+        self.id
+    }
+
+    fn online_cpus(&self) -> CpuSet {
+        // The machine was built with 1..=MAX_CPUS CPUs.
+        CpuSet::first(self.machine.cpus.len()).unwrap_or_default()
+    }
+
+    fn shootdown_state(&self) -> &TlbShootdown {
+        &self.machine.shootdown
+    }
+
+    fn tagged_tlb(&self) -> bool {
+        self.machine.config.tagged_tlb
+    }
+
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::Invlpg, m.config.cost.invlpg);
+        lock(&self.state().tlb).flush_page(asid, va >> PAGE_SHIFT);
+    }
+
+    fn flush_local_asid(&self, asid: Asid) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::FullFlush, m.config.cost.full_flush);
+        lock(&self.state().tlb).flush_asid(asid);
+    }
+
+    fn flush_local_all(&self, include_global: bool) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::FullFlush, m.config.cost.full_flush);
+        lock(&self.state().tlb).flush_all(include_global);
+    }
+
+    fn send_flush_ipi(&self, targets: &CpuSet) {
+        let m = self.machine;
+        for t in targets.iter().filter(|t| t.index() < m.cpus.len()) {
+            m.ipis_sent.fetch_add(1, Ordering::Relaxed);
+            m.charge(self.id, CostKind::IpiSend, m.config.cost.ipi_send);
+            let target = MockCpu { machine: m, id: t };
+            match m.config.delivery {
+                Delivery::Synchronous => target.take_interrupt(),
+                Delivery::Threaded => target.state().irq_pending.store(true, Ordering::SeqCst),
+            }
+        }
+    }
+
+    unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
+        *lock(&self.state().loaded) = Some((asid, root));
+        if !self.machine.config.tagged_tlb {
+            // An untagged TLB loses every non-global entry on a switch.
+            self.flush_local_all(false);
+        }
+    }
+
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        self.broadcast(BroadcastOp::Page(asid, va >> PAGE_SHIFT));
+    }
+
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.broadcast(BroadcastOp::Asid(asid));
+    }
+
+    fn broadcast_flush_all(&self, include_global: bool) {
+        self.broadcast(BroadcastOp::All(include_global));
+    }
+
+    fn broadcast_sync(&self) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::Broadcast, m.config.cost.broadcast_sync);
+        let mine: Vec<BroadcastOp> = {
+            let mut q = lock(&m.broadcast_queue);
+            let (mine, rest): (Vec<_>, Vec<_>) = q.drain(..).partition(|(c, _)| *c == self.id);
+            *q = rest;
+            mine.into_iter().map(|(_, op)| op).collect()
+        };
+        for cpu in m.cpus() {
+            let mut tlb = lock(&cpu.state().tlb);
+            for op in &mine {
+                match *op {
+                    BroadcastOp::Page(asid, vpn) => tlb.flush_page(asid, vpn),
+                    BroadcastOp::Asid(asid) => tlb.flush_asid(asid),
+                    BroadcastOp::All(g) => tlb.flush_all(g),
+                }
+            }
+        }
+    }
+
+    fn relax(&self) {
+        if !self.poll_interrupts() {
+            if self.machine.config.delivery == Delivery::Threaded {
+                std::thread::yield_now();
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    fn trace(&self, event: &TraceEvent) {
+        if self.machine.tracing.load(Ordering::Relaxed) {
+            lock(&self.machine.trace_log).push(*event);
+        }
+    }
+}

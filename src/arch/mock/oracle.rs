@@ -1,0 +1,196 @@
+//! The frame-state oracle: which frames are free, in use or under I/O, and
+//! the record of every violation of the safety contract it witnessed.
+
+use std::vec::Vec;
+
+use crate::cpuset::CpuId;
+use crate::pte::Frame;
+
+/// The life-cycle state of a physical frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameState {
+    /// On the free list: nothing may read, write or cache it.
+    Free,
+    /// Allocated.
+    InUse,
+    /// Being written out: nothing may write it.
+    UnderIo,
+}
+
+/// A breach of the safety contract, as the oracle saw it happen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Violation {
+    /// A CPU wrote into a free frame (through a stale entry): the write is
+    /// lost, or corrupts the frame's next owner (rule 1).
+    WriteToFreeFrame {
+        /// The writing CPU.
+        cpu: CpuId,
+        /// The frame written.
+        frame: Frame,
+        /// The virtual address used.
+        va: u64,
+    },
+    /// A CPU wrote into a frame under I/O: the disk copy misses the write
+    /// (rule 1).
+    WriteDuringIo {
+        /// The writing CPU.
+        cpu: CpuId,
+        /// The frame written.
+        frame: Frame,
+        /// The virtual address used.
+        va: u64,
+    },
+    /// A CPU read a free frame: an information leak (rule 2).
+    ReadOfFreeFrame {
+        /// The reading CPU.
+        cpu: CpuId,
+        /// The frame read.
+        frame: Frame,
+        /// The virtual address used.
+        va: u64,
+    },
+    /// A frame was freed while a CPU still cached a translation to it
+    /// (rule 2; rule 1 as well when `writable`).
+    FreedWhileCached {
+        /// The frame freed.
+        frame: Frame,
+        /// A CPU caching it.
+        cpu: CpuId,
+        /// Whether that cached entry allowed writes.
+        writable: bool,
+    },
+    /// A frame was handed to I/O while a CPU still cached a writable
+    /// translation to it (rule 1).
+    IoWhileWritable {
+        /// The frame.
+        frame: Frame,
+        /// A CPU caching a writable entry.
+        cpu: CpuId,
+    },
+}
+
+/// Why a frame operation on the mock machine was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameError {
+    /// No free frame is left.
+    OutOfFrames,
+    /// The frame number is beyond the machine's memory.
+    NoSuchFrame(Frame),
+    /// The frame is not in the state the operation needs.
+    WrongState {
+        /// The frame.
+        frame: Frame,
+        /// The state it is in.
+        state: FrameState,
+    },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct FrameInfo {
+    state: FrameState,
+    data: u64,
+    dirty: bool,
+}
+
+/// The machine's physical memory: one data word and a state per frame.
+#[derive(Debug)]
+pub(super) struct Memory {
+    frames: Vec<FrameInfo>,
+    free_list: Vec<u64>,
+}
+
+impl Memory {
+    pub(super) fn new(count: usize) -> Self {
+        Memory {
+            frames: std::vec![
+                FrameInfo {
+                    state: FrameState::Free,
+                    data: 0,
+                    dirty: false
+                };
+                count
+            ],
+            // Hand out low frames first.
+            free_list: (0..count as u64).rev().collect(),
+        }
+    }
+
+    fn info(&mut self, frame: Frame) -> Result<&mut FrameInfo, FrameError> {
+        usize::try_from(frame.0)
+            .ok()
+            .and_then(|i| self.frames.get_mut(i))
+            .ok_or(FrameError::NoSuchFrame(frame))
+    }
+
+    pub(super) fn state(&mut self, frame: Frame) -> Result<FrameState, FrameError> {
+        Ok(self.info(frame)?.state)
+    }
+
+    fn expect(&mut self, frame: Frame, want: FrameState) -> Result<&mut FrameInfo, FrameError> {
+        let info = self.info(frame)?;
+        if info.state == want {
+            Ok(info)
+        } else {
+            Err(FrameError::WrongState {
+                frame,
+                state: info.state,
+            })
+        }
+    }
+
+    pub(super) fn alloc(&mut self) -> Result<Frame, FrameError> {
+        let pfn = self.free_list.pop().ok_or(FrameError::OutOfFrames)?;
+        let frame = Frame(pfn);
+        let info = self.info(frame)?;
+        *info = FrameInfo {
+            state: FrameState::InUse,
+            data: 0,
+            dirty: false,
+        };
+        Ok(frame)
+    }
+
+    pub(super) fn free(&mut self, frame: Frame) -> Result<(), FrameError> {
+        self.expect(frame, FrameState::InUse)?.state = FrameState::Free;
+        self.free_list.push(frame.0);
+        Ok(())
+    }
+
+    pub(super) fn start_io(&mut self, frame: Frame) -> Result<(), FrameError> {
+        let info = self.expect(frame, FrameState::InUse)?;
+        info.state = FrameState::UnderIo;
+        info.dirty = false;
+        Ok(())
+    }
+
+    pub(super) fn end_io(&mut self, frame: Frame) -> Result<(), FrameError> {
+        self.expect(frame, FrameState::UnderIo)?.state = FrameState::InUse;
+        Ok(())
+    }
+
+    /// Stores a CPU's write; returns the state the frame was in.
+    pub(super) fn write(&mut self, frame: Frame, value: u64) -> Result<FrameState, FrameError> {
+        let info = self.info(frame)?;
+        info.data = value;
+        Ok(info.state)
+    }
+
+    /// A CPU's read: the data and the state the frame was in.
+    pub(super) fn read(&mut self, frame: Frame) -> Result<(u64, FrameState), FrameError> {
+        let info = self.info(frame)?;
+        Ok((info.data, info.state))
+    }
+
+    pub(super) fn set_dirty(&mut self, frame: Frame) -> Result<(), FrameError> {
+        self.info(frame)?.dirty = true;
+        Ok(())
+    }
+
+    pub(super) fn is_dirty(&mut self, frame: Frame) -> Result<bool, FrameError> {
+        Ok(self.info(frame)?.dirty)
+    }
+
+    pub(super) fn free_count(&self) -> usize {
+        self.free_list.len()
+    }
+}

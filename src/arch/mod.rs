@@ -1,0 +1,199 @@
+//! The hardware interface: the [`Arch`] trait a kernel implements once.
+//!
+//! Everything else in the crate is generic over `Arch`. Two implementations
+//! ship with it: [`mock`] (feature `mock`), a simulated SMP machine
+//! with modelled TLBs that every host test runs on, and (in a later release)
+//! x86_64.
+
+#[cfg(feature = "mock")]
+pub mod mock;
+
+use core::fmt;
+
+use crate::cpuset::{CpuId, CpuSet};
+use crate::shootdown::TlbShootdown;
+use crate::stats::TraceEvent;
+use crate::Error;
+
+/// The default [`Arch::FULL_FLUSH_CEILING`]: above this many pages one full
+/// flush is cheaper than that many single-page invalidations (the figure
+/// Linux uses on x86).
+pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
+
+/// An address-space identifier as the TLB sees it (x86 PCID, arm64 ASID).
+///
+/// On hardware without tagged TLBs the value only tells address spaces apart
+/// in this crate's bookkeeping. [`Asid::KERNEL`] is reserved for the kernel's
+/// own (global) mappings.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Asid(u16);
+
+impl Asid {
+    /// The kernel address space: its entries are global (they survive
+    /// address-space switches), so flushing it must include global entries.
+    pub const KERNEL: Asid = Asid(u16::MAX);
+
+    /// A user ASID, or [`Error::ReservedAsid`] for the kernel's value.
+    pub const fn new(value: u16) -> Result<Asid, Error> {
+        if value == u16::MAX {
+            Err(Error::ReservedAsid)
+        } else {
+            Ok(Asid(value))
+        }
+    }
+
+    /// The raw value.
+    pub const fn value(self) -> u16 {
+        self.0
+    }
+
+    /// Whether this is [`Asid::KERNEL`].
+    pub const fn is_kernel(self) -> bool {
+        self.0 == u16::MAX
+    }
+}
+
+impl fmt::Debug for Asid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_kernel() {
+            write!(f, "asid(kernel)")
+        } else {
+            write!(f, "asid({})", self.0)
+        }
+    }
+}
+
+/// What a kernel implements once for its hardware: who am I, flush my own
+/// TLB, interrupt other CPUs, switch address spaces. Capability constants
+/// say what the hardware guarantees; the crate's policies read them.
+///
+/// Methods take `&self`, so one value can describe one CPU's view of a
+/// machine (as the mock does, to run many simulated machines side by side
+/// in parallel tests) or be a zero-sized handle to the real hardware.
+///
+/// # Safety
+///
+/// The crate trusts every answer and every effect promised here to keep
+/// freed memory out of reach of other CPUs. An implementation guarantees:
+///
+/// - [`current_cpu`](Arch::current_cpu) names the CPU actually running the
+///   caller, and the caller cannot migrate while a crate function runs
+///   (kernels call the crate with preemption disabled).
+/// - [`online_cpus`](Arch::online_cpus) contains every CPU that may hold a
+///   TLB entry and that will answer an IPI.
+/// - Each `flush_local_*` method has removed the named entries from this
+///   CPU's TLB by the time it returns, including entries of an ASID that is
+///   not loaded when [`tagged_tlb`](Arch::tagged_tlb) is true.
+/// - [`send_flush_ipi`](Arch::send_flush_ipi) delivers an interrupt to each
+///   target, whose handler calls [`handle_flush_ipi`](crate::handle_flush_ipi)
+///   with that CPU's `Arch` value.
+/// - [`shootdown_state`](Arch::shootdown_state) returns the same
+///   [`TlbShootdown`] on every CPU of one machine.
+/// - The capability constants are true of the hardware; in particular
+///   [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) must not be claimed
+///   without the hardware guarantee, since batching relies on it.
+/// - When [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true, the
+///   `broadcast_*` methods invalidate on every CPU and
+///   [`broadcast_sync`](Arch::broadcast_sync) waits until they completed.
+pub unsafe trait Arch {
+    /// A write through a cached *clean* (not dirty) writable TLB entry makes
+    /// the hardware walk the page table again to set the dirty bit, and
+    /// faults if the PTE is gone. x86 guarantees this. Deferring the flush of
+    /// an unmapped page is legal only when it holds: otherwise a write
+    /// through the stale entry could dirty a page the kernel believes clean.
+    const CLEAN_WRITE_REWALK: bool;
+
+    /// Clearing a PTE's accessed bit must be followed by a TLB flush for the
+    /// bit to be set again reliably. On x86 it is not needed: a missed
+    /// re-set only makes a page look older than it is (seed 003).
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
+
+    /// Above this many pages a ranged flush becomes one full flush. Values
+    /// above [`MAX_FLUSH_ENTRIES`](crate::MAX_FLUSH_ENTRIES) are treated as
+    /// that limit.
+    const FULL_FLUSH_CEILING: usize = DEFAULT_FULL_FLUSH_CEILING;
+
+    /// The hardware invalidates remote TLBs without interrupts (arm64
+    /// `TLBI ... IS`, AMD `INVLPGB`): the crate then issues `broadcast_*`
+    /// calls and one [`broadcast_sync`](Arch::broadcast_sync) instead of
+    /// IPIs.
+    const BROADCAST_INVALIDATE: bool = false;
+
+    /// The CPU running the caller.
+    fn current_cpu(&self) -> CpuId;
+
+    /// The CPUs that are up and answer IPIs.
+    fn online_cpus(&self) -> CpuSet;
+
+    /// The machine's shootdown bookkeeping, normally a `static`.
+    fn shootdown_state(&self) -> &TlbShootdown;
+
+    /// Whether TLB entries of an address space survive switching away from
+    /// it (x86 with PCID, arm64 ASIDs). When false, switching away drops the
+    /// CPU from the address space's CPU set, so it gets no further IPIs for
+    /// it. The default is false.
+    fn tagged_tlb(&self) -> bool {
+        false
+    }
+
+    /// Invalidates this CPU's entry for the page at `va` in `asid`
+    /// (including a global entry when `asid` is [`Asid::KERNEL`]).
+    fn flush_local_page(&self, asid: Asid, va: u64);
+
+    /// Invalidates this CPU's non-global entries of `asid`.
+    fn flush_local_asid(&self, asid: Asid);
+
+    /// Invalidates every entry of every ASID on this CPU; global entries too
+    /// when `include_global` is true.
+    fn flush_local_all(&self, include_global: bool);
+
+    /// Sends the TLB-flush interrupt to every CPU in `targets` (never the
+    /// current CPU: the crate flushes that one itself).
+    fn send_flush_ipi(&self, targets: &CpuSet);
+
+    /// Loads the address space whose ASID is `asid` and whose page-table
+    /// root (opaque to the crate, for example a physical address for CR3) is
+    /// `root`.
+    ///
+    /// # Safety
+    ///
+    /// `root` must be a valid page-table root that maps the code and data
+    /// the CPU is running from.
+    unsafe fn switch_address_space(&self, asid: Asid, root: u64);
+
+    /// Broadcast invalidation of one page on every CPU; only called when
+    /// [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true.
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        let _ = (asid, va);
+    }
+
+    /// Broadcast invalidation of one ASID on every CPU; only called when
+    /// [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true.
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        let _ = asid;
+    }
+
+    /// Broadcast invalidation of everything (global entries included when
+    /// asked) on every CPU; only called when
+    /// [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true.
+    fn broadcast_flush_all(&self, include_global: bool) {
+        let _ = include_global;
+    }
+
+    /// Waits until every broadcast invalidation this CPU issued has taken
+    /// effect on every CPU.
+    fn broadcast_sync(&self) {}
+
+    /// Called in every busy-wait loop of the crate (x86: `pause`). A
+    /// simulated CPU also takes its pending interrupts here.
+    fn relax(&self) {
+        core::hint::spin_loop();
+    }
+
+    /// Called for every flush the crate performs or requests. The default
+    /// does nothing and compiles to nothing; a kernel overrides it to feed
+    /// its tracer.
+    fn trace(&self, event: &TraceEvent) {
+        let _ = event;
+    }
+}

@@ -1,0 +1,115 @@
+//! Batched TLB shootdown for Rust kernels.
+//!
+//! Unmapping a page that other CPUs may have cached needs a remote flush,
+//! classically one inter-processor interrupt (IPI) per target CPU per page.
+//! A reclaimer unmapping more than 100,000 pages a second then sends
+//! hundreds of thousands of interrupts a second. This crate clears the
+//! PTEs, records the pages in a [`TlbFlushUnmapBatch`], and sends one IPI
+//! per target CPU per *flush point* (before a frame is freed, reused or
+//! handed to I/O). On a 48-CPU machine the Linux series this follows cut
+//! interrupts from about 900K/s to 60K/s and the workload's time by 25%.
+//!
+//! # What a kernel provides
+//!
+//! One implementation of [`Arch`] (current CPU, local flushes, sending the
+//! flush IPI, loading an address space) and a `static` [`TlbShootdown`]. Its
+//! flush-IPI vector calls [`handle_flush_ipi`]; its context switch calls
+//! [`switch_mm`]; each address space embeds an [`MmTlbState`].
+//!
+//! # The safety contract
+//!
+//! Everything in the crate, and every test against the simulated machine,
+//! holds to these rules:
+//!
+//! 1. No frame is freed, reused or handed to I/O while any CPU may still
+//!    hold a *writable* TLB entry for it (lost writes, corruption).
+//! 2. No frame is freed or reused while any CPU may hold *any* TLB entry for
+//!    it (information leak).
+//! 3. Deferral happens only when the architecture guarantees that a write
+//!    through a clean cached entry re-walks the page table
+//!    ([`Arch::CLEAN_WRITE_REWALK`]).
+//! 4. A dirty bit is never lost: clearing a PTE is atomic with respect to
+//!    the hardware setting accessed/dirty bits, and a dirty PTE marks its
+//!    page dirty.
+//! 5. An operation that changes a mapping of an address space with a
+//!    pending batched flush flushes that batch first
+//!    ([`flush_tlb_batched_pending`]).
+//! 6. Page-table frames are freed only after the flush, and after lockless
+//!    walkers are excluded where the kernel asks for that.
+//! 7. A shootdown always completes: no deadlock, no lost request.
+//! 8. Clearing accessed bits without a flush may cost aging accuracy, never
+//!    data.
+//!
+//! # Example
+//!
+//! On the simulated machine (feature `mock`): four CPUs run an address
+//! space; CPU 0 unmaps 100 pages with their flushes deferred, then flushes
+//! once before freeing the frames.
+//!
+//! ```
+//! # #[cfg(feature = "mock")] {
+//! use tlb_batch::arch::mock::{MockConfig, MockMachine};
+//! use tlb_batch::{Asid, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE};
+//!
+//! let machine = MockMachine::new(MockConfig::x86_like(4)).unwrap();
+//! let mm = machine.new_mm(Asid::new(1).unwrap());
+//! let mut frames = Vec::new();
+//! for i in 0..100 {
+//!     let va = 0x40_0000 + i * PAGE_SIZE;
+//!     frames.push(machine.map_new(&mm, va, true).unwrap());
+//! }
+//! for cpu in 0..4 {
+//!     let c = machine.cpu(cpu).unwrap();
+//!     c.switch_to(&mm);
+//!     for i in 0..100 {
+//!         c.write(0x40_0000 + i * PAGE_SIZE, cpu as u64).unwrap();
+//!     }
+//! }
+//!
+//! let cpu0 = machine.cpu(0).unwrap();
+//! let mut batch = TlbFlushUnmapBatch::new();
+//! for i in 0..100 {
+//!     let va = 0x40_0000 + i * PAGE_SIZE;
+//!     let old = machine.clear_pte(&mm, va).unwrap();
+//!     assert!(TlbFlushUnmapBatch::should_defer(&cpu0, &mm, TtuFlags::BATCH_FLUSH));
+//!     batch.add_pending(&cpu0, &mm, va, old).unwrap();
+//! }
+//! let report = batch.flush(&cpu0).unwrap();
+//! assert_eq!(report.ipis_sent, 3); // one per other CPU, for 100 pages
+//! for f in frames {
+//!     machine.free_frame(f).unwrap();
+//! }
+//! assert!(machine.violations().is_empty());
+//! # }
+//! ```
+#![no_std]
+#![deny(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+#[cfg(any(feature = "std", test))]
+extern crate std;
+
+pub mod arch;
+mod batch;
+mod cpuset;
+mod error;
+mod mm;
+mod pte;
+mod request;
+pub mod rmap;
+mod shootdown;
+mod stats;
+
+pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
+pub use batch::TlbFlushUnmapBatch;
+pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
+pub use error::Error;
+pub use mm::{
+    flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
+};
+pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
+pub use rmap::TtuFlags;
+pub use shootdown::{handle_flush_ipi, shootdown, ShootdownReport, TlbShootdown};
+pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};

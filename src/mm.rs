@@ -1,0 +1,199 @@
+//! Per-address-space TLB state, the context-switch hook, and immediate
+//! (unbatched) flushes of one address space.
+
+use core::sync::atomic::{fence, AtomicU64, Ordering};
+
+use crate::arch::{Arch, Asid};
+use crate::cpuset::{AtomicCpuSet, CpuSet};
+use crate::request::FlushRequest;
+use crate::shootdown::{shootdown, ShootdownReport};
+use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
+use crate::Error;
+
+/// The TLB-related state of one address space (the fields Linux keeps in
+/// `mm_struct`). A kernel embeds one in its own address-space type.
+///
+/// - `asid` and `root` identify the address space to the hardware.
+/// - `cpus` holds every CPU that may cache its translations. [`switch_mm`]
+///   keeps it exact enough that no IPI goes to a CPU that cannot hold an
+///   entry: without tagged TLBs, switching away removes the CPU.
+/// - The "batched flush pending" marker is a pair of generations: a
+///   deferral advances `pending`; a flush of the whole address space
+///   advances `flushed` to the `pending` it saw *before* flushing. A
+///   deferral that races with the flusher leaves `pending` ahead, so the
+///   next check flushes again; a single boolean cleared by the flusher
+///   would lose it.
+///
+/// The kernel's own mappings are an address space too: build it with
+/// [`MmTlbState::kernel`]; every online CPU is then a target and flushes
+/// include global entries.
+#[derive(Debug)]
+pub struct MmTlbState {
+    asid: Asid,
+    root: u64,
+    cpus: AtomicCpuSet,
+    batch_pending: AtomicU64,
+    batch_flushed: AtomicU64,
+}
+
+impl MmTlbState {
+    /// The state of a user address space with this ASID and page-table root
+    /// (opaque here; passed to [`Arch::switch_address_space`]).
+    pub const fn new(asid: Asid, root: u64) -> Self {
+        MmTlbState {
+            asid,
+            root,
+            cpus: AtomicCpuSet::new(),
+            batch_pending: AtomicU64::new(0),
+            batch_flushed: AtomicU64::new(0),
+        }
+    }
+
+    /// The state of the kernel's (global) address space.
+    pub const fn kernel(root: u64) -> Self {
+        MmTlbState::new(Asid::KERNEL, root)
+    }
+
+    /// The ASID.
+    pub fn asid(&self) -> Asid {
+        self.asid
+    }
+
+    /// The page-table root given at construction.
+    pub fn root(&self) -> u64 {
+        self.root
+    }
+
+    /// Whether this is the kernel's address space.
+    pub fn is_kernel(&self) -> bool {
+        self.asid.is_kernel()
+    }
+
+    /// The CPUs recorded as possibly caching this address space (empty for
+    /// the kernel's: see [`flush_targets`](Self::flush_targets)).
+    pub fn cpus(&self) -> CpuSet {
+        self.cpus.load(Ordering::SeqCst)
+    }
+
+    /// The CPUs a flush of this address space must reach: every online CPU
+    /// for the kernel's, the recorded online CPUs otherwise.
+    ///
+    /// Call it *after* clearing the PTEs to be flushed: the full fence here
+    /// pairs with the one in [`switch_mm`], so a CPU that switches in
+    /// concurrently is either seen here or walks the already-cleared table.
+    pub fn flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
+        fence(Ordering::SeqCst);
+        let online = arch.online_cpus();
+        if self.is_kernel() {
+            online
+        } else {
+            self.cpus.load(Ordering::SeqCst).intersection(&online)
+        }
+    }
+
+    /// Whether a CPU other than the caller's may hold entries of this
+    /// address space.
+    pub fn cached_elsewhere<A: Arch>(&self, arch: &A) -> bool {
+        !self
+            .flush_targets(arch)
+            .difference(&CpuSet::single(arch.current_cpu()))
+            .is_empty()
+    }
+
+    /// Records that a flush of this address space was deferred into a batch
+    /// (called by [`TlbFlushUnmapBatch::add_pending`](crate::TlbFlushUnmapBatch::add_pending)).
+    pub fn note_batched_pending(&self) {
+        self.batch_pending.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Whether a deferred flush may still be outstanding: some batch
+    /// recorded a deferral that no [`flush_tlb_batched_pending`] covered.
+    pub fn batched_flush_pending(&self) -> bool {
+        self.batch_flushed.load(Ordering::SeqCst) < self.batch_pending.load(Ordering::SeqCst)
+    }
+}
+
+/// The context-switch hook: call it on the switching CPU, with interrupts
+/// off, instead of loading the page-table root yourself. It adds the CPU to
+/// `next`'s set *before* loading it, records the loaded ASID, loads it
+/// through [`Arch::switch_address_space`], and, when TLBs are not tagged,
+/// removes the CPU from `prev`'s set afterwards (its entries are gone).
+///
+/// # Safety
+///
+/// `next.root()` must be a valid page-table root that maps the running
+/// code, as [`Arch::switch_address_space`] requires, and `prev` must be the
+/// address space this CPU had loaded.
+pub unsafe fn switch_mm<A: Arch>(arch: &A, prev: Option<&MmTlbState>, next: &MmTlbState) {
+    let me = arch.current_cpu();
+    let state = arch.shootdown_state();
+    if prev.is_some_and(|p| core::ptr::eq(p, next)) {
+        return;
+    }
+    if !next.is_kernel() {
+        next.cpus.insert(me, Ordering::SeqCst);
+    }
+    // Pairs with the fence in `flush_targets`: either a concurrent unmapper
+    // sees this CPU in the set, or this CPU's walks see the cleared PTEs.
+    fence(Ordering::SeqCst);
+    state.set_loaded_asid(me, next.asid);
+    // SAFETY: the caller guarantees `next.root()` is a valid root.
+    unsafe { arch.switch_address_space(next.asid, next.root) };
+    state.count(Counter::TaskSwitches, 1);
+    if !arch.tagged_tlb() {
+        arch.trace(&TraceEvent {
+            cpu: me,
+            reason: FlushReason::TaskSwitch,
+            extent: FlushExtent::All,
+        });
+        if let Some(prev) = prev.filter(|p| !p.is_kernel()) {
+            prev.cpus.remove(me, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Contract rule 5: an operation about to change mappings of `mm`
+/// (mprotect, munmap, madvise, remap) calls this first, under the lock that
+/// serialises such changes. If a batch deferred flushes of `mm` that no
+/// flush covered yet, the whole address space is flushed on every CPU that
+/// may cache it; otherwise nothing happens. Returns whether it flushed.
+///
+/// Without this, a CPU could keep writing through a stale writable entry
+/// for a page the operation is about to protect or reuse.
+pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<bool, Error> {
+    let pending = mm.batch_pending.load(Ordering::SeqCst);
+    if mm.batch_flushed.load(Ordering::SeqCst) >= pending {
+        return Ok(false);
+    }
+    shootdown(arch, &mm.flush_targets(arch), &FlushRequest::for_asid(mm.asid))?;
+    // Covers every deferral up to `pending`; a later one keeps the marker
+    // set, so it is flushed by the next call.
+    mm.batch_flushed.fetch_max(pending, Ordering::SeqCst);
+    Ok(true)
+}
+
+/// Flushes one page of `mm` on every CPU that may cache it, now.
+pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<ShootdownReport, Error> {
+    let mut req = FlushRequest::new();
+    req.add_page(mm.asid, va, A::FULL_FLUSH_CEILING)?;
+    shootdown(arch, &mm.flush_targets(arch), &req)
+}
+
+/// Flushes the pages `start..end` of `mm` on every CPU that may cache it,
+/// now: page by page up to [`Arch::FULL_FLUSH_CEILING`], the whole address
+/// space above it.
+pub fn flush_tlb_range<A: Arch>(
+    arch: &A,
+    mm: &MmTlbState,
+    start: u64,
+    end: u64,
+) -> Result<ShootdownReport, Error> {
+    let mut req = FlushRequest::new();
+    req.add_range(mm.asid, start, end, A::FULL_FLUSH_CEILING)?;
+    shootdown(arch, &mm.flush_targets(arch), &req)
+}
+
+/// Flushes every entry of `mm` on every CPU that may cache it, now.
+pub fn flush_tlb_mm<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<ShootdownReport, Error> {
+    shootdown(arch, &mm.flush_targets(arch), &FlushRequest::for_asid(mm.asid))
+}

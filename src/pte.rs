@@ -1,0 +1,140 @@
+//! Page-table entries and physical frames.
+//!
+//! The layout follows x86_64 (flags in the low bits and bit 63, the frame
+//! number in bits 12..52), which arm64 and RISC-V kernels can map onto with
+//! a conversion at their page-table boundary.
+
+use core::fmt;
+
+/// log2 of the page size.
+pub const PAGE_SHIFT: u32 = 12;
+/// The size of a base page in bytes.
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+
+/// A physical frame number (physical address >> [`PAGE_SHIFT`]).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Frame(pub u64);
+
+impl Frame {
+    /// The frame's physical address.
+    pub const fn addr(self) -> u64 {
+        self.0 << PAGE_SHIFT
+    }
+}
+
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pfn({:#x})", self.0)
+    }
+}
+
+bitflags::bitflags! {
+    /// The flag bits of a [`Pte`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct PteFlags: u64 {
+        /// The entry maps a frame.
+        const PRESENT = 1 << 0;
+        /// Writes are allowed.
+        const WRITABLE = 1 << 1;
+        /// User mode may access the page.
+        const USER = 1 << 2;
+        /// Set by hardware when a translation is loaded into a TLB.
+        const ACCESSED = 1 << 5;
+        /// Set by hardware on the first write through the entry.
+        const DIRTY = 1 << 6;
+        /// The translation is global: it survives address-space switches.
+        const GLOBAL = 1 << 8;
+        /// Instruction fetches fault.
+        const NO_EXECUTE = 1 << 63;
+    }
+}
+
+const FRAME_MASK: u64 = 0x000f_ffff_ffff_f000;
+
+/// A page-table entry value.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Pte(pub u64);
+
+impl Pte {
+    /// The empty (not present) entry.
+    pub const EMPTY: Pte = Pte(0);
+
+    /// An entry mapping `frame` with `flags`. Frame bits beyond the 40 the
+    /// format holds are dropped.
+    pub fn new(frame: Frame, flags: PteFlags) -> Pte {
+        Pte((frame.addr() & FRAME_MASK) | flags.bits())
+    }
+
+    /// The flag bits (unknown bits are dropped).
+    pub fn flags(self) -> PteFlags {
+        PteFlags::from_bits_truncate(self.0)
+    }
+
+    /// The mapped frame, whether or not the entry is present.
+    pub fn frame(self) -> Frame {
+        Frame((self.0 & FRAME_MASK) >> PAGE_SHIFT)
+    }
+
+    /// Whether the entry is present.
+    pub fn is_present(self) -> bool {
+        self.flags().contains(PteFlags::PRESENT)
+    }
+
+    /// Whether the entry is present and writable.
+    pub fn is_writable(self) -> bool {
+        self.flags().contains(PteFlags::PRESENT | PteFlags::WRITABLE)
+    }
+
+    /// Whether hardware has recorded a write through the entry.
+    pub fn is_dirty(self) -> bool {
+        self.flags().contains(PteFlags::DIRTY)
+    }
+
+    /// Whether hardware has recorded an access through the entry.
+    pub fn is_accessed(self) -> bool {
+        self.flags().contains(PteFlags::ACCESSED)
+    }
+}
+
+impl fmt::Debug for Pte {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_present() {
+            write!(f, "Pte({:?}, {:?})", self.frame(), self.flags())
+        } else if self.0 == 0 {
+            write!(f, "Pte(empty)")
+        } else {
+            write!(f, "Pte(not present, {:#x})", self.0)
+        }
+    }
+}
+
+/// Whether `va` is page-aligned; [`Error::Unaligned`](crate::Error::Unaligned)
+/// otherwise.
+pub fn check_aligned(va: u64) -> Result<(), crate::Error> {
+    if va % PAGE_SIZE == 0 {
+        Ok(())
+    } else {
+        Err(crate::Error::Unaligned { addr: va })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_and_flags_round_trip() {
+        let pte = Pte::new(
+            Frame(0x1234),
+            PteFlags::PRESENT | PteFlags::WRITABLE | PteFlags::DIRTY,
+        );
+        assert_eq!(pte.frame(), Frame(0x1234));
+        assert!(pte.is_present() && pte.is_writable() && pte.is_dirty() && !pte.is_accessed());
+        assert!(!Pte::EMPTY.is_present());
+        assert!(check_aligned(0x2000).is_ok());
+        assert_eq!(
+            check_aligned(0x2001),
+            Err(crate::Error::Unaligned { addr: 0x2001 })
+        );
+    }
+}

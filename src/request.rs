@@ -1,0 +1,319 @@
+//! What one shootdown asks every target CPU to invalidate.
+
+use crate::arch::Asid;
+use crate::pte::{check_aligned, PAGE_SIZE};
+use crate::Error;
+
+/// The most page ranges a request carries, and so the largest useful
+/// [`Arch::FULL_FLUSH_CEILING`](crate::Arch::FULL_FLUSH_CEILING).
+pub const MAX_FLUSH_ENTRIES: usize = 64;
+
+/// The most distinct ASIDs a request names before it degrades to "flush
+/// everything".
+pub const MAX_FLUSH_ASIDS: usize = 8;
+
+/// A run of consecutive pages of one address space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlushRange {
+    /// The address space.
+    pub asid: Asid,
+    /// The first page's virtual address (page-aligned).
+    pub start: u64,
+    /// How many pages, at least one.
+    pub pages: u32,
+}
+
+const EMPTY_RANGE: FlushRange = FlushRange {
+    asid: Asid::KERNEL,
+    start: 0,
+    pages: 0,
+};
+
+/// What a request covers, as the receiving CPU sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushScope<'a> {
+    /// These pages, one invalidation each.
+    Ranges(&'a [FlushRange]),
+    /// Every non-global entry of these ASIDs; every entry at all when one of
+    /// them is [`Asid::KERNEL`].
+    Asids(&'a [Asid]),
+    /// Every entry of every ASID; global ones too when `include_global`.
+    Everything {
+        /// Whether global (kernel) entries are flushed too.
+        include_global: bool,
+    },
+}
+
+/// A set of TLB entries to invalidate: up to a ceiling of single pages, then
+/// whole ASIDs, then everything. It never grows: memory is O(1) whatever
+/// number of pages is added.
+#[derive(Clone, Debug)]
+pub struct FlushRequest {
+    ranges: [FlushRange; MAX_FLUSH_ENTRIES],
+    nr_ranges: usize,
+    pages: usize,
+    asids: [Asid; MAX_FLUSH_ASIDS],
+    nr_asids: usize,
+    too_many_asids: bool,
+    has_kernel: bool,
+    full: bool,
+}
+
+impl Default for FlushRequest {
+    fn default() -> Self {
+        FlushRequest::new()
+    }
+}
+
+impl FlushRequest {
+    /// An empty request.
+    pub const fn new() -> Self {
+        FlushRequest {
+            ranges: [EMPTY_RANGE; MAX_FLUSH_ENTRIES],
+            nr_ranges: 0,
+            pages: 0,
+            asids: [Asid::KERNEL; MAX_FLUSH_ASIDS],
+            nr_asids: 0,
+            too_many_asids: false,
+            has_kernel: false,
+            full: false,
+        }
+    }
+
+    /// A request to flush every entry of `asid`.
+    pub fn for_asid(asid: Asid) -> Self {
+        let mut req = FlushRequest::new();
+        req.add_asid(asid);
+        req
+    }
+
+    /// Whether nothing is requested.
+    pub fn is_empty(&self) -> bool {
+        self.nr_asids == 0 && !self.too_many_asids
+    }
+
+    /// Pages added so far (also counted after the request degraded to a
+    /// full flush).
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    /// Whether the request became a full flush of its ASIDs or of
+    /// everything.
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// Forgets everything requested.
+    pub fn clear(&mut self) {
+        self.nr_ranges = 0;
+        self.pages = 0;
+        self.nr_asids = 0;
+        self.too_many_asids = false;
+        self.has_kernel = false;
+        self.full = false;
+    }
+
+    fn note_asid(&mut self, asid: Asid) {
+        self.has_kernel |= asid.is_kernel();
+        if self.too_many_asids || self.asids[..self.nr_asids].contains(&asid) {
+            return;
+        }
+        if self.nr_asids < MAX_FLUSH_ASIDS {
+            self.asids[self.nr_asids] = asid;
+            self.nr_asids += 1;
+        } else {
+            self.too_many_asids = true;
+        }
+    }
+
+    fn degrade(&mut self) {
+        self.full = true;
+        self.nr_ranges = 0;
+    }
+
+    /// Adds the pages `start..end` of `asid`. Past `ceiling` pages in all
+    /// (capped at [`MAX_FLUSH_ENTRIES`]) the request degrades to a full flush
+    /// of its ASIDs.
+    ///
+    /// Errors: [`Error::Unaligned`] for an unaligned bound,
+    /// [`Error::InvalidRange`] when `start > end`. On error nothing changes.
+    pub fn add_range(&mut self, asid: Asid, start: u64, end: u64, ceiling: usize) -> Result<(), Error> {
+        check_aligned(start)?;
+        check_aligned(end)?;
+        if start > end {
+            return Err(Error::InvalidRange { start, end });
+        }
+        let count = (end - start) / PAGE_SIZE;
+        if count == 0 {
+            return Ok(());
+        }
+        self.note_asid(asid);
+        self.pages = self
+            .pages
+            .saturating_add(usize::try_from(count).unwrap_or(usize::MAX));
+        if self.full {
+            return Ok(());
+        }
+        let ceiling = ceiling.min(MAX_FLUSH_ENTRIES);
+        if self.pages > ceiling {
+            self.degrade();
+            return Ok(());
+        }
+        // `count` <= ceiling <= MAX_FLUSH_ENTRIES here, so it fits in u32.
+        let count = count as u32;
+        if let Some(last) = self.nr_ranges.checked_sub(1).map(|i| &mut self.ranges[i]) {
+            if last.asid == asid && last.start + u64::from(last.pages) * PAGE_SIZE == start {
+                last.pages += count;
+                return Ok(());
+            }
+        }
+        if self.nr_ranges == MAX_FLUSH_ENTRIES {
+            self.degrade();
+            return Ok(());
+        }
+        self.ranges[self.nr_ranges] = FlushRange {
+            asid,
+            start,
+            pages: count,
+        };
+        self.nr_ranges += 1;
+        Ok(())
+    }
+
+    /// Adds the single page at `va` of `asid` (see [`add_range`](Self::add_range)).
+    pub fn add_page(&mut self, asid: Asid, va: u64, ceiling: usize) -> Result<(), Error> {
+        check_aligned(va)?;
+        let end = va.checked_add(PAGE_SIZE).ok_or(Error::InvalidRange {
+            start: va,
+            end: u64::MAX,
+        })?;
+        self.add_range(asid, va, end, ceiling)
+    }
+
+    /// Asks for every entry of `asid` to be flushed.
+    pub fn add_asid(&mut self, asid: Asid) {
+        self.note_asid(asid);
+        self.degrade();
+    }
+
+    /// Asks for every entry of every ASID, global ones included, to be
+    /// flushed.
+    pub fn add_everything(&mut self) {
+        self.has_kernel = true;
+        self.too_many_asids = true;
+        self.degrade();
+    }
+
+    /// What the request covers.
+    pub fn scope(&self) -> FlushScope<'_> {
+        if !self.full {
+            FlushScope::Ranges(&self.ranges[..self.nr_ranges])
+        } else if self.too_many_asids {
+            FlushScope::Everything {
+                include_global: self.has_kernel,
+            }
+        } else {
+            FlushScope::Asids(&self.asids[..self.nr_asids])
+        }
+    }
+
+    pub(crate) fn from_parts(scope: FlushScope<'_>) -> Self {
+        let mut req = FlushRequest::new();
+        match scope {
+            FlushScope::Ranges(ranges) => {
+                let n = ranges.len().min(MAX_FLUSH_ENTRIES);
+                req.ranges[..n].copy_from_slice(&ranges[..n]);
+                req.nr_ranges = n;
+                for r in &ranges[..n] {
+                    req.note_asid(r.asid);
+                    req.pages += r.pages as usize;
+                }
+            }
+            FlushScope::Asids(asids) => {
+                for &a in asids {
+                    req.add_asid(a);
+                }
+            }
+            FlushScope::Everything { include_global } => {
+                req.add_everything();
+                req.has_kernel = include_global;
+            }
+        }
+        req
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn asid(v: u16) -> Asid {
+        Asid::new(v).unwrap()
+    }
+
+    #[test]
+    fn adjacent_pages_merge_and_the_ceiling_degrades() {
+        let mut r = FlushRequest::new();
+        for i in 0..4 {
+            r.add_page(asid(1), 0x10000 + i * PAGE_SIZE, 33).unwrap();
+        }
+        r.add_page(asid(2), 0x10000, 33).unwrap();
+        assert_eq!(
+            r.scope(),
+            FlushScope::Ranges(&[
+                FlushRange {
+                    asid: asid(1),
+                    start: 0x10000,
+                    pages: 4
+                },
+                FlushRange {
+                    asid: asid(2),
+                    start: 0x10000,
+                    pages: 1
+                },
+            ])
+        );
+        for i in 0..40 {
+            r.add_page(asid(1), 0x100000 + 2 * i * PAGE_SIZE, 33).unwrap();
+        }
+        assert_eq!(r.pages(), 45);
+        assert_eq!(r.scope(), FlushScope::Asids(&[asid(1), asid(2)]));
+    }
+
+    #[test]
+    fn many_asids_become_everything_and_kernel_means_global() {
+        let mut r = FlushRequest::new();
+        for a in 0..=MAX_FLUSH_ASIDS as u16 {
+            r.add_asid(asid(a));
+        }
+        assert_eq!(
+            r.scope(),
+            FlushScope::Everything {
+                include_global: false
+            }
+        );
+        r.add_page(Asid::KERNEL, 0, 33).unwrap();
+        assert_eq!(r.scope(), FlushScope::Everything { include_global: true });
+        r.clear();
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn bad_input_is_rejected_without_change() {
+        let mut r = FlushRequest::new();
+        assert_eq!(
+            r.add_page(asid(1), 0x1001, 33),
+            Err(Error::Unaligned { addr: 0x1001 })
+        );
+        assert_eq!(
+            r.add_range(asid(1), 0x3000, 0x1000, 33),
+            Err(Error::InvalidRange {
+                start: 0x3000,
+                end: 0x1000
+            })
+        );
+        assert!(r.add_page(asid(1), !(PAGE_SIZE - 1), 33).is_err());
+        assert!(r.is_empty());
+    }
+}

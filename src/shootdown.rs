@@ -1,0 +1,413 @@
+//! The cross-CPU shootdown protocol.
+//!
+//! Every CPU owns one *request slot* (the request it is currently asking
+//! others to carry out) and one *inbox* (the set of CPUs whose slots hold a
+//! request for it). All of it lives in one [`TlbShootdown`] value, normally
+//! a `static`, so the protocol never allocates.
+//!
+//! An initiator writes its request into its slot, sets its bit in every
+//! target's inbox, sends an IPI to the targets whose inbox had no interrupt
+//! on the way already, flushes itself locally, and waits until every target
+//! acknowledged. A target's interrupt handler empties its inbox and carries
+//! out every request it finds there, so one interrupt serves any number of
+//! coalesced requests. While an initiator waits it empties its own inbox
+//! too: two CPUs shooting at each other with interrupts disabled each serve
+//! the other's request, and neither waits forever.
+
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+use crate::arch::{Arch, Asid};
+use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use crate::pte::PAGE_SIZE;
+use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ENTRIES};
+use crate::stats::{Counter, FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
+use crate::Error;
+
+const NO_ASID: u32 = u32::MAX;
+
+const KIND_RANGES: u8 = 0;
+const KIND_ASIDS: u8 = 1;
+const KIND_ALL: u8 = 2;
+const KIND_ALL_GLOBAL: u8 = 3;
+
+/// One CPU's outgoing request. Fields are atomics so that readers on other
+/// CPUs never race with a plain write; the publishing `inbox` update
+/// (release) and the handler's `take` (acquire) order them.
+struct RequestSlot {
+    busy: AtomicBool,
+    remaining: AtomicU32,
+    kind: AtomicU8,
+    len: AtomicU8,
+    words: [AtomicU64; 2 * MAX_FLUSH_ENTRIES],
+}
+
+static_assertions::const_assert!(MAX_FLUSH_ENTRIES <= u8::MAX as usize);
+
+impl RequestSlot {
+    const fn new() -> Self {
+        RequestSlot {
+            busy: AtomicBool::new(false),
+            remaining: AtomicU32::new(0),
+            kind: AtomicU8::new(KIND_RANGES),
+            len: AtomicU8::new(0),
+            words: [const { AtomicU64::new(0) }; 2 * MAX_FLUSH_ENTRIES],
+        }
+    }
+
+    fn write(&self, req: &FlushRequest) {
+        let (kind, len) = match req.scope() {
+            FlushScope::Ranges(ranges) => {
+                for (i, r) in ranges.iter().enumerate() {
+                    self.words[2 * i].store(r.start, Ordering::Relaxed);
+                    let meta = (u64::from(r.asid.value()) << 32) | u64::from(r.pages);
+                    self.words[2 * i + 1].store(meta, Ordering::Relaxed);
+                }
+                (KIND_RANGES, ranges.len())
+            }
+            FlushScope::Asids(asids) => {
+                for (i, a) in asids.iter().enumerate() {
+                    self.words[i].store(u64::from(a.value()), Ordering::Relaxed);
+                }
+                (KIND_ASIDS, asids.len())
+            }
+            FlushScope::Everything { include_global } => {
+                (if include_global { KIND_ALL_GLOBAL } else { KIND_ALL }, 0)
+            }
+        };
+        self.kind.store(kind, Ordering::Relaxed);
+        // `len` is at most MAX_FLUSH_ENTRIES, which fits in u8 (asserted).
+        self.len.store(len as u8, Ordering::Relaxed);
+    }
+
+    fn read(&self) -> FlushRequest {
+        let len = usize::from(self.len.load(Ordering::Relaxed)).min(MAX_FLUSH_ENTRIES);
+        let asid_of = |w: u64| Asid::new(w as u16).unwrap_or(Asid::KERNEL);
+        match self.kind.load(Ordering::Relaxed) {
+            KIND_RANGES => {
+                let mut ranges = [FlushRange {
+                    asid: Asid::KERNEL,
+                    start: 0,
+                    pages: 0,
+                }; MAX_FLUSH_ENTRIES];
+                for (i, r) in ranges.iter_mut().enumerate().take(len) {
+                    let meta = self.words[2 * i + 1].load(Ordering::Relaxed);
+                    *r = FlushRange {
+                        asid: asid_of(meta >> 32),
+                        start: self.words[2 * i].load(Ordering::Relaxed),
+                        pages: meta as u32,
+                    };
+                }
+                FlushRequest::from_parts(FlushScope::Ranges(&ranges[..len]))
+            }
+            KIND_ASIDS => {
+                let mut asids = [Asid::KERNEL; MAX_FLUSH_ENTRIES];
+                for (i, a) in asids.iter_mut().enumerate().take(len) {
+                    *a = asid_of(self.words[i].load(Ordering::Relaxed));
+                }
+                FlushRequest::from_parts(FlushScope::Asids(&asids[..len]))
+            }
+            kind => FlushRequest::from_parts(FlushScope::Everything {
+                include_global: kind == KIND_ALL_GLOBAL,
+            }),
+        }
+    }
+}
+
+#[repr(align(64))]
+struct PerCpu {
+    inbox: AtomicCpuSet,
+    ipi_pending: AtomicBool,
+    loaded_asid: AtomicU32,
+    slot: RequestSlot,
+}
+
+impl PerCpu {
+    const fn new() -> Self {
+        PerCpu {
+            inbox: AtomicCpuSet::new(),
+            ipi_pending: AtomicBool::new(false),
+            loaded_asid: AtomicU32::new(NO_ASID),
+            slot: RequestSlot::new(),
+        }
+    }
+}
+
+/// All shootdown bookkeeping of one machine: per-CPU inboxes, request
+/// slots and loaded ASIDs, and the counters. Build it once, in a `static`,
+/// and return it from [`Arch::shootdown_state`].
+///
+/// ```
+/// static TLB: tlb_batch::TlbShootdown = tlb_batch::TlbShootdown::new();
+/// assert_eq!(TLB.stats().ipis_sent, 0);
+/// ```
+pub struct TlbShootdown {
+    cpus: [PerCpu; MAX_CPUS],
+    stats: TlbStats,
+}
+
+impl Default for TlbShootdown {
+    fn default() -> Self {
+        TlbShootdown::new()
+    }
+}
+
+impl TlbShootdown {
+    /// Fresh state: no CPU has an address space loaded, nothing in flight.
+    pub const fn new() -> Self {
+        TlbShootdown {
+            cpus: [const { PerCpu::new() }; MAX_CPUS],
+            stats: TlbStats::new(),
+        }
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> TlbStatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    pub(crate) fn count(&self, which: Counter, n: u64) {
+        self.stats.add(which, n);
+    }
+
+    /// The ASID `cpu` has loaded, as recorded by [`switch_mm`](crate::switch_mm).
+    pub fn loaded_asid(&self, cpu: CpuId) -> Option<Asid> {
+        match self.cpus[cpu.index()].loaded_asid.load(Ordering::Relaxed) {
+            NO_ASID => None,
+            v => Some(Asid::new(v as u16).unwrap_or(Asid::KERNEL)),
+        }
+    }
+
+    pub(crate) fn set_loaded_asid(&self, cpu: CpuId, asid: Asid) {
+        self.cpus[cpu.index()]
+            .loaded_asid
+            .store(u32::from(asid.value()), Ordering::Relaxed);
+    }
+
+    /// Whether `cpu` has requests waiting in its inbox.
+    pub fn has_pending_requests(&self, cpu: CpuId) -> bool {
+        !self.cpus[cpu.index()].inbox.load(Ordering::Acquire).is_empty()
+    }
+}
+
+/// What one shootdown did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShootdownReport {
+    /// Remote CPUs asked to flush (each acknowledged before return).
+    pub remote_cpus: usize,
+    /// IPIs sent: at most `remote_cpus`, fewer when an interrupt was already
+    /// on its way to a target and the request rode along with it.
+    pub ipis_sent: usize,
+    /// Whether the calling CPU flushed itself.
+    pub flushed_locally: bool,
+    /// Whether the flush went through broadcast invalidation (no IPIs).
+    pub broadcast: bool,
+}
+
+/// Invalidates what `request` names on every CPU of `targets` (offline CPUs
+/// are ignored) and returns once all of them have done so. The calling CPU
+/// flushes itself locally, without an IPI.
+///
+/// Callers run with preemption disabled; interrupts may be off. Errors:
+/// [`Error::ShootdownReentered`] when this CPU's slot is already in use (the
+/// call came from an interrupt that interrupted a shootdown on the same
+/// CPU); nothing was flushed then, and the caller still owes the flush.
+pub fn shootdown<A: Arch>(
+    arch: &A,
+    targets: &CpuSet,
+    request: &FlushRequest,
+) -> Result<ShootdownReport, Error> {
+    let mut report = ShootdownReport::default();
+    let targets = targets.intersection(&arch.online_cpus());
+    if request.is_empty() || targets.is_empty() {
+        return Ok(report);
+    }
+    let state = arch.shootdown_state();
+    let me = arch.current_cpu();
+
+    if A::BROADCAST_INVALIDATE {
+        state.count(Counter::Shootdowns, 1);
+        broadcast(arch, state, request);
+        report.broadcast = true;
+        return Ok(report);
+    }
+
+    let remote = targets.difference(&CpuSet::single(me));
+    let slot = &state.cpus[me.index()].slot;
+    if !remote.is_empty() {
+        if slot.busy.swap(true, Ordering::Acquire) {
+            return Err(Error::ShootdownReentered { cpu: me.index() });
+        }
+        slot.write(request);
+        // `remote.len()` <= MAX_CPUS, far below u32::MAX.
+        slot.remaining.store(remote.len() as u32, Ordering::Relaxed);
+    }
+    state.count(Counter::Shootdowns, 1);
+
+    if !remote.is_empty() {
+        let mut need_ipi = CpuSet::new();
+        for t in &remote {
+            let target = &state.cpus[t.index()];
+            // Publishes the slot contents (release) to the handler's take.
+            target.inbox.insert(me, Ordering::SeqCst);
+            // Only one IPI per target is needed until its handler runs: the
+            // handler clears `ipi_pending` before emptying the inbox, so a
+            // request that finds it set is seen by that handler.
+            if !target.ipi_pending.swap(true, Ordering::SeqCst) {
+                need_ipi.insert(t);
+            }
+        }
+        report.remote_cpus = remote.len();
+        report.ipis_sent = need_ipi.len();
+        if !need_ipi.is_empty() {
+            state.count(Counter::IpisSent, need_ipi.len() as u64);
+            arch.trace(&TraceEvent {
+                cpu: me,
+                reason: FlushReason::RemoteSendIpi,
+                extent: extent_of(request),
+            });
+            arch.send_flush_ipi(&need_ipi);
+        }
+    }
+
+    if targets.contains(me) {
+        let reason = match request.scope() {
+            FlushScope::Ranges(_) => FlushReason::LocalShootdown,
+            _ => FlushReason::LocalMmShootdown,
+        };
+        execute_local(arch, state, request, reason);
+        report.flushed_locally = true;
+    }
+
+    if !remote.is_empty() {
+        while slot.remaining.load(Ordering::Acquire) != 0 {
+            service_inbox(arch, state, me);
+            arch.relax();
+        }
+        slot.busy.store(false, Ordering::Release);
+    }
+    Ok(report)
+}
+
+/// The flush-IPI handler: the kernel calls it from its interrupt vector for
+/// the flush IPI, on the interrupted CPU, then signals end of interrupt.
+/// Carries out every request waiting for this CPU (several coalesced
+/// requests are served by one call) and returns how many it served; zero is
+/// normal when a waiting initiator already took them.
+pub fn handle_flush_ipi<A: Arch>(arch: &A) -> usize {
+    service_inbox(arch, arch.shootdown_state(), arch.current_cpu())
+}
+
+fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
+    let cpu = &state.cpus[me.index()];
+    // Clear first: a request published after this store sends a new IPI or
+    // is found by the take below.
+    cpu.ipi_pending.store(false, Ordering::SeqCst);
+    let initiators = cpu.inbox.take(Ordering::SeqCst);
+    let mut served = 0;
+    for from in &initiators {
+        let slot = &state.cpus[from.index()].slot;
+        let request = slot.read();
+        execute_local(arch, state, &request, FlushReason::RemoteShootdown);
+        // Acknowledge only after the flush; the initiator may reuse the
+        // slot as soon as the count reaches zero.
+        slot.remaining.fetch_sub(1, Ordering::Release);
+        served += 1;
+    }
+    if served > 0 {
+        state.count(Counter::FlushesReceived, served as u64);
+    }
+    served
+}
+
+fn extent_of(request: &FlushRequest) -> FlushExtent {
+    match request.scope() {
+        FlushScope::Ranges(_) => FlushExtent::Pages(request.pages()),
+        _ => FlushExtent::All,
+    }
+}
+
+/// Carries out `request` on the calling CPU only.
+pub(crate) fn execute_local<A: Arch>(
+    arch: &A,
+    state: &TlbShootdown,
+    request: &FlushRequest,
+    reason: FlushReason,
+) {
+    let me = arch.current_cpu();
+    let loaded = state.loaded_asid(me);
+    let tagged = arch.tagged_tlb();
+    // Without tagged TLBs a CPU holds entries only of the loaded address
+    // space (and global ones): switching flushed the rest. With no record
+    // of what is loaded, assume it could be anything.
+    let may_hold = |asid: Asid| asid.is_kernel() || tagged || loaded.is_none_or(|l| l == asid);
+    let extent = match request.scope() {
+        FlushScope::Ranges(ranges) => {
+            let mut pages = 0usize;
+            for r in ranges.iter().filter(|r| may_hold(r.asid)) {
+                for i in 0..u64::from(r.pages) {
+                    arch.flush_local_page(r.asid, r.start + i * PAGE_SIZE);
+                }
+                pages += r.pages as usize;
+            }
+            state.count(Counter::LocalPageFlushes, pages as u64);
+            FlushExtent::Pages(pages)
+        }
+        FlushScope::Asids(asids) => {
+            let mut n = 0;
+            for &asid in asids {
+                if asid.is_kernel() {
+                    arch.flush_local_all(true);
+                    n += 1;
+                } else if may_hold(asid) {
+                    arch.flush_local_asid(asid);
+                    n += 1;
+                }
+            }
+            state.count(Counter::LocalFullFlushes, n);
+            FlushExtent::All
+        }
+        FlushScope::Everything { include_global } => {
+            arch.flush_local_all(include_global);
+            state.count(Counter::LocalFullFlushes, 1);
+            FlushExtent::All
+        }
+    };
+    arch.trace(&TraceEvent {
+        cpu: me,
+        reason,
+        extent,
+    });
+}
+
+fn broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushRequest) {
+    match request.scope() {
+        FlushScope::Ranges(ranges) => {
+            for r in ranges {
+                for i in 0..u64::from(r.pages) {
+                    arch.broadcast_flush_page(r.asid, r.start + i * PAGE_SIZE);
+                }
+            }
+            state.count(Counter::LocalPageFlushes, request.pages() as u64);
+        }
+        FlushScope::Asids(asids) => {
+            for &asid in asids {
+                if asid.is_kernel() {
+                    arch.broadcast_flush_all(true);
+                } else {
+                    arch.broadcast_flush_asid(asid);
+                }
+            }
+            state.count(Counter::LocalFullFlushes, asids.len() as u64);
+        }
+        FlushScope::Everything { include_global } => {
+            arch.broadcast_flush_all(include_global);
+            state.count(Counter::LocalFullFlushes, 1);
+        }
+    }
+    arch.broadcast_sync();
+    arch.trace(&TraceEvent {
+        cpu: arch.current_cpu(),
+        reason: FlushReason::LocalShootdown,
+        extent: extent_of(request),
+    });
+}

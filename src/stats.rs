@@ -1,0 +1,160 @@
+//! Counters and trace events (seed 000, patch 1: every sender of a flush
+//! IPI can be identified).
+//!
+//! Counters are relaxed atomics in the machine's [`TlbShootdown`](crate::TlbShootdown);
+//! trace events go to [`Arch::trace`](crate::Arch::trace), whose default is
+//! empty, so a kernel without a tracer pays nothing for them.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cpuset::CpuId;
+
+/// Why a flush happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlushReason {
+    /// A context switch dropped (part of) this CPU's TLB.
+    TaskSwitch,
+    /// This CPU flushed on another CPU's request (IPI or coalesced request
+    /// taken while waiting).
+    RemoteShootdown,
+    /// This CPU flushed pages for its own shootdown.
+    LocalShootdown,
+    /// This CPU flushed whole address spaces for its own shootdown.
+    LocalMmShootdown,
+    /// This CPU is about to send flush IPIs to other CPUs.
+    RemoteSendIpi,
+}
+
+/// How much a traced flush covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FlushExtent {
+    /// This many single pages.
+    Pages(usize),
+    /// Whole address spaces (or everything).
+    All,
+}
+
+/// One traced flush.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TraceEvent {
+    /// The CPU that performed (or, for [`FlushReason::RemoteSendIpi`],
+    /// requested) the flush.
+    pub cpu: CpuId,
+    /// Why.
+    pub reason: FlushReason,
+    /// How much.
+    pub extent: FlushExtent,
+}
+
+/// Live counters, shared by all CPUs of one machine.
+#[derive(Debug, Default)]
+pub struct TlbStats {
+    shootdowns: AtomicU64,
+    ipis_sent: AtomicU64,
+    flushes_received: AtomicU64,
+    local_page_flushes: AtomicU64,
+    local_full_flushes: AtomicU64,
+    pages_deferred: AtomicU64,
+    batches_flushed: AtomicU64,
+    task_switches: AtomicU64,
+}
+
+/// A copy of the counters at one moment (each read separately).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct TlbStatsSnapshot {
+    /// Shootdowns started (one per flush point that had anything to flush).
+    pub shootdowns: u64,
+    /// Flush IPIs sent, one per target CPU interrupted.
+    pub ipis_sent: u64,
+    /// Flush requests from other CPUs carried out (a coalesced IPI can carry
+    /// several; a waiting initiator also takes requests without an IPI).
+    pub flushes_received: u64,
+    /// Single-page local invalidations (invlpg and equivalents).
+    pub local_page_flushes: u64,
+    /// Local flushes of a whole ASID or of everything.
+    pub local_full_flushes: u64,
+    /// Pages whose flush was deferred into a batch.
+    pub pages_deferred: u64,
+    /// Batches flushed.
+    pub batches_flushed: u64,
+    /// Address-space switches through [`switch_mm`](crate::switch_mm).
+    pub task_switches: u64,
+}
+
+/// The counter a crate-internal event increments.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Counter {
+    Shootdowns,
+    IpisSent,
+    FlushesReceived,
+    LocalPageFlushes,
+    LocalFullFlushes,
+    PagesDeferred,
+    BatchesFlushed,
+    TaskSwitches,
+}
+
+impl TlbStats {
+    /// All counters at zero, usable in a `static`.
+    pub const fn new() -> Self {
+        TlbStats {
+            shootdowns: AtomicU64::new(0),
+            ipis_sent: AtomicU64::new(0),
+            flushes_received: AtomicU64::new(0),
+            local_page_flushes: AtomicU64::new(0),
+            local_full_flushes: AtomicU64::new(0),
+            pages_deferred: AtomicU64::new(0),
+            batches_flushed: AtomicU64::new(0),
+            task_switches: AtomicU64::new(0),
+        }
+    }
+
+    fn counter(&self, which: Counter) -> &AtomicU64 {
+        match which {
+            Counter::Shootdowns => &self.shootdowns,
+            Counter::IpisSent => &self.ipis_sent,
+            Counter::FlushesReceived => &self.flushes_received,
+            Counter::LocalPageFlushes => &self.local_page_flushes,
+            Counter::LocalFullFlushes => &self.local_full_flushes,
+            Counter::PagesDeferred => &self.pages_deferred,
+            Counter::BatchesFlushed => &self.batches_flushed,
+            Counter::TaskSwitches => &self.task_switches,
+        }
+    }
+
+    pub(crate) fn add(&self, which: Counter, n: u64) {
+        self.counter(which).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Reads every counter.
+    pub fn snapshot(&self) -> TlbStatsSnapshot {
+        let get = |c| self.counter(c).load(Ordering::Relaxed);
+        TlbStatsSnapshot {
+            shootdowns: get(Counter::Shootdowns),
+            ipis_sent: get(Counter::IpisSent),
+            flushes_received: get(Counter::FlushesReceived),
+            local_page_flushes: get(Counter::LocalPageFlushes),
+            local_full_flushes: get(Counter::LocalFullFlushes),
+            pages_deferred: get(Counter::PagesDeferred),
+            batches_flushed: get(Counter::BatchesFlushed),
+            task_switches: get(Counter::TaskSwitches),
+        }
+    }
+}
+
+impl TlbStatsSnapshot {
+    /// The counts accumulated between `earlier` and `self`.
+    #[must_use]
+    pub fn since(&self, earlier: &TlbStatsSnapshot) -> TlbStatsSnapshot {
+        TlbStatsSnapshot {
+            shootdowns: self.shootdowns.wrapping_sub(earlier.shootdowns),
+            ipis_sent: self.ipis_sent.wrapping_sub(earlier.ipis_sent),
+            flushes_received: self.flushes_received.wrapping_sub(earlier.flushes_received),
+            local_page_flushes: self.local_page_flushes.wrapping_sub(earlier.local_page_flushes),
+            local_full_flushes: self.local_full_flushes.wrapping_sub(earlier.local_full_flushes),
+            pages_deferred: self.pages_deferred.wrapping_sub(earlier.pages_deferred),
+            batches_flushed: self.batches_flushed.wrapping_sub(earlier.batches_flushed),
+            task_switches: self.task_switches.wrapping_sub(earlier.task_switches),
+        }
+    }
+}
