@@ -183,9 +183,9 @@ impl TlbShootdown {
             .store(u32::from(asid.value()), Ordering::Relaxed);
     }
 
-    /// Whether `cpu` has requests waiting in its inbox.
-    pub fn has_pending_requests(&self, cpu: CpuId) -> bool {
-        !self.cpus[cpu.index()].inbox.load(Ordering::Acquire).is_empty()
+    /// How many initiators have a request waiting in `cpu`'s inbox.
+    pub fn pending_requests(&self, cpu: CpuId) -> usize {
+        self.cpus[cpu.index()].inbox.load(Ordering::Acquire).len()
     }
 }
 
