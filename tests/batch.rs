@@ -17,9 +17,17 @@ fn defers_only_with_the_flag_and_a_remote_cpu() {
     let cpu0 = m.cpu(0).unwrap();
     let cpu1 = m.cpu(1).unwrap();
     // Only the current CPU runs it: a local flush is cheap, nothing to batch.
-    assert!(!TlbFlushUnmapBatch::should_defer(&cpu0, &mm, TtuFlags::BATCH_FLUSH));
+    assert!(!TlbFlushUnmapBatch::should_defer(
+        &cpu0,
+        &mm,
+        TtuFlags::BATCH_FLUSH
+    ));
     // Seen from another CPU, CPU 0 is remote.
-    assert!(TlbFlushUnmapBatch::should_defer(&cpu1, &mm, TtuFlags::BATCH_FLUSH));
+    assert!(TlbFlushUnmapBatch::should_defer(
+        &cpu1,
+        &mm,
+        TtuFlags::BATCH_FLUSH
+    ));
     // Without the flag, never.
     assert!(!TlbFlushUnmapBatch::should_defer(&cpu1, &mm, TtuFlags::empty()));
     assert!(!TlbFlushUnmapBatch::should_defer(&cpu1, &mm, TtuFlags::MIGRATION));
@@ -32,7 +40,11 @@ fn defers_only_with_the_flag_and_a_remote_cpu() {
     let other = m.new_mm(asid(2));
     cpu0.switch_to(&other);
     assert!(mm.cpus().is_empty());
-    assert!(!TlbFlushUnmapBatch::should_defer(&cpu1, &mm, TtuFlags::BATCH_FLUSH));
+    assert!(!TlbFlushUnmapBatch::should_defer(
+        &cpu1,
+        &mm,
+        TtuFlags::BATCH_FLUSH
+    ));
 }
 
 #[test]
@@ -48,7 +60,11 @@ fn tagged_tlbs_keep_a_switched_away_cpu_as_a_target() {
     cpu1.switch_to(&m.new_mm(asid(2)));
     // The entry survives the switch, so CPU 1 must stay a target.
     assert_eq!(m.cached_translations(frames[0]).len(), 1);
-    assert!(TlbFlushUnmapBatch::should_defer(&cpu0, &mm, TtuFlags::BATCH_FLUSH));
+    assert!(TlbFlushUnmapBatch::should_defer(
+        &cpu0,
+        &mm,
+        TtuFlags::BATCH_FLUSH
+    ));
     let mut batch = TlbFlushUnmapBatch::new();
     let old = m.clear_pte(&mm, va(0)).unwrap();
     batch.add_pending(&cpu0, &mm, va(0), old).unwrap();
@@ -64,7 +80,11 @@ fn never_defers_without_the_clean_write_rewalk() {
     let (mm, _) = populate(&m, 1, 4, &[0, 1, 2, 3], true);
     let cpu0 = m.cpu(0).unwrap();
     assert!(mm.cached_elsewhere(&cpu0));
-    assert!(!TlbFlushUnmapBatch::should_defer(&cpu0, &mm, TtuFlags::BATCH_FLUSH));
+    assert!(!TlbFlushUnmapBatch::should_defer(
+        &cpu0,
+        &mm,
+        TtuFlags::BATCH_FLUSH
+    ));
 }
 
 #[test]
@@ -79,7 +99,11 @@ fn a_thousand_pages_on_eight_cpus_cost_one_ipi_per_other_cpu() {
     let mut batch = TlbFlushUnmapBatch::new();
     for i in 0..1000 {
         let old = m.clear_pte(&mm, va(i)).unwrap();
-        assert!(TlbFlushUnmapBatch::should_defer(&cpu0, &mm, TtuFlags::BATCH_FLUSH));
+        assert!(TlbFlushUnmapBatch::should_defer(
+            &cpu0,
+            &mm,
+            TtuFlags::BATCH_FLUSH
+        ));
         batch.add_pending(&cpu0, &mm, va(i), old).unwrap();
     }
     assert_eq!(batch.pending_pages(), 1000);
@@ -153,7 +177,10 @@ fn up_to_the_ceiling_pages_are_flushed_one_by_one() {
         if full {
             assert_eq!((d.local_page_flushes, d.local_full_flushes), (0, 4));
         } else {
-            assert_eq!((d.local_page_flushes, d.local_full_flushes), (4 * pages as u64, 0));
+            assert_eq!(
+                (d.local_page_flushes, d.local_full_flushes),
+                (4 * pages as u64, 0)
+            );
         }
         assert_eq!(d.ipis_sent, 3);
         assert_eq!(m.stale_entries(), []);
@@ -196,7 +223,10 @@ fn flush_dirty_flushes_writable_batches_and_leaves_clean_ones_pending() {
     assert!(old.is_dirty());
     batch.add_pending(&cpu0, &rw, va(0), old).unwrap();
     assert!(batch.has_writable());
-    let report = batch.flush_dirty(&cpu0).unwrap().expect("a dirty batch is flushed");
+    let report = batch
+        .flush_dirty(&cpu0)
+        .unwrap()
+        .expect("a dirty batch is flushed");
     assert_eq!(report.ipis_sent, 3);
     assert!(batch.is_empty());
     m.start_io(f).unwrap();
@@ -223,7 +253,11 @@ fn broadcast_hardware_flushes_a_batch_without_any_ipi() {
     let mut batch = TlbFlushUnmapBatch::new();
     for i in 0..50 {
         let old = m.clear_pte(&mm, va(i)).unwrap();
-        assert!(TlbFlushUnmapBatch::should_defer(&cpu0, &mm, TtuFlags::BATCH_FLUSH));
+        assert!(TlbFlushUnmapBatch::should_defer(
+            &cpu0,
+            &mm,
+            TtuFlags::BATCH_FLUSH
+        ));
         batch.add_pending(&cpu0, &mm, va(i), old).unwrap();
     }
     assert!(!m.stale_entries().is_empty(), "stale entries before the flush");
@@ -324,7 +358,10 @@ fn bad_input_is_an_error_and_changes_nothing() {
     assert!(MockMachine::new(config(tlb_batch::MAX_CPUS + 1, 64)).is_err());
     assert_eq!(
         tlb_batch::flush_tlb_range(&cpu0, &mm, va(2), va(1)),
-        Err(Error::InvalidRange { start: va(2), end: va(1) })
+        Err(Error::InvalidRange {
+            start: va(2),
+            end: va(1)
+        })
     );
     assert_eq!(cpu0.online_cpus().len(), 2);
 }

@@ -1,0 +1,230 @@
+//! The simulated machine itself: TLB fills and hardware A/D bits, stale
+//! entries, the clean-write re-walk (and its absence), the oracle, frame
+//! errors, tagged TLBs and the cost model.
+
+mod common;
+
+use common::{asid, config, populate, va};
+use tlb_batch::arch::mock::{
+    CostModel, Fault, FrameError, FrameState, MockConfig, MockError, MockMachine, NoRewalk, Violation,
+};
+use tlb_batch::{flush_tlb_page, Frame, PteFlags};
+
+#[test]
+fn accesses_fill_the_tlb_and_set_accessed_and_dirty_bits() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let mm = m.new_mm(asid(1));
+    let f = m.map_new(&mm, va(0), true).unwrap();
+    let cpu = m.cpu(0).unwrap();
+    cpu.switch_to(&mm);
+    assert!(!m.pte(&mm, va(0)).unwrap().is_accessed());
+    assert_eq!(cpu.read(va(0)), Ok(0));
+    let pte = m.pte(&mm, va(0)).unwrap();
+    assert!(pte.is_accessed() && !pte.is_dirty());
+    assert_eq!(m.cached_translations(f).len(), 1);
+    assert!(!m.cached_translations(f)[0].1.dirty);
+    cpu.write(va(0), 42).unwrap();
+    assert!(m.pte(&mm, va(0)).unwrap().is_dirty());
+    assert_eq!(m.frame_data(f), Ok(42));
+    assert!(m.cached_translations(f)[0].1.dirty);
+    // An unmapped address faults; a read-only page refuses writes.
+    assert_eq!(cpu.read(va(9)), Err(Fault::NotMapped { va: va(9) }));
+    let ro = m.map_new(&mm, va(1), false).unwrap();
+    assert_eq!(cpu.write(va(1), 1), Err(Fault::WriteProtected { va: va(1) }));
+    assert_eq!(m.frame_data(ro), Ok(0));
+}
+
+#[test]
+fn stale_entries_outlive_the_pte_until_flushed() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (mm, frames) = populate(&m, 1, 1, &[0, 1], true);
+    let cpu1 = m.cpu(1).unwrap();
+    let old = m.clear_pte(&mm, va(0)).unwrap();
+    assert!(old.is_dirty() && old.frame() == frames[0]);
+    // CPU 1 still reads through its cached entry.
+    assert_eq!(cpu1.read(va(0)), Ok(1));
+    assert_eq!(m.stale_entries().len(), 2);
+    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    assert_eq!(m.stale_entries(), []);
+    assert_eq!(cpu1.read(va(0)), Err(Fault::NotMapped { va: va(0) }));
+}
+
+#[test]
+fn a_write_through_a_clean_entry_rewalks_and_faults_once_the_pte_is_gone() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (mm, frames) = populate(&m, 1, 1, &[1], false);
+    // Make the page writable but still clean in CPU 1's TLB.
+    m.map(&mm, va(0), frames[0], true).unwrap();
+    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.read(va(0)).unwrap();
+    let e = m.cached_translations(frames[0])[0].1;
+    assert!(e.writable && !e.dirty);
+    m.clear_pte(&mm, va(0)).unwrap();
+    // x86: the write walks the table again, finds nothing, faults; the
+    // frame is untouched and the stale entry is gone.
+    assert_eq!(cpu1.write(va(0), 5), Err(Fault::NotMapped { va: va(0) }));
+    assert_eq!(m.frame_data(frames[0]), Ok(0));
+    assert_eq!(m.cached_translations(frames[0]), []);
+}
+
+#[test]
+fn without_the_rewalk_a_clean_entry_writes_silently_after_the_unmap() {
+    let m = MockMachine::<NoRewalk>::with_model(config(2, 64)).unwrap();
+    let mm = m.new_mm(asid(1));
+    let f = m.map_new(&mm, va(0), true).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm);
+    cpu1.read(va(0)).unwrap();
+    let old = m.clear_pte(&mm, va(0)).unwrap();
+    assert!(!old.is_dirty());
+    // The write lands although the PTE is gone, and no dirty bit records
+    // it: exactly why the crate must not defer flushes on such hardware.
+    assert_eq!(cpu1.write(va(0), 5), Ok(()));
+    assert_eq!(m.frame_data(f), Ok(5));
+    assert!(!m.pte(&mm, va(0)).unwrap().is_dirty());
+}
+
+#[test]
+fn a_dirty_entry_writes_without_a_walk() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (mm, frames) = populate(&m, 1, 1, &[1], true);
+    m.clear_pte(&mm, va(0)).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    let refills = m.costs().tlb_refill;
+    assert_eq!(cpu1.write(va(0), 9), Ok(()));
+    assert_eq!(m.costs().tlb_refill, refills, "no walk for a dirty hit");
+    assert_eq!(m.frame_data(frames[0]), Ok(9));
+}
+
+#[test]
+fn the_oracle_reports_reads_of_free_frames_and_io_hazards() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (mm, frames) = populate(&m, 1, 2, &[1], true);
+    let cpu1 = m.cpu(1).unwrap();
+    let id = cpu1.id();
+    // Page 0: written out while CPU 1 can still write it.
+    m.clear_pte(&mm, va(0)).unwrap();
+    m.start_io(frames[0]).unwrap();
+    cpu1.write(va(0), 3).unwrap();
+    m.end_io(frames[0]).unwrap();
+    // Page 1: freed while cached, then read.
+    m.clear_pte(&mm, va(1)).unwrap();
+    m.free_frame(frames[1]).unwrap();
+    cpu1.read(va(1)).unwrap();
+    assert_eq!(
+        m.violations(),
+        [
+            Violation::IoWhileWritable {
+                frame: frames[0],
+                cpu: id
+            },
+            Violation::WriteDuringIo {
+                cpu: id,
+                frame: frames[0],
+                va: va(0)
+            },
+            Violation::FreedWhileCached {
+                frame: frames[1],
+                cpu: id,
+                writable: true
+            },
+            Violation::ReadOfFreeFrame {
+                cpu: id,
+                frame: frames[1],
+                va: va(1)
+            },
+        ]
+    );
+}
+
+#[test]
+fn frame_misuse_is_refused_with_an_error() {
+    let m = MockMachine::new(MockConfig {
+        frames: 2,
+        ..config(1, 8)
+    })
+    .unwrap();
+    let a = m.alloc_frame().unwrap();
+    let _b = m.alloc_frame().unwrap();
+    assert_eq!(m.alloc_frame(), Err(MockError::Frame(FrameError::OutOfFrames)));
+    m.free_frame(a).unwrap();
+    assert_eq!(
+        m.free_frame(a),
+        Err(MockError::Frame(FrameError::WrongState {
+            frame: a,
+            state: FrameState::Free
+        }))
+    );
+    assert_eq!(
+        m.free_frame(Frame(99)),
+        Err(MockError::Frame(FrameError::NoSuchFrame(Frame(99))))
+    );
+    assert_eq!(
+        m.end_io(a),
+        Err(MockError::Frame(FrameError::WrongState {
+            frame: a,
+            state: FrameState::Free
+        }))
+    );
+    let mm = m.new_mm(asid(1));
+    assert!(matches!(m.map_new(&mm, 0x1234, true), Err(MockError::Input(_))));
+    let stranger = tlb_batch::MmTlbState::new(asid(7), 12345);
+    assert_eq!(m.clear_pte(&stranger, 0), Err(MockError::UnknownAddressSpace));
+    assert_eq!(m.free_frames(), 1);
+}
+
+#[test]
+fn tlbs_are_bounded_and_only_tagged_ones_survive_a_switch() {
+    for tagged in [false, true] {
+        let m = MockMachine::new(MockConfig {
+            tagged_tlb: tagged,
+            ..config(1, 4)
+        })
+        .unwrap();
+        let (mm, frames) = populate(&m, 1, 10, &[0], true);
+        assert_eq!(m.all_entries().len(), 4, "capacity bounds the TLB");
+        // The least recently used pages were evicted.
+        assert!(m.cached_translations(frames[9]).len() == 1 && m.cached_translations(frames[0]).is_empty());
+        m.cpu(0).unwrap().switch_to(&m.new_mm(asid(2)));
+        assert_eq!(m.all_entries().len(), if tagged { 4 } else { 0 });
+        assert_eq!(mm.cpus().is_empty(), !tagged);
+    }
+}
+
+#[test]
+fn global_entries_are_marked_and_kept() {
+    let m = MockMachine::new(config(1, 8)).unwrap();
+    let kernel = m.kernel_mm().clone();
+    m.map_new(&kernel, 0xffff_ffff_8000_0000, true).unwrap();
+    let pte = m.pte(&kernel, 0xffff_ffff_8000_0000).unwrap();
+    assert!(pte.flags().contains(PteFlags::GLOBAL) && !pte.flags().contains(PteFlags::USER));
+    let cpu = m.cpu(0).unwrap();
+    cpu.read(0xffff_ffff_8000_0000).unwrap();
+    cpu.switch_to(&m.new_mm(asid(1)));
+    assert_eq!(m.all_entries().len(), 1);
+    assert!(m.all_entries()[0].1.global);
+}
+
+#[test]
+fn the_cost_model_gives_exact_running_totals() {
+    let cost = CostModel::default();
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (mm, _) = populate(&m, 1, 2, &[0, 1, 2], true);
+    // 3 CPUs x 2 pages, one walk each.
+    assert_eq!(m.costs().tlb_refill, 6 * cost.tlb_refill);
+    let base = m.costs();
+    m.clear_pte(&mm, va(0)).unwrap();
+    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    let c = m.costs();
+    assert_eq!(c.ipi_send - base.ipi_send, 2 * cost.ipi_send);
+    assert_eq!(c.ipi_receive - base.ipi_receive, 2 * cost.ipi_receive);
+    assert_eq!(c.invlpg - base.invlpg, 3 * cost.invlpg);
+    assert_eq!(
+        c.total() - base.total(),
+        2 * cost.ipi_send + 2 * cost.ipi_receive + 3 * cost.invlpg
+    );
+    // The receiver pays for the interrupt, the sender for sending it.
+    let cpu1 = m.cpu(1).unwrap().id();
+    assert!(m.cpu_cycles(cpu1) >= cost.ipi_receive + cost.invlpg);
+}

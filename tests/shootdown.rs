@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::{asid, config, populate, va, within};
 use tlb_batch::arch::mock::{MockCpu, MockMachine};
 use tlb_batch::{
-    flush_tlb_batched_pending, flush_tlb_page, handle_flush_ipi, shootdown, Arch, Asid, CpuId, CpuSet, Error, FlushRequest,
-    TlbFlushUnmapBatch, TlbShootdown, TraceEvent, PAGE_SIZE,
+    flush_tlb_batched_pending, flush_tlb_page, handle_flush_ipi, shootdown, Arch, Asid, CpuId, CpuSet, Error,
+    FlushRequest, TlbFlushUnmapBatch, TlbShootdown, TraceEvent, PAGE_SIZE,
 };
 
 fn cpu_set(ids: &[usize]) -> CpuSet {

@@ -1,7 +1,7 @@
 //! The hardware interface: the [`Arch`] trait a kernel implements once.
 //!
 //! Everything else in the crate is generic over `Arch`. Two implementations
-//! ship with it: [`mock`] (feature `mock`), a simulated SMP machine
+//! ship with it: `mock` (feature `mock`), a simulated SMP machine
 //! with modelled TLBs that every host test runs on, and (in a later release)
 //! x86_64.
 

@@ -38,7 +38,9 @@ pub fn populate<M: Model>(
     writable: bool,
 ) -> (Arc<MmTlbState>, Vec<Frame>) {
     let mm = m.new_mm(asid(asid_value));
-    let frames = (0..pages).map(|i| m.map_new(&mm, va(i), writable).unwrap()).collect();
+    let frames = (0..pages)
+        .map(|i| m.map_new(&mm, va(i), writable).unwrap())
+        .collect();
     for &c in cpus {
         let cpu = m.cpu(c).unwrap();
         cpu.switch_to(&mm);
