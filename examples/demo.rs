@@ -48,7 +48,10 @@ fn run<M: Model>(cpus: usize, policy: Policy) -> Figures {
 
     let cpu0 = m.cpu(0).expect("CPU 0 exists");
     let before = (m.stats(), m.costs());
-    let interrupts_before: u64 = m.cpus().map(|c| m.interrupts_taken(c.id())).sum();
+    let interrupts_before: u64 = m
+        .cpus()
+        .map(|c| m.interrupts_taken(c.id()).expect("a CPU of this machine"))
+        .sum();
     let mut batch = TlbFlushUnmapBatch::new();
     for (i, _) in frames.iter().enumerate() {
         let old = m.clear_pte(&mm, va(i)).expect("mapped");
@@ -64,7 +67,10 @@ fn run<M: Model>(cpus: usize, policy: Policy) -> Figures {
     for f in frames {
         m.free_frame(f).expect("in use");
     }
-    let interrupts: u64 = m.cpus().map(|c| m.interrupts_taken(c.id())).sum();
+    let interrupts: u64 = m
+        .cpus()
+        .map(|c| m.interrupts_taken(c.id()).expect("a CPU of this machine"))
+        .sum();
     Figures {
         ipis: m.stats().since(&before.0).ipis_sent,
         interrupts: interrupts - interrupts_before,

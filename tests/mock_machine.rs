@@ -149,6 +149,7 @@ fn frame_misuse_is_refused_with_an_error() {
     let _b = m.alloc_frame().unwrap();
     assert_eq!(m.alloc_frame(), Err(MockError::Frame(FrameError::OutOfFrames)));
     m.free_frame(a).unwrap();
+    assert_eq!(m.violations(), []);
     assert_eq!(
         m.free_frame(a),
         Err(MockError::Frame(FrameError::WrongState {
@@ -226,5 +227,8 @@ fn the_cost_model_gives_exact_running_totals() {
     );
     // The receiver pays for the interrupt, the sender for sending it.
     let cpu1 = m.cpu(1).unwrap().id();
-    assert!(m.cpu_cycles(cpu1) >= cost.ipi_receive + cost.invlpg);
+    assert!(m.cpu_cycles(cpu1).unwrap() >= cost.ipi_receive + cost.invlpg);
+    // A CPU the machine does not have is an error, not a panic.
+    let foreign = tlb_batch::CpuId::new(200).unwrap();
+    assert!(m.cpu_cycles(foreign).is_err() && m.interrupts_taken(foreign).is_err());
 }

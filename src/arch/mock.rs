@@ -307,8 +307,9 @@ impl<M: Model> MockMachine<M> {
         (0..self.cpus.len()).filter_map(move |i| self.cpu(i).ok())
     }
 
+    /// Only for ids this machine handed out (through a [`MockCpu`]), which
+    /// are below `cpus.len()` by construction.
     fn state(&self, cpu: CpuId) -> &CpuState {
-        // Every CpuId this machine hands out is below `cpus.len()`.
         &self.cpus[cpu.index()]
     }
 
@@ -411,27 +412,33 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Returns a frame to the free list. The oracle records a
-    /// [`Violation::FreedWhileCached`] for every CPU still caching it.
+    /// [`Violation::FreedWhileCached`] for every CPU still caching it (only
+    /// when the free itself is accepted).
     pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
-        for (cpu, entry) in self.cached_translations(frame) {
+        // TLBs are scanned before the memory lock is taken: accesses lock a
+        // TLB and then memory, never the other way round.
+        let cached = self.cached_translations(frame);
+        lock(&self.memory).free(frame)?;
+        for (cpu, entry) in cached {
             self.record(Violation::FreedWhileCached {
                 frame,
                 cpu,
                 writable: entry.writable,
             });
         }
-        Ok(lock(&self.memory).free(frame)?)
+        Ok(())
     }
 
     /// Starts writing a frame out. The oracle records a
-    /// [`Violation::IoWhileWritable`] for every CPU caching it writable.
+    /// [`Violation::IoWhileWritable`] for every CPU caching it writable
+    /// (only when the frame could start I/O).
     pub fn start_io(&self, frame: Frame) -> Result<(), MockError> {
-        for (cpu, entry) in self.cached_translations(frame) {
-            if entry.writable {
-                self.record(Violation::IoWhileWritable { frame, cpu });
-            }
+        let cached = self.cached_translations(frame);
+        lock(&self.memory).start_io(frame)?;
+        for (cpu, _) in cached.into_iter().filter(|(_, e)| e.writable) {
+            self.record(Violation::IoWhileWritable { frame, cpu });
         }
-        Ok(lock(&self.memory).start_io(frame)?)
+        Ok(())
     }
 
     /// Finishes writing a frame out.
@@ -518,14 +525,23 @@ impl<M: Model> MockMachine<M> {
         self.costs.totals()
     }
 
-    /// Cycles charged to one CPU.
-    pub fn cpu_cycles(&self, cpu: CpuId) -> u64 {
-        self.state(cpu).cycles.load(Ordering::Relaxed)
+    fn checked_state(&self, cpu: CpuId) -> Result<&CpuState, Error> {
+        self.cpus.get(cpu.index()).ok_or(Error::CpuOutOfRange {
+            cpu: cpu.index(),
+            limit: self.cpus.len(),
+        })
     }
 
-    /// Flush interrupts `cpu` has taken.
-    pub fn interrupts_taken(&self, cpu: CpuId) -> u64 {
-        self.state(cpu).interrupts.load(Ordering::Relaxed)
+    /// Cycles charged to one CPU, or [`Error::CpuOutOfRange`] for a CPU
+    /// this machine does not have.
+    pub fn cpu_cycles(&self, cpu: CpuId) -> Result<u64, Error> {
+        Ok(self.checked_state(cpu)?.cycles.load(Ordering::Relaxed))
+    }
+
+    /// Flush interrupts `cpu` has taken (spurious ones included), or
+    /// [`Error::CpuOutOfRange`] for a CPU this machine does not have.
+    pub fn interrupts_taken(&self, cpu: CpuId) -> Result<u64, Error> {
+        Ok(self.checked_state(cpu)?.interrupts.load(Ordering::Relaxed))
     }
 
     /// IPIs the machine delivered or queued, counted by the machine itself

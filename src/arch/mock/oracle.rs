@@ -126,7 +126,7 @@ impl Memory {
         Ok(self.info(frame)?.state)
     }
 
-    fn expect(&mut self, frame: Frame, want: FrameState) -> Result<&mut FrameInfo, FrameError> {
+    fn require(&mut self, frame: Frame, want: FrameState) -> Result<&mut FrameInfo, FrameError> {
         let info = self.info(frame)?;
         if info.state == want {
             Ok(info)
@@ -151,20 +151,20 @@ impl Memory {
     }
 
     pub(super) fn free(&mut self, frame: Frame) -> Result<(), FrameError> {
-        self.expect(frame, FrameState::InUse)?.state = FrameState::Free;
+        self.require(frame, FrameState::InUse)?.state = FrameState::Free;
         self.free_list.push(frame.0);
         Ok(())
     }
 
     pub(super) fn start_io(&mut self, frame: Frame) -> Result<(), FrameError> {
-        let info = self.expect(frame, FrameState::InUse)?;
+        let info = self.require(frame, FrameState::InUse)?;
         info.state = FrameState::UnderIo;
         info.dirty = false;
         Ok(())
     }
 
     pub(super) fn end_io(&mut self, frame: Frame) -> Result<(), FrameError> {
-        self.expect(frame, FrameState::UnderIo)?.state = FrameState::InUse;
+        self.require(frame, FrameState::UnderIo)?.state = FrameState::InUse;
         Ok(())
     }
 
