@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{asid, config, populate, va};
+use common::{asid, config, free_and_check, populate, unmap_deferred, va};
 use tlb_batch::arch::mock::{BroadcastTlbi, MockConfig, MockMachine, NoRewalk, Violation};
 use tlb_batch::{
     flush_tlb_page, Arch, Error, FlushReason, TlbFlushUnmapBatch, TtuFlags, DEFAULT_FULL_FLUSH_CEILING,
@@ -97,15 +97,7 @@ fn a_thousand_pages_on_eight_cpus_cost_one_ipi_per_other_cpu() {
     let ipis_before = m.ipis_sent();
 
     let mut batch = TlbFlushUnmapBatch::new();
-    for i in 0..1000 {
-        let old = m.clear_pte(&mm, va(i)).unwrap();
-        assert!(TlbFlushUnmapBatch::should_defer(
-            &cpu0,
-            &mm,
-            TtuFlags::BATCH_FLUSH
-        ));
-        batch.add_pending(&cpu0, &mm, va(i), old).unwrap();
-    }
+    unmap_deferred(&m, &cpu0, &mm, 0..1000, &mut batch);
     assert_eq!(batch.pending_pages(), 1000);
     assert!(batch.is_full_flush());
     assert!(batch.has_writable());
@@ -131,11 +123,7 @@ fn a_thousand_pages_on_eight_cpus_cost_one_ipi_per_other_cpu() {
     for c in 1..8 {
         assert_eq!(m.interrupts_taken(m.cpu(c).unwrap().id()).unwrap(), 1);
     }
-    assert_eq!(m.stale_entries(), []);
-    for f in frames {
-        m.free_frame(f).unwrap();
-    }
-    assert_eq!(m.violations(), []);
+    free_and_check(&m, frames);
 }
 
 #[test]
@@ -150,11 +138,7 @@ fn unbatched_flushes_cost_an_ipi_per_page_per_cpu() {
         flush_tlb_page(&cpu0, &mm, va(i)).unwrap();
     }
     assert_eq!(m.stats().since(&before).ipis_sent, 700);
-    assert_eq!(m.stale_entries(), []);
-    for f in frames {
-        m.free_frame(f).unwrap();
-    }
-    assert_eq!(m.violations(), []);
+    free_and_check(&m, frames);
 }
 
 #[test]
@@ -167,10 +151,7 @@ fn up_to_the_ceiling_pages_are_flushed_one_by_one() {
         let before = m.stats();
         let mut batch = TlbFlushUnmapBatch::new();
         // In descending order, so that no two pages merge into one range.
-        for i in (0..pages).rev() {
-            let old = m.clear_pte(&mm, va(i)).unwrap();
-            batch.add_pending(&cpu0, &mm, va(i), old).unwrap();
-        }
+        unmap_deferred(&m, &cpu0, &mm, (0..pages).rev(), &mut batch);
         assert_eq!(batch.is_full_flush(), full);
         batch.flush(&cpu0).unwrap();
         let d = m.stats().since(&before);
@@ -183,11 +164,7 @@ fn up_to_the_ceiling_pages_are_flushed_one_by_one() {
             );
         }
         assert_eq!(d.ipis_sent, 3);
-        assert_eq!(m.stale_entries(), []);
-        for f in frames {
-            m.free_frame(f).unwrap();
-        }
-        assert_eq!(m.violations(), []);
+        free_and_check(&m, frames);
     }
 }
 
@@ -251,15 +228,7 @@ fn broadcast_hardware_flushes_a_batch_without_any_ipi() {
     let (mm, frames) = populate(&m, 1, 50, &[0, 1, 2, 3], true);
     let cpu0 = m.cpu(0).unwrap();
     let mut batch = TlbFlushUnmapBatch::new();
-    for i in 0..50 {
-        let old = m.clear_pte(&mm, va(i)).unwrap();
-        assert!(TlbFlushUnmapBatch::should_defer(
-            &cpu0,
-            &mm,
-            TtuFlags::BATCH_FLUSH
-        ));
-        batch.add_pending(&cpu0, &mm, va(i), old).unwrap();
-    }
+    unmap_deferred(&m, &cpu0, &mm, 0..50, &mut batch);
     assert!(!m.stale_entries().is_empty(), "stale entries before the flush");
     let report = batch.flush(&cpu0).unwrap();
     assert!(report.broadcast);
@@ -268,11 +237,7 @@ fn broadcast_hardware_flushes_a_batch_without_any_ipi() {
     assert_eq!(m.stats().ipis_sent, 0);
     assert!(m.costs().broadcast > 0);
     assert_eq!(m.costs().ipi_send + m.costs().ipi_receive, 0);
-    assert_eq!(m.stale_entries(), []);
-    for f in frames {
-        m.free_frame(f).unwrap();
-    }
-    assert_eq!(m.violations(), []);
+    free_and_check(&m, frames);
 }
 
 /// The oracle is itself under test: skipping the flush must be caught.

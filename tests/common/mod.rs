@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use tlb_batch::arch::mock::{MockConfig, MockMachine, Model};
-use tlb_batch::{Asid, Frame, MmTlbState, PAGE_SIZE};
+use tlb_batch::arch::mock::{MockConfig, MockCpu, MockMachine, Model};
+use tlb_batch::{Asid, Frame, MmTlbState, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE};
 
 /// Where test mappings start.
 pub const BASE: u64 = 0x40_0000;
@@ -72,5 +72,31 @@ pub fn within<F: FnOnce() + Send + 'static>(secs: u64, f: F) {
         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
             panic!("did not finish within {secs} s: deadlock or lost request")
         }
+    }
+}
+
+/// The end of every flush-then-free scenario: no stale TLB entry is left,
+/// every frame goes back to the allocator, and the oracle saw nothing.
+pub fn free_and_check<M: Model>(m: &MockMachine<M>, frames: Vec<Frame>) {
+    assert_eq!(m.stale_entries(), []);
+    for f in frames {
+        m.free_frame(f).unwrap();
+    }
+    assert_eq!(m.violations(), []);
+}
+
+/// Clears the PTEs of test pages `pages` of `mm` and defers their flushes
+/// into `batch`, checking each time that deferral is allowed.
+pub fn unmap_deferred<M: Model>(
+    m: &MockMachine<M>,
+    cpu: &MockCpu<'_, M>,
+    mm: &MmTlbState,
+    pages: impl IntoIterator<Item = usize>,
+    batch: &mut TlbFlushUnmapBatch,
+) {
+    for i in pages {
+        let old = m.clear_pte(mm, va(i)).unwrap();
+        assert!(TlbFlushUnmapBatch::should_defer(cpu, mm, TtuFlags::BATCH_FLUSH));
+        batch.add_pending(cpu, mm, va(i), old).unwrap();
     }
 }
