@@ -78,6 +78,17 @@ impl TlbFlushUnmapBatch {
         Ok(())
     }
 
+    /// Records the flush owed after clearing the accessed bit of `va` in
+    /// `mm` on hardware that needs one ([`Arch::ACCESSED_CLEAR_NEEDS_FLUSH`]).
+    /// The PTE still maps its frame, so this neither marks the batch
+    /// writable nor marks `mm` as having a batched unmap pending. Errors:
+    /// [`Error::Unaligned`].
+    pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
+        self.request.add_page(mm.asid(), va, A::FULL_FLUSH_CEILING)?;
+        self.targets = self.targets.union(&mm.flush_targets(arch));
+        Ok(())
+    }
+
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
         self.request.is_empty()

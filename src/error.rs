@@ -32,6 +32,11 @@ pub enum Error {
     },
     /// The reserved kernel ASID value was given where a user ASID belongs.
     ReservedAsid,
+    /// A fixed-capacity reverse map has no room for another mapping.
+    RmapFull {
+        /// How many mappings it holds.
+        capacity: usize,
+    },
     /// A shootdown was started on a CPU whose own request slot is already in
     /// use: the caller re-entered the shootdown code from an interrupt on the
     /// same CPU. Nothing was flushed and nothing was lost; retry from a
@@ -53,6 +58,7 @@ impl fmt::Display for Error {
                 write!(f, "invalid range {start:#x}..{end:#x}")
             }
             Error::ReservedAsid => write!(f, "the kernel ASID is reserved"),
+            Error::RmapFull { capacity } => write!(f, "the reverse map is full ({capacity} mappings)"),
             Error::ShootdownReentered { cpu } => {
                 write!(f, "CPU {cpu} re-entered a TLB shootdown while one was in flight")
             }

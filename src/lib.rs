@@ -95,11 +95,13 @@ mod batch;
 mod cpuset;
 mod error;
 mod mm;
+mod mprotect;
 mod pte;
 mod request;
 pub mod rmap;
 mod shootdown;
 mod stats;
+mod unmap;
 
 pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
 pub use batch::TlbFlushUnmapBatch;
@@ -108,8 +110,13 @@ pub use error::Error;
 pub use mm::{
     flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
 };
+pub use mprotect::change_protection;
 pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
-pub use rmap::TtuFlags;
+pub use rmap::{
+    page_referenced, try_to_unmap, BoundedRmap, Mapping, MappingFlags, PageState, PageTable, Referenced,
+    Rmap, SwapResult, TtuFlags,
+};
 pub use shootdown::{handle_flush_ipi, shootdown, ShootdownReport, TlbShootdown};
 pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
+pub use unmap::{Flushed, OwnedFrame, UnmapBatch, Unmapped, Writeback, WritebackFrame};

@@ -44,6 +44,15 @@ bitflags::bitflags! {
         const DIRTY = 1 << 6;
         /// The translation is global: it survives address-space switches.
         const GLOBAL = 1 << 8;
+        /// Software bit (not present entries only): a migration entry; the
+        /// frame field names the frame being migrated.
+        const MIGRATION = 1 << 9;
+        /// Software bit (not present entries only): the frame is
+        /// hardware-poisoned; any access must be refused.
+        const HWPOISON = 1 << 10;
+        /// Software bit (migration entries only): the mapping was writable
+        /// and gets write access back when the migration completes.
+        const WAS_WRITABLE = 1 << 11;
         /// Instruction fetches fault.
         const NO_EXECUTE = 1 << 63;
     }
@@ -63,6 +72,43 @@ impl Pte {
     /// format holds are dropped.
     pub fn new(frame: Frame, flags: PteFlags) -> Pte {
         Pte((frame.addr() & FRAME_MASK) | flags.bits())
+    }
+
+    /// A non-present migration entry for `frame`: accesses wait (fault)
+    /// until the migration replaces it; `writable` records whether the
+    /// mapping allowed writes.
+    pub fn migration(frame: Frame, writable: bool) -> Pte {
+        let mut flags = PteFlags::MIGRATION;
+        if writable {
+            flags |= PteFlags::WAS_WRITABLE;
+        }
+        Pte::new(frame, flags)
+    }
+
+    /// A non-present entry marking `frame` as hardware-poisoned.
+    pub fn hwpoison(frame: Frame) -> Pte {
+        Pte::new(frame, PteFlags::HWPOISON)
+    }
+
+    /// Whether this is a migration entry (not present, names a frame).
+    pub fn is_migration(self) -> bool {
+        !self.is_present() && self.flags().contains(PteFlags::MIGRATION)
+    }
+
+    /// Whether this is a hwpoison entry (not present, names a frame).
+    pub fn is_hwpoison(self) -> bool {
+        !self.is_present() && self.flags().contains(PteFlags::HWPOISON)
+    }
+
+    /// Whether the entry maps `frame` (present and naming it).
+    pub fn maps(self, frame: Frame) -> bool {
+        self.is_present() && self.frame() == frame
+    }
+
+    /// The same entry without its accessed bit.
+    #[must_use]
+    pub fn old(self) -> Pte {
+        Pte(self.0 & !PteFlags::ACCESSED.bits())
     }
 
     /// The flag bits (unknown bits are dropped).
@@ -102,6 +148,10 @@ impl fmt::Debug for Pte {
             write!(f, "Pte({:?}, {:?})", self.frame(), self.flags())
         } else if self.0 == 0 {
             write!(f, "Pte(empty)")
+        } else if self.is_migration() {
+            write!(f, "Pte(migration, {:?})", self.frame())
+        } else if self.is_hwpoison() {
+            write!(f, "Pte(hwpoison, {:?})", self.frame())
         } else {
             write!(f, "Pte(not present, {:#x})", self.0)
         }
@@ -131,6 +181,11 @@ mod tests {
         assert_eq!(pte.frame(), Frame(0x1234));
         assert!(pte.is_present() && pte.is_writable() && pte.is_dirty() && !pte.is_accessed());
         assert!(!Pte::EMPTY.is_present());
+        let m = Pte::migration(Frame(7), true);
+        assert!(m.is_migration() && !m.is_present() && !m.maps(Frame(7)) && m.frame() == Frame(7));
+        assert!(m.flags().contains(PteFlags::WAS_WRITABLE) && !m.is_hwpoison());
+        assert!(Pte::hwpoison(Frame(7)).is_hwpoison());
+        assert!(pte.maps(Frame(0x1234)) && !pte.maps(Frame(1)));
         assert!(check_aligned(0x2000).is_ok());
         assert_eq!(
             check_aligned(0x2001),

@@ -1,28 +1,548 @@
-//! Reverse-map unmapping flags.
-//!
-//! `try_to_unmap` and `page_referenced` arrive with the reverse-map work;
-//! the flags live here already because [`TlbFlushUnmapBatch::should_defer`]
-//! reads them.
-//!
-//! [`TlbFlushUnmapBatch::should_defer`]: crate::TlbFlushUnmapBatch::should_defer
+//! Reverse-map unmapping: [`try_to_unmap`] and [`page_referenced`], the
+//! [`PageTable`] and [`Rmap`] traits a kernel implements for them, and
+//! [`BoundedRmap`], an allocation-free reverse map for small kernels and
+//! the mock machine.
+
+use core::ops::ControlFlow;
+
+use crate::arch::Arch;
+use crate::batch::TlbFlushUnmapBatch;
+use crate::mm::{flush_tlb_page, MmTlbState};
+use crate::pte::{check_aligned, Frame, Pte};
+use crate::Error;
 
 bitflags::bitflags! {
-    /// How `try_to_unmap` treats a frame's mappings (Linux's
+    /// How [`try_to_unmap`] treats a frame's mappings (Linux's
     /// `enum ttu_flags`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
     pub struct TtuFlags: u32 {
         /// Install migration entries instead of empty PTEs.
         const MIGRATION = 1 << 0;
-        /// Only clear mlock state; unmap nothing.
+        /// Unmap nothing: only find out whether a mapping still locks the
+        /// frame in memory ([`SwapResult::Mlock`]) or not
+        /// ([`SwapResult::Again`]).
         const MUNLOCK = 1 << 1;
         /// Unmap even mlocked mappings.
         const IGNORE_MLOCK = 1 << 2;
         /// Unmap even recently referenced mappings.
         const IGNORE_ACCESS = 1 << 3;
-        /// Unmap even a frame marked hardware-poisoned.
+        /// Treat a hardware-poisoned frame like any other (without it, its
+        /// PTEs become hwpoison entries so that later accesses are refused).
         const IGNORE_HWPOISON = 1 << 4;
-        /// Defer TLB flushes into a [`TlbFlushUnmapBatch`](crate::TlbFlushUnmapBatch)
-        /// where the architecture allows it.
+        /// Defer TLB flushes into a [`TlbFlushUnmapBatch`] where the
+        /// architecture allows it.
         const BATCH_FLUSH = 1 << 5;
+    }
+}
+
+bitflags::bitflags! {
+    /// Properties of one mapping of a frame (the parts of Linux's
+    /// `vm_flags` the walk reads).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+    pub struct MappingFlags: u32 {
+        /// The mapping is mlocked: the frame must stay resident.
+        const LOCKED = 1 << 0;
+        /// The mapping is shared with other address spaces.
+        const SHARED = 1 << 1;
+    }
+}
+
+/// The page table of one address space, as this crate needs it.
+///
+/// # Safety
+///
+/// The crate frees frames (through its callers) on the strength of these
+/// answers, so an implementation guarantees:
+///
+/// - [`exchange`](PageTable::exchange) and
+///   [`test_and_clear_accessed`](PageTable::test_and_clear_accessed) are
+///   single atomic operations on the entry, so that an accessed or dirty
+///   bit set by hardware at the same moment is either in the returned value
+///   or applies to the new entry, never lost (contract rule 4);
+/// - [`lookup`](PageTable::lookup) returns the entry as it is;
+/// - [`tlb_state`](PageTable::tlb_state) is the state of the address space
+///   this table translates for, the one whose CPUs may cache its entries.
+///
+/// Addresses passed in are page-aligned (the crate checks before calling).
+/// Callers that need the kernel's page-table lock hold it around the calls
+/// (see [`Rmap::walk`]).
+pub unsafe trait PageTable {
+    /// The address space's TLB state.
+    fn tlb_state(&self) -> &MmTlbState;
+
+    /// The entry for `va` ([`Pte::EMPTY`] where no table exists).
+    fn lookup(&self, va: u64) -> Pte;
+
+    /// Atomically replaces the entry for `va` with `new` and returns the
+    /// old value, with every accessed/dirty bit hardware set up to then.
+    fn exchange(&self, va: u64, new: Pte) -> Pte;
+
+    /// Atomically clears the accessed bit of the entry for `va`; returns
+    /// whether it was set.
+    fn test_and_clear_accessed(&self, va: u64) -> bool;
+
+    /// Stores `pte` for `va`. Only called for an entry the caller cleared
+    /// or found present, so the table exists.
+    fn set(&self, va: u64, pte: Pte);
+
+    /// Atomically clears the entry for `va`, returning the old value.
+    fn clear(&self, va: u64) -> Pte {
+        self.exchange(va, Pte::EMPTY)
+    }
+}
+
+/// One mapping of a frame, as a reverse-map walk reports it.
+#[derive(Debug)]
+pub struct Mapping<'a, S: ?Sized> {
+    /// The address space (and its page table).
+    pub space: &'a S,
+    /// The page-aligned virtual address the frame is expected at.
+    pub va: u64,
+    /// Properties of the mapping.
+    pub flags: MappingFlags,
+}
+
+/// The kernel's reverse map and per-frame state: for a frame, every place
+/// that may map it.
+///
+/// # Safety
+///
+/// [`try_to_unmap`] reports [`SwapResult::Success`] when the walk found no
+/// mapping left, and the caller then frees the frame. So
+/// [`walk`](Rmap::walk) must visit every (address space, address) whose
+/// PTE may map the frame. Visiting places that do not map it is harmless:
+/// the crate checks each PTE.
+pub unsafe trait Rmap {
+    /// The address-space type mappings refer to.
+    type Space: PageTable + ?Sized;
+
+    /// Calls `visit` for each mapping of `frame` until it returns
+    /// `Break`; returns `Break` if it stopped early. A kernel with
+    /// page-table locks holds the lock of each mapping's table while
+    /// `visit` runs for it.
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
+    ) -> ControlFlow<()>;
+
+    /// Marks the frame's page dirty (a dirty PTE's dirty bit moves here when
+    /// the PTE goes away).
+    fn set_dirty(&self, frame: Frame);
+
+    /// Whether the frame is hardware-poisoned. The default says no.
+    fn is_hwpoisoned(&self, frame: Frame) -> bool {
+        let _ = frame;
+        false
+    }
+
+    /// How many present PTEs map `frame` (migration and hwpoison entries
+    /// do not count).
+    fn mapcount(&self, frame: Frame) -> usize {
+        let mut count = 0;
+        let _ = self.walk(frame, &mut |m| {
+            if m.space.lookup(m.va).maps(frame) {
+                count += 1;
+            }
+            ControlFlow::Continue(())
+        });
+        count
+    }
+}
+
+/// Per-frame state a [`BoundedRmap`] forwards to (the mock machine
+/// implements it; a kernel points it at its page descriptors).
+pub trait PageState {
+    /// Marks the frame's page dirty.
+    fn set_dirty(&self, frame: Frame);
+
+    /// Whether the frame is hardware-poisoned.
+    fn is_hwpoisoned(&self, frame: Frame) -> bool {
+        let _ = frame;
+        false
+    }
+}
+
+struct RmapEntry<'a, S: ?Sized> {
+    frame: Frame,
+    space: &'a S,
+    va: u64,
+    flags: MappingFlags,
+}
+
+/// A reverse map of at most `N` mappings in fixed storage: no allocation,
+/// O(N) walks. For small kernels, tests and the mock machine.
+pub struct BoundedRmap<'a, S: ?Sized, P: ?Sized, const N: usize> {
+    entries: heapless::Vec<RmapEntry<'a, S>, N>,
+    pages: &'a P,
+}
+
+impl<'a, S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> BoundedRmap<'a, S, P, N> {
+    /// An empty map forwarding page state to `pages`.
+    ///
+    /// # Safety
+    ///
+    /// The map promises callers of [`Rmap::walk`] that it knows every
+    /// mapping. The caller keeps that promise: it [`add`](Self::add)s each
+    /// mapping of a frame before any CPU can use it, and removes it only
+    /// when the mapping no longer exists.
+    pub unsafe fn new(pages: &'a P) -> Self {
+        BoundedRmap {
+            entries: heapless::Vec::new(),
+            pages,
+        }
+    }
+
+    /// Records that `space` maps `frame` at `va`. Errors:
+    /// [`Error::Unaligned`], [`Error::RmapFull`] (nothing is recorded).
+    pub fn add(&mut self, frame: Frame, space: &'a S, va: u64, flags: MappingFlags) -> Result<(), Error> {
+        check_aligned(va)?;
+        self.entries
+            .push(RmapEntry {
+                frame,
+                space,
+                va,
+                flags,
+            })
+            .map_err(|_| Error::RmapFull { capacity: N })
+    }
+
+    /// Forgets the mapping of `frame` at `va` in `space`; returns whether it
+    /// was recorded.
+    pub fn remove(&mut self, frame: Frame, space: &S, va: u64) -> bool {
+        let found = self
+            .entries
+            .iter()
+            .position(|e| e.frame == frame && e.va == va && core::ptr::addr_eq(e.space, space));
+        if let Some(i) = found {
+            self.entries.swap_remove(i);
+        }
+        found.is_some()
+    }
+
+    /// Forgets every mapping of `frame` (when it is freed); returns how many.
+    pub fn remove_frame(&mut self, frame: Frame) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|e| e.frame != frame);
+        before - self.entries.len()
+    }
+
+    /// Changes the flags of a recorded mapping (mlock, munlock); returns
+    /// whether it was recorded.
+    pub fn set_flags(&mut self, frame: Frame, space: &S, va: u64, flags: MappingFlags) -> bool {
+        match self
+            .entries
+            .iter_mut()
+            .find(|e| e.frame == frame && e.va == va && core::ptr::addr_eq(e.space, space))
+        {
+            Some(e) => {
+                e.flags = flags;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Recorded mappings.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether nothing is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+// SAFETY: `walk` visits every recorded mapping of the frame, and the
+// caller of `new` promised that every mapping is recorded.
+unsafe impl<S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> Rmap for BoundedRmap<'_, S, P, N> {
+    type Space = S;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, S>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        for e in self.entries.iter().filter(|e| e.frame == frame) {
+            visit(Mapping {
+                space: e.space,
+                va: e.va,
+                flags: e.flags,
+            })?;
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        self.pages.set_dirty(frame);
+    }
+
+    fn is_hwpoisoned(&self, frame: Frame) -> bool {
+        self.pages.is_hwpoisoned(frame)
+    }
+}
+
+/// What [`try_to_unmap`] achieved (Linux's `SWAP_*` codes, with the batched
+/// flush series' two `*Cached` additions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum SwapResult {
+    /// Every mapping is gone and every TLB entry for it is flushed, or is
+    /// read-only / clean so that hardware re-walks before writing.
+    Success,
+    /// Every mapping is gone, but a flush was deferred for a PTE that was
+    /// writable or dirty: a CPU may still write through a cached entry until
+    /// the batch is flushed. Flush before writing the frame out
+    /// ([`TlbFlushUnmapBatch::flush_dirty`]) and before freeing it
+    /// ([`TlbFlushUnmapBatch::flush`]).
+    SuccessCached,
+    /// A mapping is left (it appeared during the walk, or could not be
+    /// removed); try again later.
+    Again,
+    /// Like [`Again`](Self::Again), and some mapping that was removed left a
+    /// possibly writable TLB entry behind, pending in the batch.
+    AgainCached,
+    /// The frame was recently referenced through a mapping; it stays.
+    Fail,
+    /// A mapping locks the frame in memory.
+    Mlock,
+}
+
+impl SwapResult {
+    /// Whether no mapping is left.
+    pub fn is_unmapped(self) -> bool {
+        matches!(self, SwapResult::Success | SwapResult::SuccessCached)
+    }
+
+    /// Whether a writable TLB entry may survive until the batch is flushed.
+    pub fn is_cached(self) -> bool {
+        matches!(self, SwapResult::SuccessCached | SwapResult::AgainCached)
+    }
+}
+
+/// Clears the accessed bit of one mapping; when the architecture needs a
+/// flush for that, records one in `batch` (it rides along with the next
+/// flush point instead of costing an IPI now).
+fn clear_young<A: Arch, S: PageTable + ?Sized>(
+    arch: &A,
+    space: &S,
+    va: u64,
+    batch: &mut TlbFlushUnmapBatch,
+) -> Result<bool, Error> {
+    let young = space.test_and_clear_accessed(va);
+    if young && A::ACCESSED_CLEAR_NEEDS_FLUSH {
+        batch.add_accessed_clear(arch, space.tlb_state(), va)?;
+    }
+    Ok(young)
+}
+
+/// Removes one mapping; returns whether it left a possibly writable TLB
+/// entry pending in `batch`.
+fn unmap_one<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    m: &Mapping<'_, R::Space>,
+    frame: Frame,
+    flags: TtuFlags,
+    poisoned: bool,
+    batch: &mut TlbFlushUnmapBatch,
+) -> Result<bool, Error> {
+    let mm = m.space.tlb_state();
+    let replacement = if poisoned {
+        Pte::hwpoison(frame)
+    } else if flags.contains(TtuFlags::MIGRATION) {
+        Pte::migration(frame, m.space.lookup(m.va).is_writable())
+    } else {
+        Pte::EMPTY
+    };
+    let defer = TlbFlushUnmapBatch::should_defer(arch, mm, flags);
+    // One atomic exchange: a dirty bit set by hardware up to this instant is
+    // in `old`; after it, no walk can find the frame.
+    let old = m.space.exchange(m.va, replacement);
+    if old.is_dirty() {
+        rmap.set_dirty(frame);
+    }
+    if defer {
+        batch.add_pending(arch, mm, m.va, old)?;
+        Ok(old.is_writable() || old.is_dirty())
+    } else if let Err(e) = flush_tlb_page(arch, mm, m.va) {
+        // The PTE is gone but not flushed: hand the debt to the batch so
+        // that the caller's flush still covers it.
+        batch.add_pending(arch, mm, m.va, old)?;
+        Err(e)
+    } else {
+        Ok(false)
+    }
+}
+
+/// Removes every mapping of `frame` found through `rmap` (Linux's
+/// `try_to_unmap`), in walk order:
+///
+/// - a mapping flagged [`MappingFlags::LOCKED`] stops the walk with
+///   [`SwapResult::Mlock`], unless [`TtuFlags::IGNORE_MLOCK`];
+/// - with [`TtuFlags::MUNLOCK`] nothing is unmapped: the result is `Mlock`
+///   if a locked mapping exists, [`SwapResult::Again`] otherwise;
+/// - a mapping whose accessed bit is set stops the walk with
+///   [`SwapResult::Fail`] (the bit is cleared, so a later try may succeed),
+///   unless [`TtuFlags::IGNORE_ACCESS`];
+/// - otherwise the PTE is atomically exchanged for an empty entry (a
+///   migration entry with [`TtuFlags::MIGRATION`], a hwpoison entry for a
+///   poisoned frame unless [`TtuFlags::IGNORE_HWPOISON`]); a dirty bit moves
+///   to the frame ([`Rmap::set_dirty`]); the TLB flush is deferred into
+///   `batch` when [`TlbFlushUnmapBatch::should_defer`] allows, done at once
+///   otherwise.
+///
+/// When the walk went through, the result is `Success` if no present PTE
+/// maps the frame any more and `Again` if one does; each becomes its
+/// `*Cached` form when a deferred PTE was writable or dirty.
+///
+/// Why "again, cached" becomes "success, cached": while walking, each
+/// mapping removed with a deferred writable flush answers `AgainCached`,
+/// which means "carry on walking, and remember that a writable TLB entry
+/// may be cached". Once the walk ends with no mapping left, the frame *is*
+/// unmapped, which is what `Success` tells the caller; but the remembered
+/// TLB entries still exist. Answering plain `Success` would invite the
+/// caller to write or free the frame while a CPU can still write to it, so
+/// the result keeps the warning: `SuccessCached`, unmapped but not yet safe
+/// until the batch is flushed.
+///
+/// Whatever the result, every PTE this call cleared is either flushed or
+/// recorded in `batch`; the caller flushes the batch before freeing,
+/// reusing or writing out any frame it covers.
+///
+/// The low-level form: nothing stops the caller from freeing the frame
+/// before the flush. [`UnmapBatch`](crate::UnmapBatch) is the form that
+/// makes that mistake a compile error.
+///
+/// Errors: [`Error::Unaligned`] for a mapping address the rmap reported
+/// unaligned, [`Error::ShootdownReentered`] from an immediate flush; the
+/// walk stops there, and what it cleared is in `batch`.
+pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+    flags: TtuFlags,
+    batch: &mut TlbFlushUnmapBatch,
+) -> Result<SwapResult, Error> {
+    let poisoned = rmap.is_hwpoisoned(frame) && !flags.contains(TtuFlags::IGNORE_HWPOISON);
+    let mut verdict = None;
+    let mut cached = false;
+    let mut failure = None;
+    let _ = rmap.walk(frame, &mut |m| {
+        if let Err(e) = check_aligned(m.va) {
+            failure = Some(e);
+            return ControlFlow::Break(());
+        }
+        if !m.space.lookup(m.va).maps(frame) {
+            return ControlFlow::Continue(());
+        }
+        if m.flags.contains(MappingFlags::LOCKED) && !flags.contains(TtuFlags::IGNORE_MLOCK) {
+            verdict = Some(SwapResult::Mlock);
+            return ControlFlow::Break(());
+        }
+        if flags.contains(TtuFlags::MUNLOCK) {
+            return ControlFlow::Continue(());
+        }
+        if !flags.contains(TtuFlags::IGNORE_ACCESS) {
+            match clear_young(arch, m.space, m.va, batch) {
+                Ok(true) => {
+                    verdict = Some(SwapResult::Fail);
+                    return ControlFlow::Break(());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    failure = Some(e);
+                    return ControlFlow::Break(());
+                }
+            }
+        }
+        match unmap_one(arch, rmap, &m, frame, flags, poisoned, batch) {
+            Ok(writable_cached) => {
+                cached |= writable_cached;
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                failure = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if let Some(v) = verdict {
+        return Ok(v);
+    }
+    if flags.contains(TtuFlags::MUNLOCK) {
+        return Ok(SwapResult::Again);
+    }
+    Ok(match (rmap.mapcount(frame) == 0, cached) {
+        (true, false) => SwapResult::Success,
+        (true, true) => SwapResult::SuccessCached,
+        (false, false) => SwapResult::Again,
+        (false, true) => SwapResult::AgainCached,
+    })
+}
+
+/// What [`page_referenced`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Referenced {
+    /// Mappings whose accessed bit was set (and is now clear).
+    pub referenced: usize,
+    /// Mappings visited that map the frame.
+    pub mapped: usize,
+    /// A mapping is mlocked (the walk stopped there).
+    pub mlocked: bool,
+}
+
+/// Counts and clears the accessed bits of every mapping of `frame`, the
+/// reclaimer's measure of how recently the page was used.
+///
+/// When the architecture says clearing needs a flush
+/// ([`Arch::ACCESSED_CLEAR_NEEDS_FLUSH`]) each cleared mapping is recorded
+/// in `batch` and flushed with it; otherwise (x86, seed 003) nothing is
+/// flushed and no IPI is sent. Skipping the flush costs accuracy only: a CPU
+/// keeps using its cached entry without setting the bit again, so the page
+/// may look older than it is and be reclaimed a little early; its data is
+/// never at risk, since unmapping it later goes through the full protocol.
+///
+/// Errors: [`Error::Unaligned`] for a mapping address the rmap reported
+/// unaligned (the walk stops there).
+pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+    batch: &mut TlbFlushUnmapBatch,
+) -> Result<Referenced, Error> {
+    let mut found = Referenced::default();
+    let mut failure = None;
+    let _ = rmap.walk(frame, &mut |m| {
+        if let Err(e) = check_aligned(m.va) {
+            failure = Some(e);
+            return ControlFlow::Break(());
+        }
+        if !m.space.lookup(m.va).maps(frame) {
+            return ControlFlow::Continue(());
+        }
+        found.mapped += 1;
+        if m.flags.contains(MappingFlags::LOCKED) {
+            found.mlocked = true;
+            return ControlFlow::Break(());
+        }
+        match clear_young(arch, m.space, m.va, batch) {
+            Ok(young) => {
+                found.referenced += usize::from(young);
+                ControlFlow::Continue(())
+            }
+            Err(e) => {
+                failure = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    });
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(found),
     }
 }

@@ -46,7 +46,8 @@ use tlb::Tlb;
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet, MAX_CPUS};
 use crate::mm::{switch_mm, MmTlbState};
-use crate::pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT};
+use crate::pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+use crate::rmap::{PageState, PageTable};
 use crate::shootdown::{handle_flush_ipi, TlbShootdown};
 use crate::stats::{TlbStatsSnapshot, TraceEvent};
 use crate::Error;
@@ -158,6 +159,16 @@ pub enum Fault {
         /// The faulting address.
         va: u64,
     },
+    /// The PTE is a migration entry: the access waits for the migration.
+    Migration {
+        /// The faulting address.
+        va: u64,
+    },
+    /// The PTE marks a hardware-poisoned frame.
+    HwPoison {
+        /// The faulting address.
+        va: u64,
+    },
 }
 
 /// Why a machine-level operation was refused.
@@ -202,7 +213,7 @@ struct CpuState {
     interrupts: AtomicU64,
 }
 
-type PageTable = HashMap<u64, AtomicU64>;
+type Table = HashMap<u64, AtomicU64>;
 
 /// Locks a mutex, carrying on past poisoning (a panicking test thread must
 /// not hide the state other assertions want to read).
@@ -216,7 +227,7 @@ pub struct MockMachine<M: Model = X86Like> {
     shootdown: Box<TlbShootdown>,
     cpus: Vec<CpuState>,
     memory: Mutex<oracle::Memory>,
-    tables: RwLock<HashMap<u64, PageTable>>,
+    tables: RwLock<HashMap<u64, Table>>,
     next_root: AtomicU64,
     kernel_mm: Arc<MmTlbState>,
     asid_roots: Mutex<HashMap<Asid, u64>>,
@@ -258,7 +269,7 @@ impl<M: Model> MockMachine<M> {
             })
             .collect();
         let mut tables = HashMap::new();
-        tables.insert(KERNEL_ROOT, PageTable::new());
+        tables.insert(KERNEL_ROOT, Table::new());
         Ok(MockMachine {
             config,
             shootdown: Box::new(TlbShootdown::new()),
@@ -323,7 +334,7 @@ impl<M: Model> MockMachine<M> {
         self.tables
             .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(root, PageTable::new());
+            .insert(root, Table::new());
         Arc::new(MmTlbState::new(asid, root))
     }
 
@@ -388,11 +399,46 @@ impl<M: Model> MockMachine<M> {
     /// with whatever accessed and dirty bits hardware set up to that
     /// instant. Flushes nothing.
     pub fn clear_pte(&self, mm: &MmTlbState, va: u64) -> Result<Pte, MockError> {
+        self.exchange_pte(mm, va, Pte::EMPTY)
+    }
+
+    /// Atomically replaces the PTE at `va` in `mm` with `new` and returns
+    /// the old value. Flushes nothing.
+    pub fn exchange_pte(&self, mm: &MmTlbState, va: u64, new: Pte) -> Result<Pte, MockError> {
         check_aligned(va)?;
         self.known(mm)?;
+        match self.with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
+            Pte(p.swap(new.0, Ordering::SeqCst))
+        }) {
+            Some(old) => Ok(old),
+            None => {
+                if new != Pte::EMPTY {
+                    self.set_pte(mm, va, new)?;
+                }
+                Ok(Pte::EMPTY)
+            }
+        }
+    }
+
+    /// Atomically clears the accessed bit of the PTE at `va` in `mm`;
+    /// returns whether it was set.
+    pub fn test_and_clear_accessed(&self, mm: &MmTlbState, va: u64) -> Result<bool, MockError> {
+        check_aligned(va)?;
+        self.known(mm)?;
+        let mask = PteFlags::ACCESSED.bits();
         Ok(self
-            .with_pte(mm.root(), va >> PAGE_SHIFT, |p| Pte(p.swap(0, Ordering::SeqCst)))
-            .unwrap_or(Pte::EMPTY))
+            .with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
+                p.fetch_and(!mask, Ordering::SeqCst) & mask != 0
+            })
+            .unwrap_or(false))
+    }
+
+    /// `mm` as a [`PageTable`] for the reverse-map functions.
+    pub fn space(&self, mm: &Arc<MmTlbState>) -> MockSpace<'_, M> {
+        MockSpace {
+            machine: self,
+            mm: Arc::clone(mm),
+        }
     }
 
     fn known(&self, mm: &MmTlbState) -> Result<(), MockError> {
@@ -466,6 +512,16 @@ impl<M: Model> MockMachine<M> {
         Ok(lock(&self.memory).is_dirty(frame)?)
     }
 
+    /// Marks a frame hardware-poisoned (it stays allocated).
+    pub fn poison_frame(&self, frame: Frame) -> Result<(), MockError> {
+        Ok(lock(&self.memory).poison(frame)?)
+    }
+
+    /// Whether a frame is marked hardware-poisoned.
+    pub fn frame_poisoned(&self, frame: Frame) -> Result<bool, MockError> {
+        Ok(lock(&self.memory).is_poisoned(frame)?)
+    }
+
     /// Number of free frames.
     pub fn free_frames(&self) -> usize {
         lock(&self.memory).free_count()
@@ -516,6 +572,30 @@ impl<M: Model> MockMachine<M> {
                 })
             })
             .collect()
+    }
+
+    /// The oracle's check after an operation that changed the mappings of
+    /// `mm` in `start..end` (mprotect, munmap, remap) returned: no CPU may
+    /// still hold an entry there that disagrees with the page table. Records
+    /// a [`Violation::StaleAfterChange`] for each such entry and returns how
+    /// many it found.
+    pub fn check_coherent(&self, mm: &MmTlbState, start: u64, end: u64) -> usize {
+        let (first, last) = (start >> PAGE_SHIFT, end.div_ceil(PAGE_SIZE));
+        let stale: Vec<_> = self
+            .stale_entries()
+            .into_iter()
+            .filter(|(_, e)| {
+                (e.asid == mm.asid() || e.global && mm.is_kernel()) && (first..last).contains(&e.vpn)
+            })
+            .collect();
+        for (cpu, e) in &stale {
+            self.record(Violation::StaleAfterChange {
+                cpu: *cpu,
+                va: e.vpn << PAGE_SHIFT,
+                writable: e.writable,
+            });
+        }
+        stale.len()
     }
 
     // ----- costs, counters, tracing -----
@@ -814,12 +894,16 @@ impl<'m, M: Model> MockCpu<'m, M> {
         let user = loaded.and_then(|(_, root)| walk(root));
         let result = match user {
             Some(Ok(v)) => Ok(v),
-            Some(Err(v)) if Pte(v).is_present() => Err(v),
+            // A non-empty user entry decides; an empty one falls through to
+            // the kernel's half of the address space.
+            Some(Err(v)) if v != 0 => Err(v),
             _ => walk(KERNEL_ROOT).unwrap_or(Err(0)),
         };
-        let old = match result {
+        let old = match result.map_err(Pte) {
             Ok(v) => Pte(v),
-            Err(v) if Pte(v).is_present() => return Err(Fault::WriteProtected { va }),
+            Err(p) if p.is_present() => return Err(Fault::WriteProtected { va }),
+            Err(p) if p.is_migration() => return Err(Fault::Migration { va }),
+            Err(p) if p.is_hwpoison() => return Err(Fault::HwPoison { va }),
             Err(_) => return Err(Fault::NotMapped { va }),
         };
         let global = old.flags().contains(PteFlags::GLOBAL);
@@ -961,5 +1045,65 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
         if self.machine.tracing.load(Ordering::Relaxed) {
             lock(&self.machine.trace_log).push(*event);
         }
+    }
+}
+
+impl<M: Model> PageState for MockMachine<M> {
+    fn set_dirty(&self, frame: Frame) {
+        // A frame the machine does not have has no page to mark.
+        let _ = self.set_frame_dirty(frame);
+    }
+
+    fn is_hwpoisoned(&self, frame: Frame) -> bool {
+        self.frame_poisoned(frame).unwrap_or(false)
+    }
+}
+
+/// One address space of a [`MockMachine`] as a [`PageTable`] (made by
+/// [`MockMachine::space`]).
+pub struct MockSpace<'m, M: Model = X86Like> {
+    machine: &'m MockMachine<M>,
+    mm: Arc<MmTlbState>,
+}
+
+impl<M: Model> MockSpace<'_, M> {
+    /// The address space's state.
+    pub fn mm(&self) -> &Arc<MmTlbState> {
+        &self.mm
+    }
+}
+
+impl<M: Model> core::fmt::Debug for MockSpace<'_, M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "MockSpace({:?})", self.mm.asid())
+    }
+}
+
+// SAFETY: every operation is one atomic instruction on the modelled PTE
+// (swap, fetch_and, load, store), the same word the simulated hardware
+// updates with its own atomic read-modify-write; `tlb_state` is the state of
+// the address space whose table this is. The machine made the space, so the
+// table exists: a failed lookup can only mean "nothing mapped here".
+unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
+    fn tlb_state(&self) -> &MmTlbState {
+        &self.mm
+    }
+
+    fn lookup(&self, va: u64) -> Pte {
+        self.machine.pte(&self.mm, va).unwrap_or(Pte::EMPTY)
+    }
+
+    fn exchange(&self, va: u64, new: Pte) -> Pte {
+        self.machine.exchange_pte(&self.mm, va, new).unwrap_or(Pte::EMPTY)
+    }
+
+    fn test_and_clear_accessed(&self, va: u64) -> bool {
+        self.machine
+            .test_and_clear_accessed(&self.mm, va)
+            .unwrap_or(false)
+    }
+
+    fn set(&self, va: u64, pte: Pte) {
+        let _ = self.machine.set_pte(&self.mm, va, pte);
     }
 }

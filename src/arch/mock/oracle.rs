@@ -67,6 +67,17 @@ pub enum Violation {
         /// A CPU caching a writable entry.
         cpu: CpuId,
     },
+    /// After an operation changed a range of mappings and returned, a CPU
+    /// still cached an entry there that disagrees with the page table
+    /// (rule 5).
+    StaleAfterChange {
+        /// The CPU caching it.
+        cpu: CpuId,
+        /// The page's address.
+        va: u64,
+        /// Whether the stale entry allows writes.
+        writable: bool,
+    },
 }
 
 /// Why a frame operation on the mock machine was refused.
@@ -90,6 +101,7 @@ struct FrameInfo {
     state: FrameState,
     data: u64,
     dirty: bool,
+    poisoned: bool,
 }
 
 /// The machine's physical memory: one data word and a state per frame.
@@ -106,7 +118,8 @@ impl Memory {
                 FrameInfo {
                     state: FrameState::Free,
                     data: 0,
-                    dirty: false
+                    dirty: false,
+                    poisoned: false,
                 };
                 count
             ],
@@ -146,6 +159,7 @@ impl Memory {
             state: FrameState::InUse,
             data: 0,
             dirty: false,
+            poisoned: false,
         };
         Ok(frame)
     }
@@ -188,6 +202,15 @@ impl Memory {
 
     pub(super) fn is_dirty(&mut self, frame: Frame) -> Result<bool, FrameError> {
         Ok(self.info(frame)?.dirty)
+    }
+
+    pub(super) fn poison(&mut self, frame: Frame) -> Result<(), FrameError> {
+        self.info(frame)?.poisoned = true;
+        Ok(())
+    }
+
+    pub(super) fn is_poisoned(&mut self, frame: Frame) -> Result<bool, FrameError> {
+        Ok(self.info(frame)?.poisoned)
     }
 
     pub(super) fn free_count(&self) -> usize {
