@@ -14,7 +14,22 @@
 //! One implementation of [`Arch`] (current CPU, local flushes, sending the
 //! flush IPI, loading an address space) and a `static` [`TlbShootdown`]. Its
 //! flush-IPI vector calls [`handle_flush_ipi`]; its context switch calls
-//! [`switch_mm`]; each address space embeds an [`MmTlbState`].
+//! [`switch_mm`]; each address space embeds an [`MmTlbState`] and
+//! implements [`PageTable`]; its reverse map implements [`Rmap`] (or it uses
+//! [`BoundedRmap`]).
+//!
+//! # What it gets
+//!
+//! - [`UnmapBatch`]: unmap frames through the reverse map with flushes
+//!   deferred, then [`flush_dirty`](UnmapBatch::flush_dirty) before writing
+//!   them out and [`flush`](UnmapBatch::flush) before freeing them; the
+//!   frames come back only through those calls, so the order is enforced at
+//!   compile time.
+//! - [`try_to_unmap`], [`page_referenced`] and [`TlbFlushUnmapBatch`]: the
+//!   same machinery, low-level, with the contract documented.
+//! - [`change_protection`]: mprotect-like changes that first flush what a
+//!   reclaimer left pending (contract rule 5).
+//! - [`shootdown`] and the `flush_tlb_*` functions for immediate flushes.
 //!
 //! # The safety contract
 //!
