@@ -4,7 +4,7 @@
 //! broadcast-invalidation hardware. Prints IPIs, interrupts taken and
 //! simulated cycles per unmapped page, and what the oracle saw.
 //!
-//! Run with `cargo run --release --features mock --example demo`.
+//! Run with `cargo run --release --example demo`.
 
 use std::process::ExitCode;
 

@@ -105,12 +105,6 @@ impl Pte {
         self.is_present() && self.frame() == frame
     }
 
-    /// The same entry without its accessed bit.
-    #[must_use]
-    pub fn old(self) -> Pte {
-        Pte(self.0 & !PteFlags::ACCESSED.bits())
-    }
-
     /// The flag bits (unknown bits are dropped).
     pub fn flags(self) -> PteFlags {
         PteFlags::from_bits_truncate(self.0)
