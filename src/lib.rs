@@ -109,9 +109,11 @@ pub mod arch;
 mod batch;
 mod cpuset;
 mod error;
+mod migrate;
 mod mm;
 mod mprotect;
 mod pte;
+mod reclaim;
 mod request;
 pub mod rmap;
 mod shootdown;
@@ -122,11 +124,15 @@ pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
 pub use batch::TlbFlushUnmapBatch;
 pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
 pub use error::Error;
+pub use migrate::{
+    migrate_pages, MigrateBacking, MigrateFailure, MigrateOutcome, MigrateSummary, MIGRATE_PASSES,
+};
 pub use mm::{
     flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
 };
 pub use mprotect::change_protection;
 pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+pub use reclaim::{shrink_page_list, PageOut, ReclaimBacking, ReclaimSummary, Verdict};
 pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 pub use rmap::{
     page_referenced, try_to_unmap, BoundedRmap, Mapping, MappingFlags, PageState, PageTable, Referenced,
@@ -134,4 +140,4 @@ pub use rmap::{
 };
 pub use shootdown::{handle_flush_ipi, shootdown, ShootdownReport, TlbShootdown};
 pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
-pub use unmap::{Flushed, OwnedFrame, UnmapBatch, Unmapped, Writeback, WritebackFrame};
+pub use unmap::{Flushed, FreeFrames, OwnedFrame, UnmapBatch, Unmapped, Writeback, WritebackFrame};

@@ -77,7 +77,7 @@
 use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
 use crate::pte::Frame;
-use crate::rmap::{try_to_unmap, Rmap, SwapResult, TtuFlags};
+use crate::rmap::{page_referenced, try_to_unmap, Referenced, Rmap, SwapResult, TtuFlags};
 use crate::shootdown::ShootdownReport;
 use crate::Error;
 
@@ -104,6 +104,14 @@ impl OwnedFrame {
     pub fn into_frame(self) -> Frame {
         self.0
     }
+}
+
+/// A kernel's batched free: one call for many frames.
+pub trait FreeFrames {
+    /// Frees the frames it accepts in one batched call, removing them from
+    /// `frames` (and from the kernel's reverse map); whatever it leaves in
+    /// `frames` was refused and goes back to the caller.
+    fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>);
 }
 
 /// What [`UnmapBatch::try_to_unmap`] did with the frame.
@@ -179,6 +187,24 @@ impl<const N: usize> UnmapBatch<N> {
             Ok(result) => Ok(Unmapped::Returned { frame, result }),
             Err(e) => Err((frame, e)),
         }
+    }
+
+    /// Ages `frame` with [`page_referenced`](crate::page_referenced): counts
+    /// and clears its accessed bits; a flush that clearing needs on this
+    /// architecture joins the batch's next flush.
+    pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
+        &mut self,
+        arch: &A,
+        rmap: &R,
+        frame: &OwnedFrame,
+    ) -> Result<Referenced, Error> {
+        page_referenced(arch, rmap, frame.0, &mut self.tlb)
+    }
+
+    /// The numbers of the frames held, in the order they were added (for
+    /// lookups only: the frames themselves stay in the batch).
+    pub fn held_frames(&self) -> impl Iterator<Item = Frame> + '_ {
+        self.frames.iter().map(OwnedFrame::frame)
     }
 
     /// Frames held.
@@ -272,6 +298,12 @@ impl<const N: usize> Flushed<N> {
     /// How many frames.
     pub fn len(&self) -> usize {
         self.frames.len()
+    }
+
+    /// The frames themselves, to hand to a batched free (which takes the
+    /// ones it frees) or to sort out.
+    pub fn frames_mut(&mut self) -> &mut heapless::Vec<OwnedFrame, N> {
+        &mut self.frames
     }
 
     /// Whether there are none.

@@ -27,6 +27,7 @@
 //! [`Arch`]; many machines can run side by side in parallel tests.
 
 mod cost;
+mod kernel;
 mod oracle;
 mod tlb;
 
@@ -38,6 +39,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::vec::Vec;
 
 pub use cost::{CostKind, CostModel, CostTotals};
+pub use kernel::{IoMode, MockKernel, MockRmap};
 pub use oracle::{FrameError, FrameState, Violation};
 pub use tlb::TlbEntry;
 
@@ -237,8 +239,13 @@ pub struct MockMachine<M: Model = X86Like> {
     ipis_sent: AtomicU64,
     tracing: AtomicBool,
     trace_log: Mutex<Vec<TraceEvent>>,
+    ipi_hook: Mutex<Option<IpiHook<M>>>,
     _model: PhantomData<M>,
 }
+
+/// Code a simulated CPU runs when it takes the flush interrupt, before the
+/// crate's handler (see [`MockMachine::set_ipi_hook`]).
+pub type IpiHook<M> = Arc<dyn for<'a> Fn(&MockCpu<'a, M>) + Send + Sync>;
 
 impl MockMachine<X86Like> {
     /// An x86-like machine (see [`MockMachine::with_model`]).
@@ -285,6 +292,7 @@ impl<M: Model> MockMachine<M> {
             ipis_sent: AtomicU64::new(0),
             tracing: AtomicBool::new(false),
             trace_log: Mutex::new(Vec::new()),
+            ipi_hook: Mutex::new(None),
             _model: PhantomData,
         })
     }
@@ -522,6 +530,18 @@ impl<M: Model> MockMachine<M> {
         Ok(lock(&self.memory).is_poisoned(frame)?)
     }
 
+    /// Copies the data word and the dirty flag of `from` into `to`.
+    pub fn copy_frame(&self, from: Frame, to: Frame) -> Result<(), MockError> {
+        let mut mem = lock(&self.memory);
+        let (data, _) = mem.read(from)?;
+        let dirty = mem.is_dirty(from)?;
+        mem.write(to, data)?;
+        if dirty {
+            mem.set_dirty(to)?;
+        }
+        Ok(())
+    }
+
     /// Number of free frames.
     pub fn free_frames(&self) -> usize {
         lock(&self.memory).free_count()
@@ -633,6 +653,14 @@ impl<M: Model> MockMachine<M> {
     /// The crate's counters for this machine.
     pub fn stats(&self) -> TlbStatsSnapshot {
         self.shootdown.stats()
+    }
+
+    /// Installs (or removes) code that every CPU runs when it takes the
+    /// flush interrupt, before the crate's handler: a way to model other
+    /// users of the same vector, such as a baseline flush protocol in a
+    /// benchmark.
+    pub fn set_ipi_hook(&self, hook: Option<IpiHook<M>>) {
+        *lock(&self.ipi_hook) = hook;
     }
 
     /// Starts or stops recording [`TraceEvent`]s.
@@ -768,6 +796,10 @@ impl<'m, M: Model> MockCpu<'m, M> {
             CostKind::IpiReceive,
             self.machine.config.cost.ipi_receive,
         );
+        let hook = lock(&self.machine.ipi_hook).clone();
+        if let Some(hook) = hook {
+            hook(self);
+        }
         handle_flush_ipi(self);
     }
 

@@ -1,0 +1,225 @@
+//! A small simulated kernel on top of the mock machine: a reverse map and
+//! the page-out, free and migration services the drivers call, with knobs
+//! to make them fail.
+
+use core::ops::ControlFlow;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::vec::Vec;
+
+use super::{lock, MockError, MockMachine, MockSpace, Model, X86Like};
+use crate::migrate::MigrateBacking;
+use crate::pte::Frame;
+use crate::reclaim::{PageOut, ReclaimBacking};
+use crate::rmap::{Mapping, MappingFlags, Rmap};
+use crate::unmap::{FreeFrames, OwnedFrame, WritebackFrame};
+
+type Entry = (usize, u64, MappingFlags);
+
+/// A reverse map over a fixed list of address spaces of one machine, keyed
+/// by frame (hash map: fast enough for benchmark-sized runs).
+pub struct MockRmap<'m, M: Model = X86Like> {
+    machine: &'m MockMachine<M>,
+    spaces: Vec<MockSpace<'m, M>>,
+    map: Mutex<HashMap<Frame, Vec<Entry>>>,
+}
+
+impl<'m, M: Model> MockRmap<'m, M> {
+    /// A reverse map over `spaces` (address spaces of `machine`), referred
+    /// to by their index in that list.
+    pub fn new(machine: &'m MockMachine<M>, spaces: Vec<MockSpace<'m, M>>) -> Self {
+        MockRmap {
+            machine,
+            spaces,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The address spaces.
+    pub fn spaces(&self) -> &[MockSpace<'m, M>] {
+        &self.spaces
+    }
+
+    /// Maps `frame` at `va` in space `space` and records the mapping.
+    /// Errors: [`MockError::UnknownAddressSpace`] for an index out of range,
+    /// and whatever [`MockMachine::map`] refuses.
+    pub fn map(
+        &self,
+        frame: Frame,
+        space: usize,
+        va: u64,
+        writable: bool,
+        flags: MappingFlags,
+    ) -> Result<(), MockError> {
+        let s = self.spaces.get(space).ok_or(MockError::UnknownAddressSpace)?;
+        // Recorded first: a mapping is known before any CPU can use it.
+        lock(&self.map).entry(frame).or_default().push((space, va, flags));
+        self.machine.map(s.mm(), va, frame, writable)
+    }
+
+    /// Forgets every mapping of `frame`.
+    pub fn remove_frame(&self, frame: Frame) {
+        lock(&self.map).remove(&frame);
+    }
+
+    /// Moves every recorded mapping of `old` to `new`.
+    pub fn move_frame(&self, old: Frame, new: Frame) {
+        let mut map = lock(&self.map);
+        if let Some(entries) = map.remove(&old) {
+            map.entry(new).or_default().extend(entries);
+        }
+    }
+
+    /// Changes the flags of every recorded mapping of `frame`.
+    pub fn set_flags(&self, frame: Frame, flags: MappingFlags) {
+        if let Some(entries) = lock(&self.map).get_mut(&frame) {
+            for e in entries {
+                e.2 = flags;
+            }
+        }
+    }
+}
+
+// SAFETY: `walk` visits every mapping recorded for the frame, and the mock
+// records a mapping (through `map`) before setting its PTE. A test that sets
+// PTEs behind the map's back gets wrong answers about simulated memory only,
+// which the oracle then reports; no real memory is at stake.
+unsafe impl<'m, M: Model> Rmap for MockRmap<'m, M> {
+    type Space = MockSpace<'m, M>;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        // Copied out so that `visit` may change the map (never under lock).
+        let entries = lock(&self.map).get(&frame).cloned().unwrap_or_default();
+        for (space, va, flags) in entries {
+            if let Some(space) = self.spaces.get(space) {
+                visit(Mapping { space, va, flags })?;
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        let _ = self.machine.set_frame_dirty(frame);
+    }
+
+    fn is_hwpoisoned(&self, frame: Frame) -> bool {
+        self.machine.frame_poisoned(frame).unwrap_or(false)
+    }
+}
+
+/// How [`MockKernel::page_out`] behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoMode {
+    /// The write completes at once; the frame is clean and may be freed.
+    Synchronous,
+    /// The write stays in flight (the frame stays under I/O).
+    Queued,
+    /// The write cannot be started.
+    Failing,
+}
+
+/// The kernel services the reclaim and migration drivers call, on a mock
+/// machine and a [`MockRmap`], with counters and failure knobs.
+pub struct MockKernel<'r, 'm, M: Model = X86Like> {
+    rmap: &'r MockRmap<'m, M>,
+    /// How page-out behaves.
+    pub io: IoMode,
+    /// Refuse every batched free (the frames must come back).
+    pub refuse_frees: bool,
+    /// Allocations of migration targets left before they fail (`None`: no
+    /// limit).
+    pub alloc_budget: Option<usize>,
+    /// Batched free calls made.
+    pub free_calls: usize,
+    /// Frames freed.
+    pub frames_freed: usize,
+    /// Page-outs started.
+    pub page_outs: usize,
+}
+
+impl<'r, 'm, M: Model> MockKernel<'r, 'm, M> {
+    /// Services over `rmap`'s machine: synchronous I/O, frees accepted.
+    pub fn new(rmap: &'r MockRmap<'m, M>) -> Self {
+        MockKernel {
+            rmap,
+            io: IoMode::Synchronous,
+            refuse_frees: false,
+            alloc_budget: None,
+            free_calls: 0,
+            frames_freed: 0,
+            page_outs: 0,
+        }
+    }
+
+    fn machine(&self) -> &'m MockMachine<M> {
+        self.rmap.machine
+    }
+}
+
+impl<M: Model> FreeFrames for MockKernel<'_, '_, M> {
+    fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>) {
+        self.free_calls += 1;
+        if self.refuse_frees {
+            return;
+        }
+        let mut refused: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
+        while let Some(frame) = frames.pop() {
+            self.rmap.remove_frame(frame.frame());
+            match self.machine().free_frame(frame.frame()) {
+                Ok(()) => self.frames_freed += 1,
+                // Not freeable (under I/O, say): it goes back. `refused`
+                // holds at most what `frames` held.
+                Err(_) => {
+                    let _ = refused.push(frame);
+                }
+            }
+        }
+        *frames = refused;
+    }
+}
+
+impl<M: Model> ReclaimBacking for MockKernel<'_, '_, M> {
+    fn is_dirty(&self, frame: Frame) -> bool {
+        self.machine().frame_dirty(frame).unwrap_or(false)
+    }
+
+    fn page_out(&mut self, frame: WritebackFrame<'_>) -> PageOut {
+        if self.io == IoMode::Failing {
+            return PageOut::Failed;
+        }
+        self.page_outs += 1;
+        if self.machine().start_io(frame.frame()).is_err() {
+            return PageOut::Failed;
+        }
+        match self.io {
+            IoMode::Synchronous => match self.machine().end_io(frame.frame()) {
+                Ok(()) => PageOut::Written,
+                Err(_) => PageOut::Queued,
+            },
+            _ => PageOut::Queued,
+        }
+    }
+}
+
+impl<M: Model> MigrateBacking for MockKernel<'_, '_, M> {
+    fn alloc_target(&mut self, _old: Frame) -> Option<OwnedFrame> {
+        match self.alloc_budget {
+            Some(0) => return None,
+            Some(ref mut n) => *n -= 1,
+            None => {}
+        }
+        self.machine().alloc_frame().ok().map(OwnedFrame::new)
+    }
+
+    fn copy_frame(&mut self, from: WritebackFrame<'_>, to: &OwnedFrame) {
+        let _ = self.machine().copy_frame(from.frame(), to.frame());
+    }
+
+    fn move_mappings(&mut self, old: Frame, new: Frame) {
+        self.rmap.move_frame(old, new);
+    }
+}
