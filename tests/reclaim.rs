@@ -199,3 +199,37 @@ fn without_the_rewalk_guarantee_every_unmap_flushes_at_once() {
     assert_eq!(m.stats().pages_deferred, 0);
     assert_eq!(m.violations(), []);
 }
+
+#[test]
+fn each_flush_point_costs_exactly_one_ipi_per_remote_cpu_involved() {
+    // Four processes on CPUs 0-3, 32 pages each; CPU 0 reclaims lists that
+    // mix pages of a growing number of processes. The floor for a list is
+    // the number of other CPUs running a process whose page it unmaps.
+    let m = MockMachine::new(config(4, 256)).unwrap();
+    let spaces = (0..4).map(|i| m.space(&m.new_mm(asid(i + 1)))).collect();
+    let rmap = MockRmap::new(&m, spaces);
+    let mut pages: Vec<Vec<Frame>> = vec![Vec::new(); 4];
+    for (s, list) in pages.iter_mut().enumerate() {
+        let cpu = m.cpu(s).unwrap();
+        cpu.switch_to(rmap.spaces()[s].mm());
+        for i in 0..32 {
+            let f = m.alloc_frame().unwrap();
+            rmap.map(f, s, va(i), false, MappingFlags::empty()).unwrap();
+            cpu.read(va(i)).unwrap();
+            m.test_and_clear_accessed(rmap.spaces()[s].mm(), va(i)).unwrap();
+            list.push(f);
+        }
+    }
+    let mut kernel = MockKernel::new(&rmap);
+    // Lists drawing on processes {0}, {0,1}, {0,1,2}, {0,1,2,3}: floors 0..=3.
+    for (round, floor) in (1..=4).zip(0..) {
+        let mut list = Vec::new();
+        for p in pages.iter_mut().take(round) {
+            list.extend(p.drain(..8));
+        }
+        let (summary, back) = run::<_, 32>(&m, &mut kernel, &rmap, &list);
+        assert!(back.is_empty());
+        assert_eq!(summary.ipis_sent, floor, "round {round}");
+    }
+    assert_eq!(m.violations(), []);
+}
