@@ -109,6 +109,7 @@ pub mod arch;
 mod batch;
 mod cpuset;
 mod error;
+mod gather;
 mod migrate;
 mod mm;
 mod mprotect;
@@ -124,6 +125,10 @@ pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
 pub use batch::TlbFlushUnmapBatch;
 pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
 pub use error::Error;
+pub use gather::{
+    DetachedTable, FrameKind, MmuGather, PageGather, TableFreePolicy, TableTeardown, TeardownBacking,
+    TeardownSummary, PAGE_BATCH,
+};
 pub use migrate::{
     migrate_pages, MigrateBacking, MigrateFailure, MigrateOutcome, MigrateSummary, MIGRATE_PASSES,
 };
@@ -138,6 +143,6 @@ pub use rmap::{
     page_referenced, try_to_unmap, BoundedRmap, Mapping, MappingFlags, PageState, PageTable, Referenced,
     Rmap, SwapResult, TtuFlags,
 };
-pub use shootdown::{handle_flush_ipi, shootdown, ShootdownReport, TlbShootdown};
+pub use shootdown::{handle_flush_ipi, ipi_sync, shootdown, ShootdownReport, TlbShootdown};
 pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
 pub use unmap::{Flushed, FreeFrames, OwnedFrame, UnmapBatch, Unmapped, Writeback, WritebackFrame};

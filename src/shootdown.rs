@@ -29,6 +29,14 @@ const KIND_RANGES: u8 = 0;
 const KIND_ASIDS: u8 = 1;
 const KIND_ALL: u8 = 2;
 const KIND_ALL_GLOBAL: u8 = 3;
+const KIND_SYNC: u8 = 4;
+
+/// What a request slot carries: a flush, or nothing but the interrupt.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Flush(&'a FlushRequest),
+    Sync,
+}
 
 /// One CPU's outgoing request. Fields are atomics so that readers on other
 /// CPUs never race with a plain write; the publishing `inbox` update
@@ -54,7 +62,15 @@ impl RequestSlot {
         }
     }
 
-    fn write(&self, req: &FlushRequest) {
+    fn write(&self, payload: Payload<'_>) {
+        let req = match payload {
+            Payload::Flush(req) => req,
+            Payload::Sync => {
+                self.kind.store(KIND_SYNC, Ordering::Relaxed);
+                self.len.store(0, Ordering::Relaxed);
+                return;
+            }
+        };
         let (kind, len) = match req.scope() {
             FlushScope::Ranges(ranges) => {
                 for (i, r) in ranges.iter().enumerate() {
@@ -79,10 +95,12 @@ impl RequestSlot {
         self.len.store(len as u8, Ordering::Relaxed);
     }
 
-    fn read(&self) -> FlushRequest {
+    /// The request in the slot; `None` for a sync, which flushes nothing.
+    fn read(&self) -> Option<FlushRequest> {
         let len = usize::from(self.len.load(Ordering::Relaxed)).min(MAX_FLUSH_ENTRIES);
         let asid_of = |w: u64| Asid::new(w as u16).unwrap_or(Asid::KERNEL);
-        match self.kind.load(Ordering::Relaxed) {
+        Some(match self.kind.load(Ordering::Relaxed) {
+            KIND_SYNC => return None,
             KIND_RANGES => {
                 let mut ranges = [FlushRange {
                     asid: Asid::KERNEL,
@@ -109,7 +127,7 @@ impl RequestSlot {
             kind => FlushRequest::from_parts(FlushScope::Everything {
                 include_global: kind == KIND_ALL_GLOBAL,
             }),
-        }
+        })
     }
 }
 
@@ -232,42 +250,11 @@ pub fn shootdown<A: Arch>(
     }
 
     let remote = targets.difference(&CpuSet::single(me));
-    let slot = &state.cpus[me.index()].slot;
     if !remote.is_empty() {
-        if slot.busy.swap(true, Ordering::Acquire) {
-            return Err(Error::ShootdownReentered { cpu: me.index() });
-        }
-        slot.write(request);
-        // `remote.len()` <= MAX_CPUS, far below u32::MAX.
-        slot.remaining.store(remote.len() as u32, Ordering::Relaxed);
+        report.ipis_sent = publish(arch, state, me, &remote, Payload::Flush(request))?;
+        report.remote_cpus = remote.len();
     }
     state.count(Counter::Shootdowns, 1);
-
-    if !remote.is_empty() {
-        let mut need_ipi = CpuSet::new();
-        for t in &remote {
-            let target = &state.cpus[t.index()];
-            // Publishes the slot contents (release) to the handler's take.
-            target.inbox.insert(me, Ordering::SeqCst);
-            // Only one IPI per target is needed until its handler runs: the
-            // handler clears `ipi_pending` before emptying the inbox, so a
-            // request that finds it set is seen by that handler.
-            if !target.ipi_pending.swap(true, Ordering::SeqCst) {
-                need_ipi.insert(t);
-            }
-        }
-        report.remote_cpus = remote.len();
-        report.ipis_sent = need_ipi.len();
-        if !need_ipi.is_empty() {
-            state.count(Counter::IpisSent, need_ipi.len() as u64);
-            arch.trace(&TraceEvent {
-                cpu: me,
-                reason: FlushReason::RemoteSendIpi,
-                extent: extent_of(request),
-            });
-            arch.send_flush_ipi(&need_ipi);
-        }
-    }
 
     if targets.contains(me) {
         let reason = match request.scope() {
@@ -279,13 +266,92 @@ pub fn shootdown<A: Arch>(
     }
 
     if !remote.is_empty() {
-        while slot.remaining.load(Ordering::Acquire) != 0 {
-            service_inbox(arch, state, me);
-            arch.relax();
-        }
-        slot.busy.store(false, Ordering::Release);
+        wait_for_acks(arch, state, me);
     }
     Ok(report)
+}
+
+/// Interrupts every other online CPU and waits until each has taken the
+/// interrupt (or served the request from a wait loop), flushing nothing.
+///
+/// A CPU that walks page tables locklessly with interrupts disabled (like
+/// Linux's fast GUP) cannot take the interrupt until its walk is over, so
+/// when this returns no such walk that started before the call is still
+/// running: page-table frames detached before the call may then be freed.
+/// Broadcast-invalidation hardware needs this too, since its flushes do
+/// not interrupt anyone. Errors: [`Error::ShootdownReentered`], as for
+/// [`shootdown`].
+pub fn ipi_sync<A: Arch>(arch: &A) -> Result<ShootdownReport, Error> {
+    let state = arch.shootdown_state();
+    let me = arch.current_cpu();
+    let remote = arch.online_cpus().difference(&CpuSet::single(me));
+    if remote.is_empty() {
+        return Ok(ShootdownReport::default());
+    }
+    let ipis_sent = publish(arch, state, me, &remote, Payload::Sync)?;
+    wait_for_acks(arch, state, me);
+    Ok(ShootdownReport {
+        remote_cpus: remote.len(),
+        ipis_sent,
+        flushed_locally: false,
+        broadcast: false,
+    })
+}
+
+/// Puts `payload` in this CPU's slot and in the inbox of every CPU of
+/// `remote`, interrupting those without an interrupt already on its way.
+/// Returns the number of IPIs sent.
+fn publish<A: Arch>(
+    arch: &A,
+    state: &TlbShootdown,
+    me: CpuId,
+    remote: &CpuSet,
+    payload: Payload<'_>,
+) -> Result<usize, Error> {
+    let slot = &state.cpus[me.index()].slot;
+    if slot.busy.swap(true, Ordering::Acquire) {
+        return Err(Error::ShootdownReentered { cpu: me.index() });
+    }
+    slot.write(payload);
+    // `remote.len()` <= MAX_CPUS, far below u32::MAX.
+    slot.remaining.store(remote.len() as u32, Ordering::Relaxed);
+    let mut need_ipi = CpuSet::new();
+    for t in remote {
+        let target = &state.cpus[t.index()];
+        // Publishes the slot contents (release) to the handler's take.
+        target.inbox.insert(me, Ordering::SeqCst);
+        // Only one IPI per target is needed until its handler runs: the
+        // handler clears `ipi_pending` before emptying the inbox, so a
+        // request that finds it set is seen by that handler.
+        if !target.ipi_pending.swap(true, Ordering::SeqCst) {
+            need_ipi.insert(t);
+        }
+    }
+    if !need_ipi.is_empty() {
+        state.count(Counter::IpisSent, need_ipi.len() as u64);
+        let extent = match payload {
+            Payload::Flush(request) => extent_of(request),
+            Payload::Sync => FlushExtent::Pages(0),
+        };
+        arch.trace(&TraceEvent {
+            cpu: me,
+            reason: FlushReason::RemoteSendIpi,
+            extent,
+        });
+        arch.send_flush_ipi(&need_ipi);
+    }
+    Ok(need_ipi.len())
+}
+
+/// Waits until every target acknowledged this CPU's request, serving this
+/// CPU's own inbox meanwhile, then frees the slot.
+fn wait_for_acks<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) {
+    let slot = &state.cpus[me.index()].slot;
+    while slot.remaining.load(Ordering::Acquire) != 0 {
+        service_inbox(arch, state, me);
+        arch.relax();
+    }
+    slot.busy.store(false, Ordering::Release);
 }
 
 /// The flush-IPI handler: the kernel calls it from its interrupt vector for
@@ -306,8 +372,9 @@ fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
     let mut served = 0;
     for from in &initiators {
         let slot = &state.cpus[from.index()].slot;
-        let request = slot.read();
-        execute_local(arch, state, &request, FlushReason::RemoteShootdown);
+        if let Some(request) = slot.read() {
+            execute_local(arch, state, &request, FlushReason::RemoteShootdown);
+        }
         // Acknowledge only after the flush; the initiator may reuse the
         // slot as soon as the count reaches zero.
         slot.remaining.fetch_sub(1, Ordering::Release);

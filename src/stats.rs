@@ -66,8 +66,9 @@ pub struct TlbStatsSnapshot {
     pub shootdowns: u64,
     /// Flush IPIs sent, one per target CPU interrupted.
     pub ipis_sent: u64,
-    /// Flush requests from other CPUs carried out (a coalesced IPI can carry
-    /// several; a waiting initiator also takes requests without an IPI).
+    /// Requests from other CPUs carried out, syncs included (a coalesced
+    /// IPI can carry several; a waiting initiator also takes requests
+    /// without an IPI).
     pub flushes_received: u64,
     /// Single-page local invalidations (invlpg and equivalents).
     pub local_page_flushes: u64,

@@ -158,8 +158,8 @@ fn frame_misuse_is_refused_with_an_error() {
         }))
     );
     assert_eq!(
-        m.free_frame(Frame(99)),
-        Err(MockError::Frame(FrameError::NoSuchFrame(Frame(99))))
+        m.free_frame(Frame(1 << 40)),
+        Err(MockError::Frame(FrameError::NoSuchFrame(Frame(1 << 40))))
     );
     assert_eq!(
         m.end_io(a),

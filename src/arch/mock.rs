@@ -119,6 +119,8 @@ pub struct MockConfig {
     pub frames: usize,
     /// TLB entries per CPU.
     pub tlb_entries: usize,
+    /// Frames set aside for page tables (one per 512-page region mapped).
+    pub table_frames: usize,
     /// Whether TLB entries survive address-space switches (PCID).
     pub tagged_tlb: bool,
     /// How IPIs are delivered.
@@ -134,6 +136,7 @@ impl MockConfig {
             cpus,
             frames: 4096,
             tlb_entries: 64,
+            table_frames: 256,
             tagged_tlb: false,
             delivery: Delivery::Synchronous,
             cost: CostModel::default(),
@@ -197,6 +200,8 @@ impl From<Error> for MockError {
 }
 
 const KERNEL_ROOT: u64 = 0;
+/// A leaf table maps 2^9 pages.
+const REGION_SHIFT: u32 = 9;
 
 #[derive(Clone, Copy, Debug)]
 enum BroadcastOp {
@@ -233,6 +238,11 @@ pub struct MockMachine<M: Model = X86Like> {
     next_root: AtomicU64,
     kernel_mm: Arc<MmTlbState>,
     asid_roots: Mutex<HashMap<Asid, u64>>,
+    /// The frame holding each leaf table, by (root, region of 512 pages).
+    leaf_tables: Mutex<HashMap<(u64, u64), Frame>>,
+    /// Lockless walks in progress: id -> (CPU, table frame).
+    walkers: Mutex<HashMap<u64, (CpuId, Frame)>>,
+    next_walk: AtomicU64,
     violations: Mutex<Vec<Violation>>,
     broadcast_queue: Mutex<Vec<(CpuId, BroadcastOp)>>,
     costs: cost::CostMeter,
@@ -281,11 +291,14 @@ impl<M: Model> MockMachine<M> {
             config,
             shootdown: Box::new(TlbShootdown::new()),
             cpus,
-            memory: Mutex::new(oracle::Memory::new(config.frames)),
+            memory: Mutex::new(oracle::Memory::new(config.frames, config.table_frames)),
             tables: RwLock::new(tables),
             next_root: AtomicU64::new(KERNEL_ROOT + 1),
             kernel_mm: Arc::new(MmTlbState::kernel(KERNEL_ROOT)),
             asid_roots: Mutex::new(HashMap::new()),
+            leaf_tables: Mutex::new(HashMap::new()),
+            walkers: Mutex::new(HashMap::new()),
+            next_walk: AtomicU64::new(0),
             violations: Mutex::new(Vec::new()),
             broadcast_queue: Mutex::new(Vec::new()),
             costs: cost::CostMeter::default(),
@@ -382,11 +395,16 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Stores `pte` at `va` in `mm`.
+    /// The first PTE of a 512-page region takes a page-table frame.
     pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
         check_aligned(va)?;
         let vpn = va >> PAGE_SHIFT;
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
+        let region = (mm.root(), vpn >> REGION_SHIFT);
+        if let std::collections::hash_map::Entry::Vacant(slot) = lock(&self.leaf_tables).entry(region) {
+            slot.insert(lock(&self.memory).alloc_table()?);
+        }
         table
             .entry(vpn)
             .or_insert_with(|| AtomicU64::new(0))
@@ -472,7 +490,15 @@ impl<M: Model> MockMachine<M> {
         // TLBs are scanned before the memory lock is taken: accesses lock a
         // TLB and then memory, never the other way round.
         let cached = self.cached_translations(frame);
+        let walking: Vec<CpuId> = lock(&self.walkers)
+            .values()
+            .filter(|(_, t)| *t == frame)
+            .map(|(c, _)| *c)
+            .collect();
         lock(&self.memory).free(frame)?;
+        for cpu in walking {
+            self.record(Violation::TableFreedUnderWalker { frame, cpu });
+        }
         for (cpu, entry) in cached {
             self.record(Violation::FreedWhileCached {
                 frame,
@@ -592,6 +618,55 @@ impl<M: Model> MockMachine<M> {
                 })
             })
             .collect()
+    }
+
+    /// The frame of the leaf page table that maps `va` in `mm`, if any.
+    pub fn leaf_table(&self, mm: &MmTlbState, va: u64) -> Option<Frame> {
+        lock(&self.leaf_tables)
+            .get(&(mm.root(), (va >> PAGE_SHIFT) >> REGION_SHIFT))
+            .copied()
+    }
+
+    /// Detaches one leaf table of `mm` whose whole region lies inside
+    /// `start..end`, dropping its (cleared) entries; returns its frame and
+    /// region. The frame stays allocated: the caller frees it when safe.
+    pub fn detach_table(&self, mm: &MmTlbState, start: u64, end: u64) -> Option<DetachedTable> {
+        let span = 1u64 << (REGION_SHIFT + PAGE_SHIFT);
+        let mut leaves = lock(&self.leaf_tables);
+        let key = leaves.keys().copied().find(|&(root, region)| {
+            let lo = region << (REGION_SHIFT + PAGE_SHIFT);
+            root == mm.root() && lo >= start && lo.checked_add(span).is_some_and(|hi| hi <= end)
+        })?;
+        let frame = leaves.remove(&key)?;
+        drop(leaves);
+        let first = key.1 << REGION_SHIFT;
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(table) = tables.get_mut(&mm.root()) {
+            table.retain(|vpn, _| !(first..first + (1 << REGION_SHIFT)).contains(vpn));
+        }
+        let lo = key.1 << (REGION_SHIFT + PAGE_SHIFT);
+        Some(DetachedTable {
+            frame,
+            start: lo,
+            end: lo + span,
+        })
+    }
+
+    /// Lockless walks in progress, as (CPU, table frame).
+    pub fn lockless_walkers(&self) -> Vec<(CpuId, Frame)> {
+        lock(&self.walkers).values().copied().collect()
+    }
+
+    /// A grace period for lockless walkers: returns once every lockless walk
+    /// that was in progress when it was called has ended, taking `cpu`'s
+    /// interrupts meanwhile. A kernel's RCU-style wait, for
+    /// [`TableFreePolicy::GracePeriod`](crate::TableFreePolicy::GracePeriod).
+    pub fn wait_for_walkers(&self, cpu: &MockCpu<'_, M>) {
+        let started: Vec<u64> = lock(&self.walkers).keys().copied().collect();
+        while lock(&self.walkers).keys().any(|k| started.contains(k)) {
+            cpu.poll_interrupts();
+            std::thread::yield_now();
+        }
     }
 
     /// The oracle's check after an operation that changed the mappings of
@@ -801,6 +876,25 @@ impl<'m, M: Model> MockCpu<'m, M> {
             hook(self);
         }
         handle_flush_ipi(self);
+    }
+
+    /// Starts a lockless walk of the page table that maps `va` in this CPU's
+    /// address space, the way Linux's fast GUP walks: interrupts off, no
+    /// lock, so that only an IPI sync or a grace period can tell when it is
+    /// over. The walk lasts until the returned guard is dropped. Errors:
+    /// [`Fault::NotMapped`] when no table maps `va`.
+    pub fn begin_lockless_walk(&self, va: u64) -> Result<LocklessWalk<'m, M>, Fault> {
+        let mm = self.current_mm().ok_or(Fault::NotMapped { va })?;
+        let table = self.machine.leaf_table(&mm, va).ok_or(Fault::NotMapped { va })?;
+        self.disable_interrupts();
+        let id = self.machine.next_walk.fetch_add(1, Ordering::Relaxed);
+        lock(&self.machine.walkers).insert(id, (self.id, table));
+        Ok(LocklessWalk {
+            cpu: *self,
+            mm,
+            table,
+            id,
+        })
     }
 
     /// Reads the data word of the page at `va` in the current address space
@@ -1137,5 +1231,45 @@ unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
 
     fn set(&self, va: u64, pte: Pte) {
         let _ = self.machine.set_pte(&self.mm, va, pte);
+    }
+}
+
+pub use crate::gather::DetachedTable;
+
+/// A lockless page-table walk in progress (see
+/// [`MockCpu::begin_lockless_walk`]); dropping it ends the walk and
+/// re-enables interrupts.
+pub struct LocklessWalk<'m, M: Model = X86Like> {
+    cpu: MockCpu<'m, M>,
+    mm: Arc<MmTlbState>,
+    table: Frame,
+    id: u64,
+}
+
+impl<M: Model> LocklessWalk<'_, M> {
+    /// The page-table frame being walked.
+    pub fn table(&self) -> Frame {
+        self.table
+    }
+
+    /// Reads the entry for `va` through the walked table, as the walker
+    /// would (empty once the table was detached).
+    pub fn read(&self, va: u64) -> Pte {
+        self.cpu.machine.pte(&self.mm, va).unwrap_or(Pte::EMPTY)
+    }
+}
+
+impl<M: Model> Drop for LocklessWalk<'_, M> {
+    fn drop(&mut self) {
+        lock(&self.cpu.machine.walkers).remove(&self.id);
+        self.cpu.enable_interrupts();
+    }
+}
+
+// SAFETY: `detach_table` hands out only a table whose whole region lies in
+// the range, removing its entries from the simulated table first.
+unsafe impl<M: Model> crate::gather::TableTeardown for MockSpace<'_, M> {
+    fn detach_table(&self, start: u64, end: u64) -> Option<DetachedTable> {
+        self.machine.detach_table(&self.mm, start, end)
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use std::vec::Vec;
 
 use super::{lock, MockError, MockMachine, MockSpace, Model, X86Like};
+use crate::gather::TeardownBacking;
 use crate::migrate::MigrateBacking;
 use crate::pte::Frame;
 use crate::reclaim::{PageOut, ReclaimBacking};
@@ -130,6 +131,10 @@ pub struct MockKernel<'r, 'm, M: Model = X86Like> {
     pub io: IoMode,
     /// Refuse every batched free (the frames must come back).
     pub refuse_frees: bool,
+    /// Refuse every batched page-table free.
+    pub refuse_table_frees: bool,
+    /// Batched page-table free calls made.
+    pub table_free_calls: usize,
     /// Allocations of migration targets left before they fail (`None`: no
     /// limit).
     pub alloc_budget: Option<usize>,
@@ -148,6 +153,8 @@ impl<'r, 'm, M: Model> MockKernel<'r, 'm, M> {
             rmap,
             io: IoMode::Synchronous,
             refuse_frees: false,
+            refuse_table_frees: false,
+            table_free_calls: 0,
             alloc_budget: None,
             free_calls: 0,
             frames_freed: 0,
@@ -179,6 +186,27 @@ impl<M: Model> FreeFrames for MockKernel<'_, '_, M> {
             }
         }
         *frames = refused;
+    }
+}
+
+impl<M: Model> TeardownBacking for MockKernel<'_, '_, M> {
+    fn set_dirty(&mut self, frame: Frame) {
+        let _ = self.machine().set_frame_dirty(frame);
+    }
+
+    fn free_tables<const N: usize>(&mut self, tables: &mut heapless::Vec<OwnedFrame, N>) {
+        self.table_free_calls += 1;
+        if self.refuse_table_frees {
+            return;
+        }
+        let mut refused: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
+        while let Some(table) = tables.pop() {
+            if self.machine().free_frame(table.frame()).is_err() {
+                // `refused` holds at most what `tables` held.
+                let _ = refused.push(table);
+            }
+        }
+        *tables = refused;
     }
 }
 

@@ -67,6 +67,15 @@ pub enum Violation {
         /// A CPU caching a writable entry.
         cpu: CpuId,
     },
+    /// A page-table frame was freed while a CPU was walking it locklessly
+    /// (rule 6): the walker reads a frame that may already hold something
+    /// else.
+    TableFreedUnderWalker {
+        /// The page-table frame.
+        frame: Frame,
+        /// The CPU walking it.
+        cpu: CpuId,
+    },
     /// After an operation changed a range of mappings and returned, a CPU
     /// still cached an entry there that disagrees with the page table
     /// (rule 5).
@@ -109,10 +118,15 @@ struct FrameInfo {
 pub(super) struct Memory {
     frames: Vec<FrameInfo>,
     free_list: Vec<u64>,
+    /// Frames from `data_frames` on form a separate pool for page tables,
+    /// so that table allocations never change what data allocations see.
+    data_frames: u64,
+    table_free_list: Vec<u64>,
 }
 
 impl Memory {
-    pub(super) fn new(count: usize) -> Self {
+    pub(super) fn new(count: usize, tables: usize) -> Self {
+        let total = count + tables;
         Memory {
             frames: std::vec![
                 FrameInfo {
@@ -121,10 +135,12 @@ impl Memory {
                     dirty: false,
                     poisoned: false,
                 };
-                count
+                total
             ],
             // Hand out low frames first.
             free_list: (0..count as u64).rev().collect(),
+            data_frames: count as u64,
+            table_free_list: (count as u64..total as u64).rev().collect(),
         }
     }
 
@@ -153,6 +169,15 @@ impl Memory {
 
     pub(super) fn alloc(&mut self) -> Result<Frame, FrameError> {
         let pfn = self.free_list.pop().ok_or(FrameError::OutOfFrames)?;
+        self.take(pfn)
+    }
+
+    pub(super) fn alloc_table(&mut self) -> Result<Frame, FrameError> {
+        let pfn = self.table_free_list.pop().ok_or(FrameError::OutOfFrames)?;
+        self.take(pfn)
+    }
+
+    fn take(&mut self, pfn: u64) -> Result<Frame, FrameError> {
         let frame = Frame(pfn);
         let info = self.info(frame)?;
         *info = FrameInfo {
@@ -166,7 +191,11 @@ impl Memory {
 
     pub(super) fn free(&mut self, frame: Frame) -> Result<(), FrameError> {
         self.require(frame, FrameState::InUse)?.state = FrameState::Free;
-        self.free_list.push(frame.0);
+        if frame.0 < self.data_frames {
+            self.free_list.push(frame.0);
+        } else {
+            self.table_free_list.push(frame.0);
+        }
         Ok(())
     }
 

@@ -1,0 +1,355 @@
+//! Range teardown: one flush per range, data and page-table frames freed in
+//! one batched call per batch, table-free policies against a lockless
+//! walker, bad input, and refused frees.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{asid, config, va, within};
+use tlb_batch::arch::mock::{BroadcastTlbi, FrameState, MockKernel, MockMachine, MockRmap, Model, Violation};
+use tlb_batch::{
+    Error, Frame, FrameKind, MappingFlags, MmuGather, OwnedFrame, PageGather, TableFreePolicy,
+    TlbFlushUnmapBatch, TtuFlags,
+};
+
+/// One address space run by `cpus`, with `pages` test pages mapped at
+/// `first..first + pages` (even ones written).
+fn setup<'m, M: Model>(
+    m: &'m MockMachine<M>,
+    first: usize,
+    pages: usize,
+    cpus: &[usize],
+) -> (MockRmap<'m, M>, Vec<Frame>) {
+    let rmap = MockRmap::new(m, vec![m.space(&m.new_mm(asid(1)))]);
+    let frames: Vec<Frame> = (first..first + pages)
+        .map(|i| {
+            let f = m.alloc_frame().unwrap();
+            rmap.map(f, 0, va(i), true, MappingFlags::empty()).unwrap();
+            f
+        })
+        .collect();
+    for &c in cpus {
+        let cpu = m.cpu(c).unwrap();
+        cpu.switch_to(rmap.spaces()[0].mm());
+        for i in first..first + pages {
+            if i % 2 == 0 {
+                cpu.write(va(i), i as u64).unwrap();
+            } else {
+                cpu.read(va(i)).unwrap();
+            }
+        }
+    }
+    (rmap, frames)
+}
+
+fn tear_down<M: Model, const N: usize>(
+    m: &MockMachine<M>,
+    rmap: &MockRmap<'_, M>,
+    kernel: &mut MockKernel<'_, '_, M>,
+    start: u64,
+    end: u64,
+    free_tables: bool,
+    policy: &mut TableFreePolicy<'_>,
+) -> Result<(tlb_batch::TeardownSummary, Vec<(Frame, FrameKind)>), Error> {
+    let mut gather = MmuGather::<N>::new();
+    let mut back = Vec::new();
+    let summary = gather.unmap_range(
+        &m.cpu(0).unwrap(),
+        &rmap.spaces()[0],
+        kernel,
+        start,
+        end,
+        free_tables,
+        policy,
+        &mut |f: OwnedFrame, kind| back.push((f.into_frame(), kind)),
+    )?;
+    assert!(gather.is_empty());
+    Ok((summary, back))
+}
+
+#[test]
+fn a_range_is_flushed_once_and_its_frames_freed_in_one_call() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 20, &[1, 2, 3]);
+    let mut kernel = MockKernel::new(&rmap);
+    let before = m.stats();
+    let (s, back) = tear_down::<_, 64>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(20),
+        false,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert!(back.is_empty());
+    assert_eq!(
+        (s.pages_unmapped, s.data_freed, s.flushes, s.data_free_calls),
+        (20, 20, 1, 1)
+    );
+    assert_eq!(s.ipis_sent, 3);
+    let d = m.stats().since(&before);
+    // 20 pages are under the ceiling: three CPUs invalidate them one by one.
+    assert_eq!((d.local_page_flushes, d.local_full_flushes), (60, 0));
+    for (i, &f) in frames.iter().enumerate() {
+        assert_eq!(m.frame_state(f).unwrap(), FrameState::Free);
+        assert_eq!(
+            m.frame_dirty(f).unwrap(),
+            i % 2 == 0,
+            "dirty bit moved to the frame"
+        );
+    }
+    assert_eq!(m.stale_entries(), []);
+    assert_eq!(m.violations(), []);
+}
+
+#[test]
+fn above_the_ceiling_the_range_becomes_one_full_flush() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, _) = setup(&m, 0, 40, &[1, 2, 3]);
+    let mut kernel = MockKernel::new(&rmap);
+    let before = m.stats();
+    let (s, _) = tear_down::<_, 64>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(40),
+        false,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert_eq!((s.flushes, s.ipis_sent), (1, 3));
+    let d = m.stats().since(&before);
+    assert_eq!((d.local_page_flushes, d.local_full_flushes), (0, 3));
+    assert_eq!(m.stale_entries(), []);
+    assert_eq!(m.violations(), []);
+}
+
+#[test]
+fn a_full_batch_is_flushed_and_freed_mid_way() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, _) = setup(&m, 0, 20, &[1]);
+    let mut kernel = MockKernel::new(&rmap);
+    let (s, back) = tear_down::<_, 8>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(20),
+        false,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert!(back.is_empty());
+    assert_eq!((s.data_freed, s.flushes, s.data_free_calls), (20, 3, 3));
+    assert_eq!(kernel.free_calls, 3);
+    assert_eq!(m.violations(), []);
+}
+
+#[test]
+fn emptied_page_tables_are_freed_in_one_batched_call() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let rmap = MockRmap::new(&m, vec![m.space(&m.new_mm(asid(1)))]);
+    // One page in each of four 512-page regions (leaf tables).
+    let pages = [0, 512, 1024, 1536];
+    for &p in &pages {
+        rmap.map(m.alloc_frame().unwrap(), 0, va(p), true, MappingFlags::empty())
+            .unwrap();
+    }
+    let mm = rmap.spaces()[0].mm().clone();
+    let tables: Vec<Frame> = pages.iter().map(|&p| m.leaf_table(&mm, va(p)).unwrap()).collect();
+    let mut kernel = MockKernel::new(&rmap);
+    // The range covers the first three regions whole.
+    let (s, back) = tear_down::<_, 64>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(1536),
+        true,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert!(back.is_empty());
+    assert_eq!(
+        (s.tables_freed, s.table_free_calls),
+        (3, 1),
+        "three tables, one call"
+    );
+    assert_eq!(kernel.table_free_calls, 1);
+    for &t in &tables[..3] {
+        assert_eq!(m.frame_state(t).unwrap(), FrameState::Free);
+    }
+    // The fourth region is outside the range: its table and page stay.
+    assert_eq!(m.leaf_table(&mm, va(1536)), Some(tables[3]));
+    assert!(m.pte(&mm, va(1536)).unwrap().is_present());
+    assert_eq!(m.violations(), []);
+}
+
+/// CPU 1 walks the table locklessly (interrupts off) while CPU 0 tears the
+/// range down on broadcast-invalidation hardware, where the flush itself
+/// interrupts nobody. Returns the violations the oracle saw.
+fn teardown_under_a_lockless_walker(policy: &str) -> Vec<Violation> {
+    let m = MockMachine::<BroadcastTlbi>::with_model(config(2, 64).threaded()).unwrap();
+    let (rmap, _) = setup(&m, 0, 1, &[]);
+    let walking = AtomicBool::new(false);
+    let freed = AtomicBool::new(false);
+    m.run_threaded(|cpu| {
+        if cpu.id().index() == 1 {
+            cpu.switch_to(rmap.spaces()[0].mm());
+            let walk = cpu.begin_lockless_walk(va(0)).unwrap();
+            walking.store(true, Ordering::SeqCst);
+            // Walk until the teardown says it freed the table, or for a
+            // while: a correct policy waits for this walk to end.
+            let deadline = Instant::now() + Duration::from_millis(150);
+            while !freed.load(Ordering::SeqCst) && Instant::now() < deadline {
+                let _ = walk.read(va(0));
+                std::thread::yield_now();
+            }
+            drop(walk);
+            return;
+        }
+        while !walking.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        let mut kernel = MockKernel::new(&rmap);
+        let mut grace = || m.wait_for_walkers(&cpu);
+        let mut policy = match policy {
+            "after flush" => TableFreePolicy::AfterFlush,
+            "IPI sync" => TableFreePolicy::IpiSync,
+            _ => TableFreePolicy::GracePeriod(&mut grace),
+        };
+        let mut gather = PageGather::new();
+        let s = gather
+            .unmap_range(
+                &cpu,
+                &rmap.spaces()[0],
+                &mut kernel,
+                va(0),
+                va(512),
+                true,
+                &mut policy,
+                &mut |_, _| panic!("nothing is refused"),
+            )
+            .unwrap();
+        assert_eq!(s.tables_freed, 1);
+        freed.store(true, Ordering::SeqCst);
+    });
+    m.violations()
+}
+
+#[test]
+fn freeing_tables_right_after_the_flush_is_caught_under_a_lockless_walker() {
+    within(60, || {
+        let v = teardown_under_a_lockless_walker("after flush");
+        assert!(
+            matches!(v.as_slice(), [Violation::TableFreedUnderWalker { cpu, .. }] if cpu.index() == 1),
+            "{v:?}"
+        );
+    });
+}
+
+#[test]
+fn ipi_sync_and_grace_period_wait_out_the_lockless_walker() {
+    within(60, || {
+        assert_eq!(teardown_under_a_lockless_walker("IPI sync"), []);
+        assert_eq!(teardown_under_a_lockless_walker("grace period"), []);
+    });
+}
+
+#[test]
+fn bad_ranges_are_errors_and_change_nothing() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 4, &[1]);
+    let mut kernel = MockKernel::new(&rmap);
+    let mut p = TableFreePolicy::AfterFlush;
+    assert_eq!(
+        tear_down::<_, 8>(&m, &rmap, &mut kernel, va(0) + 1, va(4), true, &mut p).err(),
+        Some(Error::Unaligned { addr: va(0) + 1 })
+    );
+    assert_eq!(
+        tear_down::<_, 8>(&m, &rmap, &mut kernel, va(4), va(0), true, &mut p).err(),
+        Some(Error::InvalidRange {
+            start: va(4),
+            end: va(0)
+        })
+    );
+    let mm = rmap.spaces()[0].mm();
+    assert!(frames
+        .iter()
+        .enumerate()
+        .all(|(i, &f)| m.pte(mm, va(i)).unwrap().maps(f)));
+    assert_eq!(kernel.free_calls + kernel.table_free_calls, 0);
+}
+
+#[test]
+fn frames_and_tables_the_allocator_refuses_come_back() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 4, &[1]);
+    let table = m.leaf_table(rmap.spaces()[0].mm(), va(0)).unwrap();
+    let mut kernel = MockKernel::new(&rmap);
+    kernel.refuse_frees = true;
+    kernel.refuse_table_frees = true;
+    let (s, mut back) = tear_down::<_, 8>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(512),
+        true,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert_eq!((s.data_freed, s.tables_freed), (0, 0));
+    back.sort();
+    let mut expected: Vec<_> = frames.iter().map(|&f| (f, FrameKind::Data)).collect();
+    expected.push((table, FrameKind::Table));
+    expected.sort();
+    assert_eq!(back, expected, "every refused frame handed back");
+    assert!(back
+        .iter()
+        .all(|(f, _)| m.frame_state(*f).unwrap() == FrameState::InUse));
+    // Unmapped and flushed all the same.
+    assert_eq!(m.stale_entries(), []);
+    assert_eq!(m.violations(), []);
+}
+
+#[test]
+fn munmap_flushes_a_pending_batched_flush_first() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 2, &[1]);
+    let mm = rmap.spaces()[0].mm().clone();
+    // A reclaimer on CPU 2 unmapped page 0 and deferred the flush.
+    let mut batch = TlbFlushUnmapBatch::new();
+    let r = tlb_batch::try_to_unmap(
+        &m.cpu(2).unwrap(),
+        &rmap,
+        frames[0],
+        TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+        &mut batch,
+    )
+    .unwrap();
+    assert!(r.is_cached() && mm.batched_flush_pending());
+    // munmap of the whole range finds page 0 already gone, yet must not
+    // return while CPU 1 can still write it.
+    let mut kernel = MockKernel::new(&rmap);
+    tear_down::<_, 8>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(2),
+        false,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert!(!mm.batched_flush_pending());
+    assert_eq!(m.check_coherent(&mm, va(0), va(2)), 0);
+    assert!(m.cpu(1).unwrap().write(va(0), 1).is_err());
+    batch.flush(&m.cpu(2).unwrap()).unwrap();
+    assert_eq!(m.violations(), []);
+}
