@@ -24,6 +24,9 @@ static_assertions::const_assert!(MAX_CPUS <= u16::MAX as usize);
 pub struct CpuId(u16);
 
 impl CpuId {
+    /// CPU 0, the boot CPU by convention.
+    pub const BOOT: CpuId = CpuId(0);
+
     /// The CPU with this index, or [`Error::CpuOutOfRange`] when `index` is
     /// `MAX_CPUS` or more.
     pub const fn new(index: usize) -> Result<Self, Error> {

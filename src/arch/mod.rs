@@ -2,11 +2,13 @@
 //!
 //! Everything else in the crate is generic over `Arch`. Two implementations
 //! ship with it: `mock` (feature `mock`), a simulated SMP machine
-//! with modelled TLBs that every host test runs on, and (in a later release)
-//! x86_64.
+//! with modelled TLBs that every host test runs on, and [`x86_64`], proven
+//! on an emulated SMP machine under QEMU (`qemu-test/` in the repository).
 
 #[cfg(feature = "mock")]
 pub mod mock;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_64;
 
 use core::fmt;
 

@@ -1,0 +1,616 @@
+//! The x86_64 implementation of [`Arch`]: `invlpg`, `INVPCID` and CR3/CR4
+//! flushes, PCID-tagged address spaces, and flush IPIs through the local
+//! APIC in xAPIC (MMIO) or x2APIC (MSR) mode.
+//!
+//! A kernel sets up one [`CpuTable`] and one [`TlbShootdown`] in statics,
+//! registers each CPU's APIC ID as it comes up, and builds an [`X86_64`]
+//! value per CPU (or one shared value: it holds nothing per CPU). Its
+//! flush-IPI vector handler calls [`handle_flush_ipi`](crate::handle_flush_ipi)
+//! and then [`LocalApic::eoi`].
+//!
+//! The instruction wrappers are small `unsafe fn`s, one instruction each;
+//! they are public so that a kernel can use the same, documented ones.
+
+use core::arch::asm;
+use core::ptr::NonNull;
+use core::sync::atomic::{fence, AtomicU32, AtomicUsize, Ordering};
+
+use volatile::VolatilePtr;
+
+use crate::arch::{Arch, Asid};
+use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use crate::shootdown::TlbShootdown;
+use crate::Error;
+
+/// The four kinds of `INVPCID` invalidation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum InvpcidKind {
+    /// One address in one PCID (global entries excepted).
+    Address = 0,
+    /// Every non-global entry of one PCID.
+    SingleContext = 1,
+    /// Every entry of every PCID, global ones included.
+    AllIncludingGlobal = 2,
+    /// Every non-global entry of every PCID.
+    AllExcludingGlobal = 3,
+}
+
+/// Invalidates the TLB entries for the page containing `va` in the current
+/// PCID, and a global entry for it (and paging-structure caches for it).
+///
+/// # Safety
+///
+/// Ring 0 only. Invalidating never breaks memory safety by itself; the
+/// function is `unsafe` because executing it outside ring 0 faults.
+#[inline]
+pub unsafe fn invlpg(va: u64) {
+    // SAFETY: the caller runs in ring 0; invlpg reads no memory and only
+    // drops cached translations.
+    unsafe { asm!("invlpg [{}]", in(reg) va, options(nostack, preserves_flags)) };
+}
+
+/// Executes `INVPCID` of `kind` for `pcid` (and `va` for
+/// [`InvpcidKind::Address`]).
+///
+/// # Safety
+///
+/// Ring 0 only, on a CPU whose CPUID reports INVPCID (otherwise #UD);
+/// `pcid` below 4096 and `va` canonical (otherwise #GP).
+#[inline]
+pub unsafe fn invpcid(kind: InvpcidKind, pcid: u16, va: u64) {
+    let descriptor: [u64; 2] = [u64::from(pcid), va];
+    // SAFETY: the caller guarantees ring 0, INVPCID support and valid
+    // operands; the descriptor lives on the stack for the instruction.
+    unsafe {
+        asm!(
+            "invpcid {}, [{}]",
+            in(reg) kind as u64,
+            in(reg) descriptor.as_ptr(),
+            options(nostack, preserves_flags, readonly)
+        )
+    };
+}
+
+/// Reads CR3 (page-table root and PCID).
+///
+/// # Safety
+///
+/// Ring 0 only.
+#[inline]
+pub unsafe fn read_cr3() -> u64 {
+    let value: u64;
+    // SAFETY: reading CR3 in ring 0 has no side effect.
+    unsafe { asm!("mov {}, cr3", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Writes CR3: switches to the page table at `value`'s root with its PCID;
+/// without bit 63 set, flushes that PCID's non-global entries.
+///
+/// # Safety
+///
+/// Ring 0 only; `value` names a valid top-level page table that maps the
+/// running code, its stack and everything the caller touches next.
+#[inline]
+pub unsafe fn write_cr3(value: u64) {
+    // SAFETY: the caller guarantees the new root maps what runs next.
+    unsafe { asm!("mov cr3, {}", in(reg) value, options(nostack, preserves_flags)) };
+}
+
+/// Reads CR4.
+///
+/// # Safety
+///
+/// Ring 0 only.
+#[inline]
+pub unsafe fn read_cr4() -> u64 {
+    let value: u64;
+    // SAFETY: reading CR4 in ring 0 has no side effect.
+    unsafe { asm!("mov {}, cr4", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Writes CR4.
+///
+/// # Safety
+///
+/// Ring 0 only; `value` must keep the paging mode the kernel runs in (PAE,
+/// and PCIDE only with CR3's PCID at zero when turning it on).
+#[inline]
+pub unsafe fn write_cr4(value: u64) {
+    // SAFETY: the caller guarantees a consistent paging configuration.
+    unsafe { asm!("mov cr4, {}", in(reg) value, options(nostack, preserves_flags)) };
+}
+
+/// Reads a model-specific register.
+///
+/// # Safety
+///
+/// Ring 0 only; `msr` must exist on this CPU (otherwise #GP).
+#[inline]
+pub unsafe fn rdmsr(msr: u32) -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: the caller guarantees ring 0 and an existing MSR.
+    unsafe {
+        asm!("rdmsr", in("ecx") msr, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags))
+    };
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// Writes a model-specific register.
+///
+/// # Safety
+///
+/// Ring 0 only; `msr` must exist and accept `value`, and writing it must
+/// not break what the kernel relies on.
+#[inline]
+pub unsafe fn wrmsr(msr: u32, value: u64) {
+    // SAFETY: the caller guarantees ring 0 and a meaningful write.
+    unsafe {
+        asm!(
+            "wrmsr",
+            in("ecx") msr,
+            in("eax") value as u32,
+            in("edx") (value >> 32) as u32,
+            options(nostack, preserves_flags)
+        )
+    };
+}
+
+/// The spin-wait hint.
+#[inline]
+pub fn pause() {
+    core::hint::spin_loop();
+}
+
+/// `CPUID` leaf `leaf`, subleaf `subleaf`: (eax, ebx, ecx, edx).
+#[inline]
+pub fn cpuid(leaf: u32, subleaf: u32) -> (u32, u32, u32, u32) {
+    let r = core::arch::x86_64::__cpuid_count(leaf, subleaf);
+    (r.eax, r.ebx, r.ecx, r.edx)
+}
+
+/// The TLB-related features this CPU reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// Process-context identifiers (CR4.PCIDE).
+    pub pcid: bool,
+    /// The `INVPCID` instruction.
+    pub invpcid: bool,
+    /// x2APIC mode.
+    pub x2apic: bool,
+    /// Global pages (CR4.PGE).
+    pub pge: bool,
+}
+
+impl Features {
+    /// Reads CPUID.
+    pub fn detect() -> Features {
+        let (_, _, ecx1, edx1) = cpuid(1, 0);
+        let max = cpuid(0, 0).0;
+        let ebx7 = if max >= 7 { cpuid(7, 0).1 } else { 0 };
+        Features {
+            pcid: ecx1 & (1 << 17) != 0,
+            invpcid: ebx7 & (1 << 10) != 0,
+            x2apic: ecx1 & (1 << 21) != 0,
+            pge: edx1 & (1 << 13) != 0,
+        }
+    }
+}
+
+/// CR4 bit: global pages.
+pub const CR4_PGE: u64 = 1 << 7;
+/// CR4 bit: PCIDs.
+pub const CR4_PCIDE: u64 = 1 << 17;
+/// CR3 bit: do not flush the new PCID's entries.
+pub const CR3_NOFLUSH: u64 = 1 << 63;
+/// The IA32_APIC_BASE MSR.
+pub const IA32_APIC_BASE: u32 = 0x1b;
+
+const XAPIC_ID: usize = 0x20;
+const XAPIC_EOI: usize = 0xb0;
+const XAPIC_SVR: usize = 0xf0;
+const XAPIC_ICR_LOW: usize = 0x300;
+const XAPIC_ICR_HIGH: usize = 0x310;
+const X2APIC_ID: u32 = 0x802;
+const X2APIC_EOI: u32 = 0x80b;
+const X2APIC_SVR: u32 = 0x80f;
+const X2APIC_ICR: u32 = 0x830;
+const ICR_DELIVERY_PENDING: u32 = 1 << 12;
+const ICR_LEVEL_ASSERT: u32 = 1 << 14;
+const ICR_LEVEL_TRIGGER: u32 = 1 << 15;
+const ICR_ALL_BUT_SELF: u32 = 0b11 << 18;
+const DELIVERY_INIT: u32 = 0b101 << 8;
+const DELIVERY_STARTUP: u32 = 0b110 << 8;
+
+/// How the local APIC is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApicMode {
+    /// Memory-mapped registers at this virtual address (mapped uncached).
+    XApic {
+        /// Virtual address of the register page.
+        base: usize,
+    },
+    /// Registers as MSRs.
+    X2Apic,
+}
+
+/// The local APIC of the running CPU (every CPU's APIC answers at the same
+/// address or MSRs, so one value serves all CPUs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalApic {
+    mode: ApicMode,
+}
+
+impl LocalApic {
+    /// An xAPIC whose register page is mapped (uncached, writable) at
+    /// virtual address `base`.
+    ///
+    /// # Safety
+    ///
+    /// `base` must map the local APIC's 4 KiB register page for as long as
+    /// the value is used, and nothing else may treat that page as memory.
+    pub const unsafe fn xapic(base: usize) -> Self {
+        LocalApic {
+            mode: ApicMode::XApic { base },
+        }
+    }
+
+    /// The x2APIC (its registers are MSRs).
+    ///
+    /// # Safety
+    ///
+    /// The CPUs that use the value run in x2APIC mode (see
+    /// [`enable`](Self::enable)).
+    pub const unsafe fn x2apic() -> Self {
+        LocalApic {
+            mode: ApicMode::X2Apic,
+        }
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> ApicMode {
+        self.mode
+    }
+
+    fn reg(&self, base: usize, offset: usize) -> VolatilePtr<'static, u32> {
+        // `base` is non-zero for a mapped register page (guaranteed by the
+        // `xapic` constructor's contract); a zero base would be a contract
+        // breach, and dangling is the well-defined stand-in.
+        let ptr = NonNull::new((base + offset) as *mut u32).unwrap_or(NonNull::dangling());
+        // SAFETY: `xapic`'s caller guarantees the register page is mapped
+        // for the life of the value and used only as MMIO.
+        unsafe { VolatilePtr::new(ptr) }
+    }
+
+    /// This CPU's APIC ID.
+    pub fn id(&self) -> u32 {
+        match self.mode {
+            ApicMode::XApic { base } => self.reg(base, XAPIC_ID).read() >> 24,
+            // SAFETY: the `x2apic` constructor's caller guarantees x2APIC
+            // mode, in which this MSR exists.
+            ApicMode::X2Apic => unsafe { rdmsr(X2APIC_ID) as u32 },
+        }
+    }
+
+    /// Turns the APIC on in its mode (x2APIC: sets the enable bits in
+    /// IA32_APIC_BASE first) with `spurious_vector` for spurious
+    /// interrupts.
+    ///
+    /// # Safety
+    ///
+    /// Ring 0; for x2APIC, the CPU supports it. Interrupts the APIC then
+    /// delivers need handlers.
+    pub unsafe fn enable(&self, spurious_vector: u8) {
+        let svr = 0x100 | u32::from(spurious_vector);
+        match self.mode {
+            ApicMode::XApic { base } => self.reg(base, XAPIC_SVR).write(svr),
+            ApicMode::X2Apic => {
+                // SAFETY: ring 0 and x2APIC support are the caller's
+                // guarantees; bits 11 (enable) and 10 (x2APIC) switch modes.
+                unsafe {
+                    let apic_base = rdmsr(IA32_APIC_BASE);
+                    wrmsr(IA32_APIC_BASE, apic_base | (1 << 11) | (1 << 10));
+                    wrmsr(X2APIC_SVR, u64::from(svr));
+                }
+            }
+        }
+    }
+
+    /// Signals end of interrupt.
+    pub fn eoi(&self) {
+        match self.mode {
+            ApicMode::XApic { base } => self.reg(base, XAPIC_EOI).write(0),
+            // SAFETY: x2APIC mode (the constructor's contract); writing 0
+            // to the EOI MSR is the defined EOI.
+            ApicMode::X2Apic => unsafe { wrmsr(X2APIC_EOI, 0) },
+        }
+    }
+
+    /// Writes the interrupt command register: `low` (vector, delivery mode,
+    /// shorthand) to physical destination `dest`.
+    fn command(&self, dest: u32, low: u32) {
+        match self.mode {
+            ApicMode::XApic { base } => {
+                // The high half (destination) first: writing the low half
+                // sends.
+                self.reg(base, XAPIC_ICR_HIGH).write(dest << 24);
+                self.reg(base, XAPIC_ICR_LOW).write(low);
+                while self.reg(base, XAPIC_ICR_LOW).read() & ICR_DELIVERY_PENDING != 0 {
+                    pause();
+                }
+            }
+            ApicMode::X2Apic => {
+                // WRMSR to the x2APIC ICR is not serializing: make the
+                // request's stores visible before the interrupt can land.
+                fence(Ordering::SeqCst);
+                // SAFETY: x2APIC mode (the constructor's contract); a write
+                // of the ICR MSR sends one IPI, destination in bits 63:32.
+                unsafe { wrmsr(X2APIC_ICR, (u64::from(dest) << 32) | u64::from(low)) };
+            }
+        }
+    }
+
+    /// Sends fixed interrupt `vector` to the CPU whose APIC ID is `dest`.
+    pub fn send_ipi(&self, dest: u32, vector: u8) {
+        self.command(dest, u32::from(vector) | ICR_LEVEL_ASSERT);
+    }
+
+    /// Sends fixed interrupt `vector` to every CPU but this one (the
+    /// all-excluding-self shorthand: one ICR write).
+    pub fn send_ipi_all_but_self(&self, vector: u8) {
+        self.command(0, u32::from(vector) | ICR_LEVEL_ASSERT | ICR_ALL_BUT_SELF);
+    }
+
+    /// Sends INIT to `dest` (application-processor bring-up).
+    pub fn send_init(&self, dest: u32) {
+        self.command(dest, DELIVERY_INIT | ICR_LEVEL_ASSERT | ICR_LEVEL_TRIGGER);
+    }
+
+    /// Sends STARTUP to `dest`: it starts in real mode at `page << 12`.
+    pub fn send_startup(&self, dest: u32, page: u8) {
+        self.command(dest, DELIVERY_STARTUP | ICR_LEVEL_ASSERT | u32::from(page));
+    }
+}
+
+/// APIC IDs of the machine's CPUs and which of them are online: a `static`
+/// the kernel fills during bring-up.
+pub struct CpuTable {
+    apic_ids: [AtomicU32; MAX_CPUS],
+    count: AtomicUsize,
+    online: AtomicCpuSet,
+}
+
+impl Default for CpuTable {
+    fn default() -> Self {
+        CpuTable::new()
+    }
+}
+
+impl CpuTable {
+    /// An empty table, usable in a `static`.
+    pub const fn new() -> Self {
+        CpuTable {
+            apic_ids: [const { AtomicU32::new(u32::MAX) }; MAX_CPUS],
+            count: AtomicUsize::new(0),
+            online: AtomicCpuSet::new(),
+        }
+    }
+
+    /// Records that CPU `cpu` has APIC ID `apic_id` (not yet online).
+    /// Errors: [`Error::CpuOutOfRange`].
+    pub fn register(&self, cpu: usize, apic_id: u32) -> Result<CpuId, Error> {
+        let id = CpuId::new(cpu)?;
+        self.apic_ids[cpu].store(apic_id, Ordering::Release);
+        self.count.fetch_max(cpu + 1, Ordering::AcqRel);
+        Ok(id)
+    }
+
+    /// Marks `cpu` online: it takes flush IPIs from now on.
+    pub fn set_online(&self, cpu: CpuId) {
+        self.online.insert(cpu, Ordering::SeqCst);
+    }
+
+    /// The online CPUs.
+    pub fn online(&self) -> CpuSet {
+        self.online.load(Ordering::SeqCst)
+    }
+
+    /// The APIC ID of `cpu`, if registered.
+    pub fn apic_id(&self, cpu: CpuId) -> Option<u32> {
+        match self.apic_ids[cpu.index()].load(Ordering::Acquire) {
+            u32::MAX => None,
+            id => Some(id),
+        }
+    }
+
+    /// The CPU whose APIC ID is `apic_id`, if registered.
+    pub fn cpu_of(&self, apic_id: u32) -> Option<CpuId> {
+        let count = self.count.load(Ordering::Acquire).min(MAX_CPUS);
+        (0..count)
+            .find(|&i| self.apic_ids[i].load(Ordering::Acquire) == apic_id)
+            .and_then(|i| CpuId::new(i).ok())
+    }
+}
+
+/// The x86_64 [`Arch`]: the running CPU is found by its APIC ID in a
+/// [`CpuTable`]; flushes use `invlpg`, `INVPCID` or CR3/CR4; flush IPIs go
+/// through the local APIC on `vector`.
+///
+/// PCIDs are used only when the CPU has both PCID and INVPCID (flushing a
+/// page of an address space that is not loaded needs INVPCID) and CR4.PCIDE
+/// is set; an ASID's PCID is its value's low 12 bits, so a kernel keeps at
+/// most 4095 live user ASIDs (PCID 0 is left to the kernel).
+pub struct X86_64 {
+    apic: LocalApic,
+    vector: u8,
+    cpus: &'static CpuTable,
+    state: &'static TlbShootdown,
+    pcid: bool,
+    invpcid: bool,
+    pge: bool,
+}
+
+impl X86_64 {
+    /// The `Arch` for this machine.
+    ///
+    /// # Safety
+    ///
+    /// Every CPU that may hold TLB entries is registered in `cpus` and
+    /// marked online once its IDT routes `vector` to a handler that calls
+    /// [`handle_flush_ipi`](crate::handle_flush_ipi) with this value and
+    /// then [`LocalApic::eoi`]; `apic` is valid on every CPU; the value is
+    /// used in ring 0 only. When `features` says PCID and INVPCID, CR4.PCIDE
+    /// is set on every CPU and CR3 carries the loaded ASID's PCID.
+    pub const unsafe fn new(
+        apic: LocalApic,
+        vector: u8,
+        cpus: &'static CpuTable,
+        state: &'static TlbShootdown,
+        features: Features,
+    ) -> Self {
+        X86_64 {
+            apic,
+            vector,
+            cpus,
+            state,
+            pcid: features.pcid && features.invpcid,
+            invpcid: features.invpcid,
+            pge: features.pge,
+        }
+    }
+
+    /// The local APIC.
+    pub fn apic(&self) -> &LocalApic {
+        &self.apic
+    }
+
+    /// Whether PCIDs are in use.
+    pub fn uses_pcid(&self) -> bool {
+        self.pcid
+    }
+
+    /// The PCID of an ASID.
+    pub fn pcid_of(asid: Asid) -> u16 {
+        if asid.is_kernel() {
+            0
+        } else {
+            asid.value() & 0xfff
+        }
+    }
+
+    fn current_pcid(&self) -> u16 {
+        // SAFETY: ring 0 (constructor contract).
+        (unsafe { read_cr3() } & 0xfff) as u16
+    }
+}
+
+// SAFETY: the constructor's contract registers every CPU that may cache
+// translations and routes the vector to the crate's handler; the flushes
+// below complete before returning (invlpg/INVPCID/CR3/CR4 writes are
+// serializing for the TLB); PCID use is enabled only with INVPCID, so an
+// inactive PCID's page can be flushed; the constants hold on x86 (a write
+// through a clean entry re-walks to set the dirty bit and faults if the PTE
+// is gone; a cleared accessed bit needs no flush to be set again later).
+unsafe impl Arch for X86_64 {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+
+    fn current_cpu(&self) -> CpuId {
+        // A CPU that runs this code was registered (constructor contract);
+        // CPU 0 is the defined answer for a breach.
+        self.cpus.cpu_of(self.apic.id()).unwrap_or(CpuId::BOOT)
+    }
+
+    fn online_cpus(&self) -> CpuSet {
+        self.cpus.online()
+    }
+
+    fn shootdown_state(&self) -> &TlbShootdown {
+        self.state
+    }
+
+    fn tagged_tlb(&self) -> bool {
+        self.pcid
+    }
+
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        let pcid = Self::pcid_of(asid);
+        if asid.is_kernel() || !self.pcid || pcid == self.current_pcid() {
+            // SAFETY: ring 0 (constructor contract).
+            unsafe { invlpg(va) };
+        } else {
+            // SAFETY: ring 0, INVPCID present (PCIDs are used only then),
+            // pcid < 4096, and `va` is the canonical address given to us.
+            unsafe { invpcid(InvpcidKind::Address, pcid, va) };
+        }
+    }
+
+    fn flush_local_asid(&self, asid: Asid) {
+        if self.pcid {
+            // SAFETY: ring 0 and INVPCID present (as above).
+            unsafe { invpcid(InvpcidKind::SingleContext, Self::pcid_of(asid), 0) };
+        } else {
+            // Without PCIDs only the loaded address space has entries;
+            // reloading CR3 drops every non-global one.
+            // SAFETY: ring 0; the same root is written back.
+            unsafe { write_cr3(read_cr3()) };
+        }
+    }
+
+    fn flush_local_all(&self, include_global: bool) {
+        if self.invpcid {
+            let kind = if include_global {
+                InvpcidKind::AllIncludingGlobal
+            } else {
+                InvpcidKind::AllExcludingGlobal
+            };
+            // SAFETY: ring 0 and INVPCID present.
+            unsafe { invpcid(kind, 0, 0) };
+        } else if include_global && self.pge {
+            // Toggling CR4.PGE flushes everything, global entries included.
+            // SAFETY: ring 0; CR4 is restored to its value.
+            unsafe {
+                let cr4 = read_cr4();
+                write_cr4(cr4 ^ CR4_PGE);
+                write_cr4(cr4);
+            }
+        } else {
+            // SAFETY: ring 0; the same root is written back (without PCIDs
+            // this flushes all non-global entries; without PGE there are no
+            // global ones).
+            unsafe { write_cr3(read_cr3()) };
+        }
+    }
+
+    fn send_flush_ipi(&self, targets: &CpuSet) {
+        let me = self.current_cpu();
+        let others = self.cpus.online().difference(&CpuSet::single(me));
+        if *targets == others && others.len() > 1 {
+            self.apic.send_ipi_all_but_self(self.vector);
+            return;
+        }
+        for cpu in targets {
+            if let Some(apic_id) = self.cpus.apic_id(cpu) {
+                self.apic.send_ipi(apic_id, self.vector);
+            }
+        }
+    }
+
+    unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
+        let value = if self.pcid {
+            // Entries of this PCID were kept exact by shootdowns while it
+            // was not loaded (INVPCID), so no flush is needed.
+            root | u64::from(Self::pcid_of(asid)) | CR3_NOFLUSH
+        } else {
+            root
+        };
+        // SAFETY: the caller guarantees `root` maps the running code.
+        unsafe { write_cr3(value) };
+    }
+
+    fn relax(&self) {
+        pause();
+    }
+}
