@@ -5,8 +5,7 @@
 //! A kernel sets up one [`CpuTable`] and one [`TlbShootdown`] in statics,
 //! registers each CPU's APIC ID as it comes up, and builds an [`X86_64`]
 //! value per CPU (or one shared value: it holds nothing per CPU). Its
-//! flush-IPI vector handler calls [`handle_flush_ipi`](crate::handle_flush_ipi)
-//! and then [`LocalApic::eoi`].
+//! flush-IPI vector handler calls [`X86_64::flush_ipi_entry`].
 //!
 //! The instruction wrappers are small `unsafe fn`s, one instruction each;
 //! they are public so that a kernel can use the same, documented ones.
@@ -459,8 +458,7 @@ impl X86_64 {
     ///
     /// Every CPU that may hold TLB entries is registered in `cpus` and
     /// marked online once its IDT routes `vector` to a handler that calls
-    /// [`handle_flush_ipi`](crate::handle_flush_ipi) with this value and
-    /// then [`LocalApic::eoi`]; `apic` is valid on every CPU; the value is
+    /// [`flush_ipi_entry`](Self::flush_ipi_entry); `apic` is valid on every CPU; the value is
     /// used in ring 0 only. When `features` says PCID and INVPCID, CR4.PCIDE
     /// is set on every CPU and CR3 carries the loaded ASID's PCID.
     pub const unsafe fn new(
@@ -479,6 +477,18 @@ impl X86_64 {
             invpcid: features.invpcid,
             pge: features.pge,
         }
+    }
+
+    /// The flush-IPI entry point: call it from the interrupt handler of the
+    /// vector given to [`new`](Self::new), on the interrupted CPU, with
+    /// interrupts still disabled. It carries out every request waiting for
+    /// this CPU ([`handle_flush_ipi`](crate::handle_flush_ipi)) and then
+    /// signals end of interrupt. Returns the number of requests served
+    /// (zero is normal: a waiting initiator may have served them).
+    pub fn flush_ipi_entry(&self) -> usize {
+        let served = crate::shootdown::handle_flush_ipi(self);
+        self.apic.eoi();
+        served
     }
 
     /// The local APIC.
