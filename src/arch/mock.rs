@@ -28,6 +28,7 @@
 
 mod cost;
 mod kernel;
+pub mod ops;
 mod oracle;
 mod tlb;
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Fuzzes every cargo-fuzz target (fuzz/fuzz_targets/) with the nightly
+# toolchain, each for FUZZ_SECONDS seconds (default 30), starting from the
+# committed seeds (fuzz/seeds/<target>) plus whatever corpus earlier runs
+# left in fuzz/corpus/<target> (not committed).
+#
+# A long run:   FUZZ_SECONDS=3600 scripts/fuzz.sh
+# One target:   cargo +nightly fuzz run ops fuzz/corpus/ops fuzz/seeds/ops
+# A crash is saved under fuzz/artifacts/<target>/; replay it with
+#               cargo +nightly fuzz run ops fuzz/artifacts/ops/<file>
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${FUZZ_SECONDS:-30}
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
+for target in ops flush_request; do
+    mkdir -p "fuzz/corpus/$target"
+    echo "== fuzz $target for ${seconds}s"
+    cargo +nightly fuzz run "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+        -max_total_time="$seconds" -print_final_stats=1 2>&1 | grep -E '^(#|Done|stat::number_of_executed_units|==)|ERROR|panicked' | tail -n 5
+done
