@@ -160,6 +160,12 @@ pub unsafe fn switch_mm<A: Arch>(arch: &A, prev: Option<&MmTlbState>, next: &MmT
 ///
 /// Without this, a CPU could keep writing through a stale writable entry
 /// for a page the operation is about to protect or reuse.
+///
+/// That includes the page-fault path when it maps a *different* frame at an
+/// address a reclaimer unmapped (a fresh frame rather than the same page
+/// found again, as Linux's swap cache would): until the batch is flushed,
+/// another CPU's stale entry still sends its writes to the old frame, and
+/// the new mapping would never see them. The fuzzer found this sequence.
 pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<bool, Error> {
     let pending = mm.batch_pending.load(Ordering::SeqCst);
     if mm.batch_flushed.load(Ordering::SeqCst) >= pending {

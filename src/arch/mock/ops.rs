@@ -24,7 +24,7 @@ use super::{FrameState, MockConfig, MockKernel, MockMachine, MockRmap, MockSpace
 use crate::arch::Asid;
 use crate::gather::{MmuGather, TableFreePolicy, TeardownBacking};
 use crate::migrate::{migrate_pages, MigrateOutcome};
-use crate::mm::MmTlbState;
+use crate::mm::{flush_tlb_batched_pending, MmTlbState};
 use crate::mprotect::change_protection;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SIZE};
 use crate::rmap::{page_referenced, try_to_unmap, MappingFlags, Rmap, TtuFlags};
@@ -257,6 +257,11 @@ impl<'m> Driver<'m> {
             } => {
                 let (s, p) = (usize::from(space) % SPACES, usize::from(page) % PAGES);
                 if self.slots[s][p].is_none() {
+                    // Rule 5 at fault time: a CPU may still write through a
+                    // stale entry for this address into the frame a
+                    // reclaimer unmapped; a new frame goes in only after
+                    // that batch is flushed.
+                    flush_tlb_batched_pending(&cpu0, self.mm(s)).map_err(err)?;
                     if let Ok(f) = m.alloc_frame() {
                         self.rmap
                             .map(f, s, va(p), writable, MappingFlags::empty())
@@ -269,6 +274,7 @@ impl<'m> Driver<'m> {
                 let (s, p) = (usize::from(space) % SPACES, usize::from(page) % PAGES);
                 let o = (s + 1) % SPACES;
                 if let (Some(f), None) = (self.slots[s][p], self.slots[o][p]) {
+                    flush_tlb_batched_pending(&cpu0, self.mm(o)).map_err(err)?;
                     let pte = m.pte(self.mm(s), va(p)).map_err(|e| format!("{e:?}"))?;
                     if pte.maps(f) {
                         self.rmap
