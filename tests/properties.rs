@@ -43,8 +43,8 @@ use Op::*;
 /// batching, writes out and frees: the sequence defers flushes and saves
 /// IPIs, and stays clean.
 fn busy_sequence() -> Vec<Op> {
-    let mut ops = vec![Switch { cpu: 1, space: 0 }, Switch { cpu: 2, space: 1 }];
-    for p in 0..6 {
+    let mut ops = Vec::new();
+    for p in 0..4 {
         ops.push(Map {
             space: 0,
             page: p,
@@ -53,16 +53,18 @@ fn busy_sequence() -> Vec<Op> {
         ops.push(Share { space: 0, page: p });
         ops.push(Access {
             cpu: 1,
+            space: 0,
             page: p,
             write: true,
         });
         ops.push(Access {
             cpu: 2,
+            space: 1,
             page: p,
             write: false,
         });
     }
-    for p in 0..6 {
+    for p in 0..4 {
         ops.push(Unmap {
             space: 0,
             page: p,
@@ -96,12 +98,14 @@ fn the_model_covers_migration_mprotect_and_teardown() {
         },
         Access {
             cpu: 2,
+            space: 1,
             page: 0,
             write: true,
         },
         Migrate { space: 1, page: 0 },
         Access {
             cpu: 2,
+            space: 1,
             page: 0,
             write: true,
         },
@@ -112,6 +116,7 @@ fn the_model_covers_migration_mprotect_and_teardown() {
         },
         Access {
             cpu: 1,
+            space: 0,
             page: 3,
             write: true,
         },
@@ -122,7 +127,7 @@ fn the_model_covers_migration_mprotect_and_teardown() {
         },
         Map {
             space: 0,
-            page: 4,
+            page: 2,
             writable: true,
         },
         Protect { space: 0 },

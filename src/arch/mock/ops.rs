@@ -35,8 +35,8 @@ use crate::TlbFlushUnmapBatch;
 pub const CPUS: usize = 3;
 /// Address spaces.
 pub const SPACES: usize = 2;
-/// Pages per address space.
-pub const PAGES: usize = 6;
+/// Pages per address space (few, so that random sequences meet often).
+pub const PAGES: usize = 4;
 /// Physical frames.
 pub const FRAMES: usize = 40;
 
@@ -68,10 +68,13 @@ pub enum Op {
         /// Page.
         page: u8,
     },
-    /// CPU `cpu` reads or writes `page` of the address space it runs.
+    /// CPU `cpu` switches to `space` if it runs another one, then reads or
+    /// writes `page`.
     Access {
         /// CPU.
         cpu: u8,
+        /// Address space.
+        space: u8,
         /// Page.
         page: u8,
         /// Write rather than read.
@@ -284,17 +287,24 @@ impl<'m> Driver<'m> {
                     }
                 }
             }
-            Op::Access { cpu, page, write } => {
+            Op::Access {
+                cpu,
+                space,
+                page,
+                write,
+            } => {
                 let c = m.cpu(usize::from(cpu) % CPUS).map_err(|e| format!("{e}"))?;
-                let p = usize::from(page) % PAGES;
-                if c.current_mm().is_some() {
-                    // Faults are normal (unmapped, protected pages).
-                    let _ = if write {
-                        c.write(va(p), step as u64)
-                    } else {
-                        c.read(va(p)).map(|_| ())
-                    };
+                let mm = self.mm(usize::from(space) % SPACES);
+                if c.current_mm().is_none_or(|cur| !Arc::ptr_eq(&cur, mm)) {
+                    c.switch_to(mm);
                 }
+                let p = usize::from(page) % PAGES;
+                // Faults are normal (unmapped, protected pages).
+                let _ = if write {
+                    c.write(va(p), step as u64)
+                } else {
+                    c.read(va(p)).map(|_| ())
+                };
             }
             Op::Switch { cpu, space } => {
                 let c = m.cpu(usize::from(cpu) % CPUS).map_err(|e| format!("{e}"))?;
