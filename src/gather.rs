@@ -4,7 +4,7 @@
 
 use crate::arch::Arch;
 use crate::mm::flush_tlb_batched_pending;
-use crate::pte::{check_aligned, Frame, Pte, PAGE_SIZE};
+use crate::pte::{check_range, Frame, Pte, PAGE_SIZE};
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
@@ -178,11 +178,7 @@ impl<const N: usize> MmuGather<N> {
         S: TableTeardown + ?Sized,
         B: TeardownBacking + ?Sized,
     {
-        check_aligned(start)?;
-        check_aligned(end)?;
-        if start > end {
-            return Err(Error::InvalidRange { start, end });
-        }
+        check_range(start, end)?;
         let mm = space.tlb_state();
         flush_tlb_batched_pending(arch, mm)?;
         let mut va = start;

@@ -136,7 +136,7 @@ pub use mm::{
     flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
 };
 pub use mprotect::change_protection;
-pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+pub use pte::{check_aligned, check_range, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 pub use reclaim::{shrink_page_list, PageOut, ReclaimBacking, ReclaimSummary, Verdict};
 pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 pub use rmap::{

@@ -4,7 +4,7 @@
 
 use crate::arch::Arch;
 use crate::mm::flush_tlb_batched_pending;
-use crate::pte::{check_aligned, Pte, PAGE_SIZE};
+use crate::pte::{check_range, Pte, PAGE_SIZE};
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
@@ -37,11 +37,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     end: u64,
     mut update: impl FnMut(Pte) -> Pte,
 ) -> Result<usize, Error> {
-    check_aligned(start)?;
-    check_aligned(end)?;
-    if start > end {
-        return Err(Error::InvalidRange { start, end });
-    }
+    check_range(start, end)?;
     let mm = space.tlb_state();
     flush_tlb_batched_pending(arch, mm)?;
     let mut flush = FlushRequest::new();

@@ -162,6 +162,18 @@ pub fn check_aligned(va: u64) -> Result<(), crate::Error> {
     }
 }
 
+/// Whether `start..end` is a valid range of pages: both bounds aligned
+/// ([`Error::Unaligned`](crate::Error::Unaligned)) and `start <= end`
+/// ([`Error::InvalidRange`](crate::Error::InvalidRange)).
+pub fn check_range(start: u64, end: u64) -> Result<(), crate::Error> {
+    check_aligned(start)?;
+    check_aligned(end)?;
+    if start > end {
+        return Err(crate::Error::InvalidRange { start, end });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

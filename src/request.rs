@@ -1,7 +1,7 @@
 //! What one shootdown asks every target CPU to invalidate.
 
 use crate::arch::Asid;
-use crate::pte::{check_aligned, PAGE_SIZE};
+use crate::pte::{check_aligned, check_range, PAGE_SIZE};
 use crate::Error;
 
 /// The most page ranges a request carries, and so the largest useful
@@ -139,11 +139,7 @@ impl FlushRequest {
     /// Errors: [`Error::Unaligned`] for an unaligned bound,
     /// [`Error::InvalidRange`] when `start > end`. On error nothing changes.
     pub fn add_range(&mut self, asid: Asid, start: u64, end: u64, ceiling: usize) -> Result<(), Error> {
-        check_aligned(start)?;
-        check_aligned(end)?;
-        if start > end {
-            return Err(Error::InvalidRange { start, end });
-        }
+        check_range(start, end)?;
         let count = (end - start) / PAGE_SIZE;
         if count == 0 {
             return Ok(());

@@ -321,6 +321,32 @@ impl SwapResult {
     }
 }
 
+/// Walks the mappings of `frame` that a present PTE still maps to it (the
+/// rmap may also list places that no longer do), stopping at the first
+/// error (an unaligned address from the rmap, or one `visit` returns) or
+/// when `visit` asks to.
+fn walk_mapped<R: Rmap + ?Sized>(
+    rmap: &R,
+    frame: Frame,
+    mut visit: impl FnMut(&Mapping<'_, R::Space>) -> Result<ControlFlow<()>, Error>,
+) -> Result<(), Error> {
+    let mut failure = None;
+    let _ = rmap.walk(frame, &mut |m| {
+        let step = check_aligned(m.va).and_then(|()| {
+            if m.space.lookup(m.va).maps(frame) {
+                visit(&m)
+            } else {
+                Ok(ControlFlow::Continue(()))
+            }
+        });
+        step.unwrap_or_else(|e| {
+            failure = Some(e);
+            ControlFlow::Break(())
+        })
+    });
+    failure.map_or(Ok(()), Err)
+}
+
 /// Clears the accessed bit of one mapping; when the architecture needs a
 /// flush for that, records one in `batch` (it rides along with the next
 /// flush point instead of costing an IPI now).
@@ -428,49 +454,21 @@ pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
     let poisoned = rmap.is_hwpoisoned(frame) && !flags.contains(TtuFlags::IGNORE_HWPOISON);
     let mut verdict = None;
     let mut cached = false;
-    let mut failure = None;
-    let _ = rmap.walk(frame, &mut |m| {
-        if let Err(e) = check_aligned(m.va) {
-            failure = Some(e);
-            return ControlFlow::Break(());
-        }
-        if !m.space.lookup(m.va).maps(frame) {
-            return ControlFlow::Continue(());
-        }
+    walk_mapped(rmap, frame, |m| {
         if m.flags.contains(MappingFlags::LOCKED) && !flags.contains(TtuFlags::IGNORE_MLOCK) {
             verdict = Some(SwapResult::Mlock);
-            return ControlFlow::Break(());
+            return Ok(ControlFlow::Break(()));
         }
         if flags.contains(TtuFlags::MUNLOCK) {
-            return ControlFlow::Continue(());
+            return Ok(ControlFlow::Continue(()));
         }
-        if !flags.contains(TtuFlags::IGNORE_ACCESS) {
-            match clear_young(arch, m.space, m.va, batch) {
-                Ok(true) => {
-                    verdict = Some(SwapResult::Fail);
-                    return ControlFlow::Break(());
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    failure = Some(e);
-                    return ControlFlow::Break(());
-                }
-            }
+        if !flags.contains(TtuFlags::IGNORE_ACCESS) && clear_young(arch, m.space, m.va, batch)? {
+            verdict = Some(SwapResult::Fail);
+            return Ok(ControlFlow::Break(()));
         }
-        match unmap_one(arch, rmap, &m, frame, flags, poisoned, batch) {
-            Ok(writable_cached) => {
-                cached |= writable_cached;
-                ControlFlow::Continue(())
-            }
-            Err(e) => {
-                failure = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    });
-    if let Some(e) = failure {
-        return Err(e);
-    }
+        cached |= unmap_one(arch, rmap, m, frame, flags, poisoned, batch)?;
+        Ok(ControlFlow::Continue(()))
+    })?;
     if let Some(v) = verdict {
         return Ok(v);
     }
@@ -516,33 +514,14 @@ pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<Referenced, Error> {
     let mut found = Referenced::default();
-    let mut failure = None;
-    let _ = rmap.walk(frame, &mut |m| {
-        if let Err(e) = check_aligned(m.va) {
-            failure = Some(e);
-            return ControlFlow::Break(());
-        }
-        if !m.space.lookup(m.va).maps(frame) {
-            return ControlFlow::Continue(());
-        }
+    walk_mapped(rmap, frame, |m| {
         found.mapped += 1;
         if m.flags.contains(MappingFlags::LOCKED) {
             found.mlocked = true;
-            return ControlFlow::Break(());
+            return Ok(ControlFlow::Break(()));
         }
-        match clear_young(arch, m.space, m.va, batch) {
-            Ok(young) => {
-                found.referenced += usize::from(young);
-                ControlFlow::Continue(())
-            }
-            Err(e) => {
-                failure = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    });
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(found),
-    }
+        found.referenced += usize::from(clear_young(arch, m.space, m.va, batch)?);
+        Ok(ControlFlow::Continue(()))
+    })?;
+    Ok(found)
 }
