@@ -3,13 +3,19 @@
 //! Neither set allocates: both are [`MAX_CPUS`] bits wide, stored inline.
 
 use core::fmt;
-use core::sync::atomic::{AtomicU64, Ordering};
 
+use crate::sync::{atomic_array, maybe_const_fn, AtomicU64, Ordering};
 use crate::Error;
 
 /// The number of CPUs a [`CpuSet`] can name. CPU indices run from 0 to
 /// `MAX_CPUS - 1`.
+#[cfg(not(loom))]
 pub const MAX_CPUS: usize = 256;
+
+/// Under `--cfg loom` one word of CPUs keeps the state the model checker
+/// tracks small (tests/loom.rs).
+#[cfg(loom)]
+pub const MAX_CPUS: usize = 64;
 
 const WORDS: usize = MAX_CPUS / 64;
 
@@ -232,10 +238,12 @@ pub struct AtomicCpuSet {
 }
 
 impl AtomicCpuSet {
-    /// The empty set, usable in a `static`.
-    pub const fn new() -> Self {
-        AtomicCpuSet {
-            words: [const { AtomicU64::new(0) }; WORDS],
+    maybe_const_fn! {
+        /// The empty set, usable in a `static`.
+        pub fn new() -> Self {
+            AtomicCpuSet {
+                words: atomic_array![AtomicU64::new(0); WORDS],
+            }
         }
     }
 

@@ -119,6 +119,7 @@ mod request;
 pub mod rmap;
 mod shootdown;
 mod stats;
+mod sync;
 mod unmap;
 
 pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};

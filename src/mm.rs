@@ -1,13 +1,12 @@
 //! Per-address-space TLB state, the context-switch hook, and immediate
 //! (unbatched) flushes of one address space.
 
-use core::sync::atomic::{fence, AtomicU64, Ordering};
-
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuSet};
 use crate::request::FlushRequest;
 use crate::shootdown::{shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
+use crate::sync::{fence, maybe_const_fn, AtomicU64, Ordering};
 use crate::Error;
 
 /// The TLB-related state of one address space (the fields Linux keeps in
@@ -37,21 +36,25 @@ pub struct MmTlbState {
 }
 
 impl MmTlbState {
-    /// The state of a user address space with this ASID and page-table root
-    /// (opaque here; passed to [`Arch::switch_address_space`]).
-    pub const fn new(asid: Asid, root: u64) -> Self {
-        MmTlbState {
-            asid,
-            root,
-            cpus: AtomicCpuSet::new(),
-            batch_pending: AtomicU64::new(0),
-            batch_flushed: AtomicU64::new(0),
+    maybe_const_fn! {
+        /// The state of a user address space with this ASID and page-table
+        /// root (opaque here; passed to [`Arch::switch_address_space`]).
+        pub fn new(asid: Asid, root: u64) -> Self {
+            MmTlbState {
+                asid,
+                root,
+                cpus: AtomicCpuSet::new(),
+                batch_pending: AtomicU64::new(0),
+                batch_flushed: AtomicU64::new(0),
+            }
         }
     }
 
-    /// The state of the kernel's (global) address space.
-    pub const fn kernel(root: u64) -> Self {
-        MmTlbState::new(Asid::KERNEL, root)
+    maybe_const_fn! {
+        /// The state of the kernel's (global) address space.
+        pub fn kernel(root: u64) -> Self {
+            MmTlbState::new(Asid::KERNEL, root)
+        }
     }
 
     /// The ASID.

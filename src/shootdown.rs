@@ -14,13 +14,12 @@
 //! too: two CPUs shooting at each other with interrupts disabled each serve
 //! the other's request, and neither waits forever.
 
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
 use crate::pte::PAGE_SIZE;
 use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ENTRIES};
 use crate::stats::{Counter, FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
+use crate::sync::{atomic_array, maybe_const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use crate::Error;
 
 const NO_ASID: u32 = u32::MAX;
@@ -52,13 +51,15 @@ struct RequestSlot {
 static_assertions::const_assert!(MAX_FLUSH_ENTRIES <= u8::MAX as usize);
 
 impl RequestSlot {
-    const fn new() -> Self {
-        RequestSlot {
-            busy: AtomicBool::new(false),
-            remaining: AtomicU32::new(0),
-            kind: AtomicU8::new(KIND_RANGES),
-            len: AtomicU8::new(0),
-            words: [const { AtomicU64::new(0) }; 2 * MAX_FLUSH_ENTRIES],
+    maybe_const_fn! {
+        fn new() -> Self {
+            RequestSlot {
+                busy: AtomicBool::new(false),
+                remaining: AtomicU32::new(0),
+                kind: AtomicU8::new(KIND_RANGES),
+                len: AtomicU8::new(0),
+                words: atomic_array![AtomicU64::new(0); 2 * MAX_FLUSH_ENTRIES],
+            }
         }
     }
 
@@ -140,12 +141,14 @@ struct PerCpu {
 }
 
 impl PerCpu {
-    const fn new() -> Self {
-        PerCpu {
-            inbox: AtomicCpuSet::new(),
-            ipi_pending: AtomicBool::new(false),
-            loaded_asid: AtomicU32::new(NO_ASID),
-            slot: RequestSlot::new(),
+    maybe_const_fn! {
+        fn new() -> Self {
+            PerCpu {
+                inbox: AtomicCpuSet::new(),
+                ipi_pending: AtomicBool::new(false),
+                loaded_asid: AtomicU32::new(NO_ASID),
+                slot: RequestSlot::new(),
+            }
         }
     }
 }
@@ -170,11 +173,13 @@ impl Default for TlbShootdown {
 }
 
 impl TlbShootdown {
-    /// Fresh state: no CPU has an address space loaded, nothing in flight.
-    pub const fn new() -> Self {
-        TlbShootdown {
-            cpus: [const { PerCpu::new() }; MAX_CPUS],
-            stats: TlbStats::new(),
+    maybe_const_fn! {
+        /// Fresh state: no CPU has an address space loaded, nothing in flight.
+        pub fn new() -> Self {
+            TlbShootdown {
+                cpus: atomic_array![PerCpu::new(); MAX_CPUS],
+                stats: TlbStats::new(),
+            }
         }
     }
 

@@ -5,9 +5,8 @@
 //! trace events go to [`Arch::trace`](crate::Arch::trace), whose default is
 //! empty, so a kernel without a tracer pays nothing for them.
 
-use core::sync::atomic::{AtomicU64, Ordering};
-
 use crate::cpuset::CpuId;
+use crate::sync::{maybe_const_fn, AtomicU64, Ordering};
 
 /// Why a flush happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,17 +95,19 @@ pub(crate) enum Counter {
 }
 
 impl TlbStats {
-    /// All counters at zero, usable in a `static`.
-    pub const fn new() -> Self {
-        TlbStats {
-            shootdowns: AtomicU64::new(0),
-            ipis_sent: AtomicU64::new(0),
-            flushes_received: AtomicU64::new(0),
-            local_page_flushes: AtomicU64::new(0),
-            local_full_flushes: AtomicU64::new(0),
-            pages_deferred: AtomicU64::new(0),
-            batches_flushed: AtomicU64::new(0),
-            task_switches: AtomicU64::new(0),
+    maybe_const_fn! {
+        /// All counters at zero, usable in a `static`.
+        pub fn new() -> Self {
+            TlbStats {
+                shootdowns: AtomicU64::new(0),
+                ipis_sent: AtomicU64::new(0),
+                flushes_received: AtomicU64::new(0),
+                local_page_flushes: AtomicU64::new(0),
+                local_full_flushes: AtomicU64::new(0),
+                pages_deferred: AtomicU64::new(0),
+                batches_flushed: AtomicU64::new(0),
+                task_switches: AtomicU64::new(0),
+            }
         }
     }
 

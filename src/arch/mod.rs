@@ -7,7 +7,9 @@
 
 #[cfg(feature = "mock")]
 pub mod mock;
-#[cfg(target_arch = "x86_64")]
+// Not under `--cfg loom`: its `static`-friendly `const` constructors use
+// `core` atomics, and the loom models (tests/loom.rs) bring their own Arch.
+#[cfg(all(target_arch = "x86_64", not(loom)))]
 pub mod x86_64;
 
 use core::fmt;
