@@ -317,10 +317,12 @@ unsafe impl Arch for Cpu {
             self.m.ipis_sent.fetch_add(1, Ordering::Relaxed);
             // Release: the interrupt arrives after what the sender did
             // before sending it (x86 orders the ICR write after earlier
-            // stores; the kernel's Arch must guarantee as much).
-            // A swap, not a store: loom 0.7 can let a plain store land between
-            // the read and the write of a concurrent swap (tokio-rs/loom#254),
-            // losing the interrupt in the model but never on hardware.
+            // stores; the kernel's Arch must guarantee as much). The
+            // crate's own orderings are still checked: a waiting initiator
+            // takes requests without any interrupt. A swap, not a store:
+            // loom 0.7 can let a plain store land between the read and the
+            // write of a concurrent swap (tokio-rs/loom#254), which loses
+            // the interrupt in the model though never on hardware.
             self.m.irq_pending[t.index()].swap(true, Ordering::Release);
             self.m.wake(t.index());
         }
