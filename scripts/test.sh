@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Every test: the x86_64 code on an emulated SMP machine (QEMU scenario
-# matrix, scripts/qemu-test.sh), then every host test (cargo test).
+# Every test:
+#   1. the x86_64 code on an emulated SMP machine (scripts/qemu-test.sh);
+#   2. loom models of the shootdown protocol (scripts/loom.sh);
+#   3. with a nightly toolchain: Miri over the protocol, batch and mock
+#      machine tests (scripts/miri.sh) and a short run of each fuzz target
+#      (scripts/fuzz.sh, FUZZ_SECONDS each, 20 by default here);
+#   4. every host test, property tests included (cargo test), last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/qemu-test.sh
+scripts/loom.sh
+if cargo +nightly --version >/dev/null 2>&1; then
+    scripts/miri.sh
+    FUZZ_SECONDS=${FUZZ_SECONDS:-20} scripts/fuzz.sh
+else
+    echo "no nightly toolchain: Miri and fuzzing skipped (rustup toolchain install nightly)"
+fi
 cargo test
