@@ -75,6 +75,13 @@ struct Figures {
     violations: usize,
 }
 
+/// The workload's handle to a frame it allocated.
+fn handle(frame: Frame) -> OwnedFrame {
+    // SAFETY: the workload allocates each frame once and frees it only
+    // through the crate's drivers, which take this single handle.
+    unsafe { OwnedFrame::new(frame) }
+}
+
 fn va(page: usize) -> u64 {
     BASE + page as u64 * PAGE_SIZE
 }
@@ -197,7 +204,7 @@ impl<'m> Sim<'m> {
             &self.rmap,
             &mut kernel,
             &mut batch,
-            candidates.into_iter().map(OwnedFrame::new),
+            candidates.into_iter().map(handle),
             &mut |f, _| lru.push_back(f.into_frame()),
         )
         .expect("not nested");
@@ -267,10 +274,15 @@ fn machine(cpus: usize) -> MockMachine {
 fn run(cpus: usize, policy: Policy, list: usize) -> Figures {
     let m = machine(cpus);
     let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| m.space(&m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))))
+        .map(|i| {
+            m.space(
+                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
+                    .expect("a new address space"),
+            )
+        })
         .collect();
     for (i, s) in spaces.iter().enumerate() {
-        m.cpu(i).expect("a CPU").switch_to(s.mm());
+        m.cpu(i).expect("a CPU").switch_to(s.mm()).expect("switch");
     }
     let seed_list = Arc::new(Mutex::new(Vec::new()));
     if policy == Policy::Seed {
@@ -323,7 +335,12 @@ fn run_threaded(cpus: usize, policy: Policy) -> (f64, Figures) {
     )
     .expect("a valid machine");
     let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| m.space(&m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))))
+        .map(|i| {
+            m.space(
+                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
+                    .expect("a new address space"),
+            )
+        })
         .collect();
     let rmap = MockRmap::new(&m, spaces);
     let lru: Mutex<VecDeque<Frame>> = Mutex::new(VecDeque::new());
@@ -341,7 +358,7 @@ fn run_threaded(cpus: usize, policy: Policy) -> (f64, Figures) {
     let start = Instant::now();
     m.run_threaded(|cpu| {
         let me = cpu.id().index();
-        cpu.switch_to(rmap.spaces()[me].mm());
+        cpu.switch_to(rmap.spaces()[me].mm()).expect("switch");
         let mut kernel = MockKernel::new(&rmap);
         for page in 0..per_cpu {
             while cpu.read(va(page)).is_err() {
@@ -365,7 +382,7 @@ fn run_threaded(cpus: usize, policy: Policy) -> (f64, Figures) {
                             &rmap,
                             &mut kernel,
                             &mut batch,
-                            candidates.into_iter().map(OwnedFrame::new),
+                            candidates.into_iter().map(handle),
                             &mut |f, _| kept.push(f.into_frame()),
                         )
                         .expect("not nested");
@@ -414,13 +431,18 @@ fn run_migration(per_page: bool) -> Figures {
     let cpus = 8;
     let m = machine(cpus);
     let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| m.space(&m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))))
+        .map(|i| {
+            m.space(
+                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
+                    .expect("a new address space"),
+            )
+        })
         .collect();
     let rmap = MockRmap::new(&m, spaces);
     let mut frames = Vec::new();
     for c in 0..cpus {
         let cpu = m.cpu(c).expect("a CPU");
-        cpu.switch_to(rmap.spaces()[c].mm());
+        cpu.switch_to(rmap.spaces()[c].mm()).expect("switch");
         for p in 0..64 {
             let f = m.alloc_frame().expect("memory");
             rmap.map(f, c, va(p), true, MappingFlags::empty())
@@ -441,20 +463,13 @@ fn run_migration(per_page: bool) -> Figures {
     if per_page {
         for &f in &frames {
             let mut batch = UnmapBatch::<1>::new();
-            migrate_pages(
-                &cpu0,
-                &rmap,
-                &mut kernel,
-                &mut batch,
-                [OwnedFrame::new(f)],
-                &mut count,
-            )
-            .expect("not nested");
+            migrate_pages(&cpu0, &rmap, &mut kernel, &mut batch, [handle(f)], &mut count)
+                .expect("not nested");
         }
     } else {
         for chunk in frames.chunks(32) {
             let mut batch = UnmapBatch::<32>::new();
-            let pages = chunk.iter().map(|&f| OwnedFrame::new(f));
+            let pages = chunk.iter().map(|&f| handle(f));
             migrate_pages(&cpu0, &rmap, &mut kernel, &mut batch, pages, &mut count).expect("not nested");
         }
     }

@@ -4,7 +4,8 @@
 use crate::arch::Arch;
 use crate::cpuset::CpuSet;
 use crate::mm::MmTlbState;
-use crate::pte::{check_aligned, Pte};
+use crate::pte::Pte;
+use crate::range::{check_asid, check_va, PageRange};
 use crate::request::{FlushRequest, FlushScope};
 use crate::rmap::TtuFlags;
 use crate::shootdown::{shootdown, ShootdownReport};
@@ -26,12 +27,26 @@ use crate::Error;
 /// [`flush`](Self::flush) returned `Ok` (contract rules 1 and 2). A batch
 /// dropped while not empty has lost nothing in the page tables, but its
 /// frames are still cached: drop it only after flushing.
+///
+/// A batch belongs to the machine whose [`Arch`] filled it (the one whose
+/// [`Arch::shootdown_state`] it saw first): adding to it or flushing it
+/// with another machine's `Arch` is refused with [`Error::OtherMachine`],
+/// since that machine's CPUs are not the ones caching the pages.
 #[must_use = "a batch holds deferred TLB flushes: flush it before freeing or writing out the unmapped frames"]
 #[derive(Clone, Debug, Default)]
 pub struct TlbFlushUnmapBatch {
     targets: CpuSet,
     request: FlushRequest,
     writable: bool,
+    /// The address of the filling machine's `TlbShootdown` (0: none yet).
+    /// Only compared, never dereferenced.
+    machine: usize,
+}
+
+/// The identity of `arch`'s machine: the address of its shootdown state,
+/// which [`Arch`]'s contract makes the same on every CPU of one machine.
+pub(crate) fn machine_id<A: Arch + ?Sized>(arch: &A) -> usize {
+    arch.shootdown_state() as *const _ as usize
 }
 
 impl TlbFlushUnmapBatch {
@@ -41,7 +56,45 @@ impl TlbFlushUnmapBatch {
             targets: CpuSet::new(),
             request: FlushRequest::new(),
             writable: false,
+            machine: 0,
         }
+    }
+
+    /// [`Error::OtherMachine`] when the batch holds work of a machine other
+    /// than `arch`'s.
+    pub(crate) fn check_machine<A: Arch + ?Sized>(&self, arch: &A) -> Result<(), Error> {
+        if self.machine == 0 || self.machine == machine_id(arch) || self.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::OtherMachine)
+        }
+    }
+
+    /// Every check [`add_pending`](Self::add_pending) makes, without
+    /// changing anything: the reverse-map walk runs them before it clears
+    /// a PTE, so that recording the flush afterwards cannot fail.
+    pub(crate) fn check_add<A: Arch>(&self, arch: &A, mm: &MmTlbState, va: u64) -> Result<PageRange, Error> {
+        check_va(arch, va)?;
+        check_asid(arch, mm.asid())?;
+        self.check_machine(arch)?;
+        PageRange::page(va)
+    }
+
+    /// Records the flush of `page` in `mm`, checked by
+    /// [`check_add`](Self::check_add) with the same `arch`.
+    pub(crate) fn record<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange) {
+        self.machine = machine_id(arch);
+        self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
+        self.targets = self.targets.union(&mm.flush_targets(arch));
+    }
+
+    /// Records a deferred unmap (see [`add_pending`](Self::add_pending))
+    /// after [`check_add`](Self::check_add) passed.
+    pub(crate) fn record_pending<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange, old: Pte) {
+        self.record(arch, mm, page);
+        self.writable |= old.is_writable() || old.is_dirty();
+        mm.note_batched_pending();
+        arch.shootdown_state().count(Counter::PagesDeferred, 1);
     }
 
     /// Whether the flush of a page of `mm` may be deferred: only when the
@@ -60,8 +113,12 @@ impl TlbFlushUnmapBatch {
     /// [`flush_tlb_batched_pending`](crate::flush_tlb_batched_pending)).
     ///
     /// Call it after the PTE is cleared and only when
-    /// [`should_defer`](Self::should_defer) allowed it. Errors:
-    /// [`Error::Unaligned`] (the batch is unchanged).
+    /// [`should_defer`](Self::should_defer) allowed it; check `va` with
+    /// [`check_va`](crate::check_va) *before* clearing the PTE, so that an
+    /// error here cannot leave a cleared PTE without its flush. Errors
+    /// (the batch is unchanged): [`Error::Unaligned`],
+    /// [`Error::NonCanonical`], [`Error::AsidOutOfRange`],
+    /// [`Error::OtherMachine`].
     pub fn add_pending<A: Arch>(
         &mut self,
         arch: &A,
@@ -69,12 +126,8 @@ impl TlbFlushUnmapBatch {
         va: u64,
         old: Pte,
     ) -> Result<(), Error> {
-        check_aligned(va)?;
-        self.request.add_page(mm.asid(), va, A::FULL_FLUSH_CEILING)?;
-        self.targets = self.targets.union(&mm.flush_targets(arch));
-        self.writable |= old.is_writable() || old.is_dirty();
-        mm.note_batched_pending();
-        arch.shootdown_state().count(Counter::PagesDeferred, 1);
+        let page = self.check_add(arch, mm, va)?;
+        self.record_pending(arch, mm, page, old);
         Ok(())
     }
 
@@ -82,10 +135,10 @@ impl TlbFlushUnmapBatch {
     /// `mm` on hardware that needs one ([`Arch::ACCESSED_CLEAR_NEEDS_FLUSH`]).
     /// The PTE still maps its frame, so this neither marks the batch
     /// writable nor marks `mm` as having a batched unmap pending. Errors:
-    /// [`Error::Unaligned`].
+    /// as for [`add_pending`](Self::add_pending).
     pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
-        self.request.add_page(mm.asid(), va, A::FULL_FLUSH_CEILING)?;
-        self.targets = self.targets.union(&mm.flush_targets(arch));
+        let page = self.check_add(arch, mm, va)?;
+        self.record(arch, mm, page);
         Ok(())
     }
 
@@ -119,11 +172,14 @@ impl TlbFlushUnmapBatch {
     /// Flushes everything pending: one shootdown, at most one IPI per
     /// target CPU, nothing at all when the batch is empty. After `Ok` the
     /// deferred frames may be freed, reused or written out and the batch is
-    /// empty; after `Err` the batch is unchanged and still owes its flush.
+    /// empty; after `Err` the batch is unchanged and still owes its flush
+    /// ([`Error::OtherMachine`] when `arch` is not the machine that filled
+    /// it, or an error of [`shootdown`]).
     pub fn flush<A: Arch>(&mut self, arch: &A) -> Result<ShootdownReport, Error> {
         if self.is_empty() {
             return Ok(ShootdownReport::default());
         }
+        self.check_machine(arch)?;
         let report = shootdown(arch, &self.targets, &self.request)?;
         arch.shootdown_state().count(Counter::BatchesFlushed, 1);
         *self = TlbFlushUnmapBatch::new();
@@ -132,8 +188,10 @@ impl TlbFlushUnmapBatch {
 
     /// Flushes only if a deferred PTE was writable or dirty (the flush that
     /// must precede writing any deferred page out to disk); a clean-only
-    /// batch stays pending. Returns the report when it flushed.
+    /// batch stays pending. Returns the report when it flushed. Errors: as
+    /// for [`flush`](Self::flush).
     pub fn flush_dirty<A: Arch>(&mut self, arch: &A) -> Result<Option<ShootdownReport>, Error> {
+        self.check_machine(arch)?;
         if self.writable {
             self.flush(arch).map(Some)
         } else {

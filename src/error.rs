@@ -23,14 +23,48 @@ pub enum Error {
         /// The address that was given.
         addr: u64,
     },
-    /// A range whose start lies above its end, or whose end overflows.
+    /// A range given by its bounds whose start lies above its end.
     InvalidRange {
         /// First address of the range.
         start: u64,
         /// One past the last address of the range.
         end: u64,
     },
-    /// The reserved kernel ASID value was given where a user ASID belongs.
+    /// A range that would run past the top of the 64-bit address space.
+    RangeOverflow {
+        /// First address of the range.
+        start: u64,
+        /// How many pages were asked for.
+        pages: u64,
+    },
+    /// An address the architecture cannot translate: not in canonical form
+    /// for its [`va_bits`](crate::Arch::va_bits), or a range that crosses
+    /// the hole between the two halves of the address space.
+    NonCanonical {
+        /// The first offending address.
+        addr: u64,
+    },
+    /// A user ASID wider than the architecture's
+    /// [`asid_bits`](crate::Arch::asid_bits): the hardware would confuse it
+    /// with another address space's.
+    AsidOutOfRange {
+        /// The ASID value.
+        asid: u16,
+        /// How many bits the hardware's ASIDs have.
+        bits: u32,
+    },
+    /// A batch or gather holding pending work of one machine was used with
+    /// the [`Arch`](crate::Arch) of another (a different
+    /// [`TlbShootdown`](crate::TlbShootdown)): flushing there would leave
+    /// the first machine's CPUs untouched. Nothing changed.
+    OtherMachine,
+    /// A [`MmuGather`](crate::MmuGather) holding pending work of one
+    /// address space was asked to work on another: finish the first
+    /// teardown ([`MmuGather::finish`](crate::MmuGather::finish)) before
+    /// starting the next. Nothing changed.
+    OtherAddressSpace,
+    /// A reserved ASID value (0, or the kernel's) was given where a user
+    /// ASID belongs.
     ReservedAsid,
     /// A fixed-capacity reverse map has no room for another mapping.
     RmapFull {
@@ -56,6 +90,20 @@ impl fmt::Display for Error {
             Error::Unaligned { addr } => write!(f, "address {addr:#x} is not page-aligned"),
             Error::InvalidRange { start, end } => {
                 write!(f, "invalid range {start:#x}..{end:#x}")
+            }
+            Error::RangeOverflow { start, pages } => {
+                write!(
+                    f,
+                    "{pages} pages from {start:#x} run past the top of the address space"
+                )
+            }
+            Error::NonCanonical { addr } => write!(f, "address {addr:#x} is not canonical"),
+            Error::AsidOutOfRange { asid, bits } => {
+                write!(f, "ASID {asid} does not fit the hardware's {bits} bits")
+            }
+            Error::OtherMachine => write!(f, "pending work belongs to another machine"),
+            Error::OtherAddressSpace => {
+                write!(f, "the gather holds pending work of another address space")
             }
             Error::ReservedAsid => write!(f, "the kernel ASID is reserved"),
             Error::RmapFull { capacity } => write!(f, "the reverse map is full ({capacity} mappings)"),

@@ -3,12 +3,15 @@
 //! batched call per batch (seed 004).
 
 use crate::arch::Arch;
-use crate::mm::flush_tlb_batched_pending;
-use crate::pte::{check_range, Frame, Pte, PAGE_SIZE};
+use crate::batch::machine_id;
+use crate::mm::MmTlbState;
+use crate::pte::{Frame, PAGE_SIZE};
+use crate::range::{check_asid, check_range, PageRange};
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
+use crate::walk::{walk_range, Step};
 use crate::Error;
 
 /// Frames per batch when a gather's batches are sized like Linux's: the
@@ -21,24 +24,28 @@ pub const PAGE_BATCH: usize = PAGE_SIZE as usize / 8 - 2;
 pub struct DetachedTable {
     /// The page-table frame.
     pub frame: Frame,
-    /// First address it translated.
-    pub start: u64,
-    /// One past the last address it translated.
-    pub end: u64,
+    /// The pages it translated.
+    pub range: PageRange,
 }
 
 /// A page table that can give up the tables of a torn-down range.
 ///
 /// # Safety
 ///
-/// [`detach_table`](TableTeardown::detach_table) returns only a table that
-/// translates nothing outside `start..end`, after unlinking it so that no
-/// new walk can reach it; walks already under way may still be reading it,
-/// which is what [`TableFreePolicy`] is for.
+/// - [`detach_table`](TableTeardown::detach_table) returns only a table
+///   that translates nothing outside `range`, after unlinking it so that no
+///   new walk can reach it (walks already under way may still be reading
+///   it, which is what [`TableFreePolicy`] is for), and hands the caller
+///   the table frame itself: nothing else frees it.
+/// - A present entry that [`PageTable::clear`] removes held one claim on
+///   its frame (the frame itself, or one reference of its count: see
+///   [`OwnedFrame`]), which passes to the caller: [`MmuGather`] wraps it in
+///   an [`OwnedFrame`] and hands it to [`FreeFrames::free_batch`] after the
+///   flush.
 pub unsafe trait TableTeardown: PageTable {
-    /// Unlinks one page-table frame whose addresses all lie in
-    /// `start..end`, or returns `None` when none is left.
-    fn detach_table(&self, start: u64, end: u64) -> Option<DetachedTable>;
+    /// Unlinks one page-table frame whose addresses all lie in `range`, or
+    /// returns `None` when none is left.
+    fn detach_table(&self, range: PageRange) -> Option<DetachedTable>;
 }
 
 /// What the kernel supplies to [`MmuGather::unmap_range`].
@@ -97,12 +104,22 @@ pub struct TeardownSummary {
 /// A range teardown's pending work: the pages to flush, and up to `N` data
 /// frames and `N` page-table frames waiting for that flush. Fixed storage,
 /// no allocation; [`PageGather`] sizes it like Linux.
+///
+/// While it holds pending work, the gather belongs to the address space
+/// and the machine that work came from: using it for another address space
+/// ([`Error::OtherAddressSpace`]) or with another machine's `Arch`
+/// ([`Error::OtherMachine`]) is refused until [`finish`](Self::finish)
+/// completed it, since its flush must reach the CPUs that cached the first
+/// address space.
 #[must_use = "a gather may hold frames and owe a flush: finish it"]
 pub struct MmuGather<const N: usize> {
     request: FlushRequest,
     pages: heapless::Vec<OwnedFrame, N>,
     tables: heapless::Vec<OwnedFrame, N>,
     summary: TeardownSummary,
+    /// (address-space identity, machine identity) of the pending work;
+    /// only compared, never dereferenced.
+    owner: Option<(usize, usize)>,
 }
 
 /// A gather with page-sized batches.
@@ -131,6 +148,24 @@ impl<const N: usize> MmuGather<N> {
                 syncs: 0,
                 ipis_sent: 0,
             },
+            owner: None,
+        }
+    }
+
+    /// Claims the gather for `mm` on `arch`'s machine: refused while it
+    /// holds another one's pending work.
+    fn claim<A: Arch>(&mut self, arch: &A, mm: &MmTlbState) -> Result<(), Error> {
+        let me = (mm.id(), machine_id(arch));
+        match self.owner {
+            Some(owner) if !self.is_empty() && owner != me => Err(if owner.1 != me.1 {
+                Error::OtherMachine
+            } else {
+                Error::OtherAddressSpace
+            }),
+            _ => {
+                self.owner = Some(me);
+                Ok(())
+            }
         }
     }
 
@@ -139,9 +174,12 @@ impl<const N: usize> MmuGather<N> {
         self.request.is_empty() && self.pages.is_empty() && self.tables.is_empty()
     }
 
-    /// Tears down `start..end` of `space` (munmap, exit):
+    /// Tears down `range` of `space` (munmap, exit):
     ///
-    /// 1. a batched flush still pending for the address space is done first
+    /// 1. the range is walked table by table, each under its lock
+    ///    ([`PageTable::with_table_locked`]), stepping over what is not
+    ///    mapped ([`PageTable::next_populated`]); inside each table's lock a
+    ///    batched flush still pending for the address space is done first
     ///    (contract rule 5);
     /// 2. each present PTE is cleared atomically, its dirty bit moved to the
     ///    frame ([`TeardownBacking::set_dirty`]), its page added to the flush
@@ -154,21 +192,25 @@ impl<const N: usize> MmuGather<N> {
     ///    [`FreeFrames::free_batch`] call, then, after `policy` allows, the
     ///    page-table frames in ONE [`TeardownBacking::free_tables`] call.
     ///
-    /// When a batch fills up, step 4 runs mid-way and the teardown goes on.
-    /// Frames the kernel refuses go to `handback`; none is dropped.
+    /// When a batch fills up, step 4 runs mid-way (outside the table lock)
+    /// and the teardown goes on. Frames the kernel refuses go to
+    /// `handback`; none is dropped.
     ///
-    /// Errors: [`Error::Unaligned`], [`Error::InvalidRange`] (nothing
-    /// changed); [`Error::ShootdownReentered`] from a flush: the gather keeps
-    /// its pending frames and flush, and [`finish`](Self::finish) completes
-    /// them later.
+    /// Errors, with nothing changed: [`Error::NonCanonical`],
+    /// [`Error::AsidOutOfRange`], [`Error::OtherAddressSpace`],
+    /// [`Error::OtherMachine`]. [`Error::ShootdownReentered`] from a flush
+    /// stops the teardown: the gather keeps its pending frames and flush
+    /// (and the address space records that a flush is owed), so
+    /// [`finish`](Self::finish) completes them; then call `unmap_range`
+    /// again for the rest of the range (what was torn down is empty and
+    /// costs nothing).
     #[allow(clippy::too_many_arguments)]
     pub fn unmap_range<A, S, B>(
         &mut self,
         arch: &A,
         space: &S,
         backing: &mut B,
-        start: u64,
-        end: u64,
+        range: PageRange,
         free_tables: bool,
         policy: &mut TableFreePolicy<'_>,
         handback: &mut dyn FnMut(OwnedFrame, FrameKind),
@@ -178,57 +220,107 @@ impl<const N: usize> MmuGather<N> {
         S: TableTeardown + ?Sized,
         B: TeardownBacking + ?Sized,
     {
-        check_range(start, end)?;
+        check_range(arch, range)?;
         let mm = space.tlb_state();
-        flush_tlb_batched_pending(arch, mm)?;
-        let mut va = start;
-        while va < end {
-            let pte = space.lookup(va);
-            if pte.is_present() {
+        check_asid(arch, mm.asid())?;
+        self.claim(arch, mm)?;
+        let result = self.tear_down(arch, space, backing, range, free_tables, policy, handback);
+        if result.is_err() && !self.request.is_empty() {
+            // Cleared but not flushed: whoever changes this address space
+            // next flushes it first, even if the gather is never finished.
+            mm.note_flush_owed();
+        }
+        result?;
+        Ok(core::mem::take(&mut self.summary))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn tear_down<A, S, B>(
+        &mut self,
+        arch: &A,
+        space: &S,
+        backing: &mut B,
+        range: PageRange,
+        free_tables: bool,
+        policy: &mut TableFreePolicy<'_>,
+        handback: &mut dyn FnMut(OwnedFrame, FrameKind),
+    ) -> Result<(), Error>
+    where
+        A: Arch,
+        S: TableTeardown + ?Sized,
+        B: TeardownBacking + ?Sized,
+    {
+        let mm = space.tlb_state();
+        let mut rest = range;
+        loop {
+            let paused = walk_range(arch, space, rest, &mut |va, pte| {
+                if !pte.is_present() {
+                    // A migration or hwpoison entry: nothing cached, nothing
+                    // to free, but the mapping goes.
+                    space.clear(va);
+                    return Ok(Step::Next);
+                }
                 if self.pages.is_full() {
-                    self.finish(arch, space, backing, policy, handback)?;
+                    return Ok(Step::Pause);
                 }
                 let old = space.clear(va);
                 if old.is_present() {
                     if old.is_dirty() {
                         backing.set_dirty(old.frame());
                     }
-                    self.request.add_page(mm.asid(), va, A::FULL_FLUSH_CEILING)?;
-                    // Not full: checked above.
-                    if let Err(frame) = self.pages.push(OwnedFrame::new(old.frame())) {
+                    match PageRange::page(va) {
+                        Ok(page) => self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING),
+                        // Cannot happen (the walk yields aligned addresses);
+                        // the whole address space then.
+                        Err(_) => self.request.add_asid(mm.asid()),
+                    }
+                    // SAFETY: the cleared present entry held one claim on
+                    // its frame, which the `TableTeardown` contract passes
+                    // to us; the handle is that claim and nothing else.
+                    let frame = unsafe { OwnedFrame::new(old.frame()) };
+                    if let Err(frame) = self.pages.push(frame) {
+                        // Not full: checked above.
                         handback(frame, FrameKind::Data);
                     }
                     self.summary.pages_unmapped += 1;
                 }
-            } else if pte != Pte::EMPTY {
-                // A migration or hwpoison entry: nothing cached, nothing to
-                // free, but the mapping goes.
-                space.clear(va);
+                Ok(Step::Next)
+            })?;
+            match paused {
+                Some(va) => {
+                    self.finish(arch, space, backing, policy, handback)?;
+                    rest = rest.from_page(va);
+                }
+                None => break,
             }
-            va += PAGE_SIZE;
         }
         if free_tables {
-            while let Some(table) = space.detach_table(start, end) {
+            while let Some(table) = space.detach_table(range) {
                 if self.tables.is_full() {
                     self.finish(arch, space, backing, policy, handback)?;
                 }
                 // Paging-structure caches may hold the table: its whole
                 // range is flushed before it is freed.
                 self.request
-                    .add_range(mm.asid(), table.start, table.end, A::FULL_FLUSH_CEILING)?;
-                if let Err(frame) = self.tables.push(OwnedFrame::new(table.frame)) {
+                    .add_range(mm.asid(), table.range, A::FULL_FLUSH_CEILING);
+                // SAFETY: `detach_table` hands over the table frame itself
+                // (the `TableTeardown` contract): nothing else frees it.
+                let frame = unsafe { OwnedFrame::new(table.frame) };
+                if let Err(frame) = self.tables.push(frame) {
                     handback(frame, FrameKind::Table);
                 }
             }
         }
-        self.finish(arch, space, backing, policy, handback)?;
-        Ok(core::mem::take(&mut self.summary))
+        self.finish(arch, space, backing, policy, handback)
     }
 
     /// Flushes what is pending for `space`, then frees the data batch and,
     /// once `policy` allows, the table batch (one call each). Called by
     /// [`unmap_range`](Self::unmap_range); call it yourself to complete a
-    /// teardown that returned an error.
+    /// teardown that returned an error. Errors: [`Error::OtherAddressSpace`]
+    /// or [`Error::OtherMachine`] when `space` or `arch` is not the one the
+    /// pending work came from (nothing changes); errors of the flush or the
+    /// IPI sync (the work stays pending; call again).
     pub fn finish<A, S, B>(
         &mut self,
         arch: &A,
@@ -242,8 +334,9 @@ impl<const N: usize> MmuGather<N> {
         S: PageTable + ?Sized,
         B: TeardownBacking + ?Sized,
     {
+        let mm = space.tlb_state();
+        self.claim(arch, mm)?;
         if !self.request.is_empty() {
-            let mm = space.tlb_state();
             let report = shootdown(arch, &mm.flush_targets(arch), &self.request)?;
             self.request.clear();
             self.summary.flushes += 1;
@@ -253,7 +346,8 @@ impl<const N: usize> MmuGather<N> {
             let offered = self.pages.len();
             backing.free_batch(&mut self.pages);
             self.summary.data_free_calls += 1;
-            self.summary.data_freed += offered - self.pages.len();
+            // An implementation may hand back more than it was given.
+            self.summary.data_freed += offered.saturating_sub(self.pages.len());
             while let Some(frame) = self.pages.pop() {
                 handback(frame, FrameKind::Data);
             }
@@ -271,11 +365,12 @@ impl<const N: usize> MmuGather<N> {
             let offered = self.tables.len();
             backing.free_tables(&mut self.tables);
             self.summary.table_free_calls += 1;
-            self.summary.tables_freed += offered - self.tables.len();
+            self.summary.tables_freed += offered.saturating_sub(self.tables.len());
             while let Some(frame) = self.tables.pop() {
                 handback(frame, FrameKind::Table);
             }
         }
+        self.owner = None;
         Ok(())
     }
 }

@@ -67,7 +67,7 @@
 //! use tlb_batch::{Asid, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE};
 //!
 //! let machine = MockMachine::new(MockConfig::x86_like(4)).unwrap();
-//! let mm = machine.new_mm(Asid::new(1).unwrap());
+//! let mm = machine.new_mm(Asid::new(1).unwrap()).unwrap();
 //! let mut frames = Vec::new();
 //! for i in 0..100 {
 //!     let va = 0x40_0000 + i * PAGE_SIZE;
@@ -75,7 +75,7 @@
 //! }
 //! for cpu in 0..4 {
 //!     let c = machine.cpu(cpu).unwrap();
-//!     c.switch_to(&mm);
+//!     c.switch_to(&mm).unwrap();
 //!     for i in 0..100 {
 //!         c.write(0x40_0000 + i * PAGE_SIZE, cpu as u64).unwrap();
 //!     }
@@ -114,6 +114,7 @@ mod migrate;
 mod mm;
 mod mprotect;
 mod pte;
+mod range;
 mod reclaim;
 mod request;
 pub mod rmap;
@@ -121,6 +122,12 @@ mod shootdown;
 mod stats;
 mod sync;
 mod unmap;
+mod walk;
+
+/// The fixed-capacity collections in this crate's signatures
+/// ([`FreeFrames::free_batch`], [`Flushed::frames_mut`], ...), re-exported
+/// so that an implementation names exactly the version the crate uses.
+pub use heapless;
 
 pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
 pub use batch::TlbFlushUnmapBatch;
@@ -131,14 +138,16 @@ pub use gather::{
     TeardownSummary, PAGE_BATCH,
 };
 pub use migrate::{
-    migrate_pages, MigrateBacking, MigrateFailure, MigrateOutcome, MigrateSummary, MIGRATE_PASSES,
+    migrate_pages, MigrateBacking, MigrateFailure, MigrateOutcome, MigrateRetry, MigrateSummary,
+    MIGRATE_PASSES,
 };
 pub use mm::{
     flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
 };
 pub use mprotect::change_protection;
-pub use pte::{check_aligned, check_range, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
-pub use reclaim::{shrink_page_list, PageOut, ReclaimBacking, ReclaimSummary, Verdict};
+pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+pub use range::{check_asid, check_range, check_va, is_canonical, PageRange, TABLE_PAGES, TABLE_SPAN};
+pub use reclaim::{shrink_page_list, PageOut, ReclaimBacking, ReclaimRetry, ReclaimSummary, Verdict};
 pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 pub use rmap::{
     page_referenced, try_to_unmap, BoundedRmap, Mapping, MappingFlags, PageState, PageTable, Referenced,
@@ -146,4 +155,6 @@ pub use rmap::{
 };
 pub use shootdown::{handle_flush_ipi, ipi_sync, shootdown, ShootdownReport, TlbShootdown};
 pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
-pub use unmap::{Flushed, FreeFrames, OwnedFrame, UnmapBatch, Unmapped, Writeback, WritebackFrame};
+pub use unmap::{
+    Flushed, FreeFrames, OwnedFrame, Released, StillMapped, UnmapBatch, Unmapped, Writeback, WritebackFrame,
+};

@@ -5,10 +5,10 @@
 use core::ops::ControlFlow;
 
 use crate::arch::Arch;
-use crate::pte::{Frame, Pte, PteFlags};
+use crate::pte::{Frame, Pte};
 use crate::rmap::{PageTable, Rmap, SwapResult, TtuFlags};
 use crate::shootdown::ShootdownReport;
-use crate::unmap::{FreeFrames, OwnedFrame, UnmapBatch, Unmapped, WritebackFrame};
+use crate::unmap::{FreeFrames, OwnedFrame, StillMapped, UnmapBatch, Unmapped, WritebackFrame};
 use crate::Error;
 
 /// How many times a frame that is still mapped after an unmap attempt is
@@ -40,6 +40,11 @@ pub enum MigrateFailure {
     NotScanned,
     /// Unmapping failed with this error.
     Failed(Error),
+    /// The frame is hardware-poisoned: nothing was copied from it, and it
+    /// is handed back rather than freed (its mappings are left as they
+    /// were, or, when the poison was found after the unmap, are hwpoison
+    /// entries).
+    HwPoisoned,
 }
 
 /// One frame's fate in [`migrate_pages`].
@@ -79,30 +84,32 @@ pub struct MigrateSummary {
     pub ipis_sent: usize,
 }
 
-/// Replaces every migration entry naming `old` with a present PTE for
-/// `new` (writable if the original mapping was); `new == old` undoes a
-/// migration.
+/// Replaces every migration entry naming `old` with the present entry it
+/// stood for, now mapping `new` (every bit the migration did not own is
+/// kept: see [`Pte::from_migration`]); `new == old` undoes a migration.
 fn remove_migration_ptes<R: Rmap + ?Sized>(rmap: &R, old: Frame, new: Frame) {
     let _ = rmap.walk(old, &mut |m| {
         let pte = m.space.lookup(m.va);
         if pte.is_migration() && pte.frame() == old {
-            let mut flags = PteFlags::PRESENT;
-            flags |= if m.space.tlb_state().is_kernel() {
-                PteFlags::GLOBAL
-            } else {
-                PteFlags::USER
-            };
-            if pte.flags().contains(PteFlags::WAS_WRITABLE) {
-                flags |= PteFlags::WRITABLE;
+            if let Some(present) = pte.from_migration(new) {
+                m.space.set(m.va, present);
             }
-            m.space.set(m.va, Pte::new(new, flags));
         }
         ControlFlow::Continue(())
     });
 }
 
-const KEEP_NONE: u8 = 0;
-const KEEP_NO_MEMORY: u8 = 1;
+/// Turns every migration entry naming `frame` into a hwpoison entry: the
+/// frame went bad while its mappings waited, so they must not come back.
+fn poison_migration_ptes<R: Rmap + ?Sized>(rmap: &R, frame: Frame) {
+    let _ = rmap.walk(frame, &mut |m| {
+        let pte = m.space.lookup(m.va);
+        if pte.is_migration() && pte.frame() == frame {
+            m.space.set(m.va, Pte::hwpoison(frame));
+        }
+        ControlFlow::Continue(())
+    });
+}
 
 fn fail(
     report: &mut dyn FnMut(MigrateOutcome),
@@ -123,24 +130,38 @@ fn count_shootdown(summary: &mut MigrateSummary, report: ShootdownReport) {
 
 /// Migrates `pages`:
 ///
-/// 1. Unmaps each with [`TtuFlags::MIGRATION`] | `BATCH_FLUSH` (mlock and
-///    access bits ignored, as migration must), so every mapping becomes a
-///    migration entry and its flush joins `batch`. A frame still mapped is
-///    tried again, up to [`MIGRATE_PASSES`] passes in all, then reported
-///    [`MigrateFailure::Busy`] with its mappings restored.
-/// 2. ONE [`flush_dirty`](UnmapBatch::flush_dirty) before the first copy
+/// 1. A hardware-poisoned frame is reported [`MigrateFailure::HwPoisoned`]
+///    at once, untouched: nothing is ever copied from it, and it never goes
+///    back to the allocator.
+/// 2. Unmaps each other one with [`TtuFlags::MIGRATION`] | `BATCH_FLUSH`
+///    (mlock and access bits ignored, as migration must), so every mapping
+///    becomes a migration entry and its flush joins `batch`. A frame still
+///    mapped is tried again, up to [`MIGRATE_PASSES`] passes in all, then
+///    reported [`MigrateFailure::Busy`] with its mappings restored (after
+///    the flush, if a mapping it lost owes one).
+/// 3. ONE [`flush_dirty`](UnmapBatch::flush_dirty) before the first copy
 ///    (it flushes whenever any entry was writable or dirty; otherwise
 ///    nobody can write the frames and copying is safe as is).
-/// 3. For each frame: allocate a target, copy, point the migration entries
-///    at the new frame. If allocation fails, the original mappings are
-///    restored and the frame reported [`MigrateFailure::NoMemory`].
-/// 4. ONE [`flush`](UnmapBatch::flush), then the old frames of the moved
+/// 4. For each frame: allocate a target, copy, point the migration entries
+///    at the new frame (keeping every bit of the original entries but the
+///    frame, accessed and dirty). If allocation fails, the original
+///    mappings are restored and the frame reported
+///    [`MigrateFailure::NoMemory`]; if the frame turned out poisoned, its
+///    entries become hwpoison entries and it is reported `HwPoisoned`.
+/// 5. ONE [`flush`](UnmapBatch::flush), then the old frames of the moved
 ///    pages are released in ONE [`FreeFrames::free_batch`] call.
 ///
 /// Every frame ends in exactly one [`MigrateOutcome`] given to `report`.
 ///
-/// Errors: a failed flush returns the error with the frames still in
-/// `batch` (their mappings are migration entries until a retry finishes).
+/// Errors: a failed flush ([`Error::ShootdownReentered`],
+/// [`Error::OtherMachine`]) stops the call with the held frames and how far
+/// each got (waiting for its copy, moved, restored) moved out of `batch`
+/// into the returned [`MigrateRetry`], which owes the flush; its
+/// [`retry`](MigrateRetry::retry) finishes exactly what is left, and no
+/// frame is copied, restored or reported twice.
+// The retry value owns the batch (about 1 KiB plus the frames): with no
+// allocator to box it in, it is moved once, on the error path only.
+#[allow(clippy::result_large_err)]
 pub fn migrate_pages<A, R, B, const N: usize>(
     arch: &A,
     rmap: &R,
@@ -148,7 +169,7 @@ pub fn migrate_pages<A, R, B, const N: usize>(
     batch: &mut UnmapBatch<N>,
     pages: impl IntoIterator<Item = OwnedFrame>,
     report: &mut dyn FnMut(MigrateOutcome),
-) -> Result<MigrateSummary, Error>
+) -> Result<MigrateSummary, MigrateRetry<N>>
 where
     A: Arch,
     R: Rmap + ?Sized,
@@ -160,19 +181,32 @@ where
 
     let mut pending: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
     for frame in pages {
-        if let Err(frame) = pending.push(frame) {
+        if rmap.is_hwpoisoned(frame.frame()) {
+            fail(report, &mut summary, frame, MigrateFailure::HwPoisoned);
+        } else if let Err(frame) = pending.push(frame) {
             fail(report, &mut summary, frame, MigrateFailure::NotScanned);
         }
     }
+    let held_busy = |batch: &UnmapBatch<N>| {
+        batch
+            .held()
+            .iter()
+            .any(|h| matches!(h.mapped, Some(StillMapped::Busy(_))))
+    };
     for pass in 1..=MIGRATE_PASSES {
-        if pending.is_empty() {
+        if pending.is_empty() && !held_busy(batch) {
             break;
         }
         summary.passes = pass;
+        if pass > 1 {
+            batch.retry_mapped(arch, rmap, flags);
+        }
         let mut busy: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
         for frame in core::mem::take(&mut pending) {
             match batch.try_to_unmap(arch, rmap, frame, flags) {
-                Ok(Unmapped::Held(_)) => {}
+                // Held until the flush; a still mapped one is retried by
+                // the next pass (`retry_mapped`).
+                Ok(Unmapped::Held(_) | Unmapped::HeldMapped(_)) => {}
                 Ok(Unmapped::Returned { frame, result }) if pass < MIGRATE_PASSES => {
                     // `busy` holds at most what `pending` held.
                     if let Err(frame) = busy.push(frame) {
@@ -193,47 +227,183 @@ where
         }
         pending = busy;
     }
+    // Frames the passes could not unmap wholly get their mappings back now;
+    // they leave the batch after its flush.
+    for held in batch.held().iter().filter(|h| h.mapped.is_some()) {
+        remove_migration_ptes(rmap, held.frame.frame(), held.frame.frame());
+    }
 
-    let mut marks = [KEEP_NONE; N];
+    let mut work = MigrateRetry {
+        batch: core::mem::take(batch),
+        stages: [Stage::Waiting; N],
+        summary,
+        error: None,
+    };
+    match work.finish(arch, rmap, backing, report) {
+        Ok(summary) => Ok(summary),
+        Err(e) => {
+            work.error = Some(e);
+            Err(work)
+        }
+    }
+}
+
+/// How far one held, unmapped frame got; by position in the batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Its mappings are migration entries; not copied yet.
+    Waiting,
+    /// Copied and reported; its mappings point at the new frame. The old
+    /// frame is released after the flush.
+    Moved,
+    /// No target frame: mappings restored, reported after the flush.
+    NoMemory,
+    /// Found poisoned: mappings are hwpoison entries, reported after the
+    /// flush and never freed.
+    Poisoned,
+}
+
+/// A [`migrate_pages`] call that stopped on a failed flush: it owns the
+/// held frames, the flush they are owed and how far each got, so that
+/// [`retry`](Self::retry) finishes exactly what is left. Dropping it leaks
+/// its frames (never freed, so never unsafely) and leaves any migration
+/// entries in place, so accesses to those pages keep waiting: retry it.
+#[must_use = "it owns frames under migration and owes their flush: retry it"]
+pub struct MigrateRetry<const N: usize> {
+    batch: UnmapBatch<N>,
+    stages: [Stage; N],
+    summary: MigrateSummary,
+    error: Option<Error>,
+}
+
+impl<const N: usize> core::fmt::Debug for MigrateRetry<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MigrateRetry")
+            .field("error", &self.error)
+            .field("frames", &self.batch.len())
+            .field("summary", &self.summary)
+            .finish()
+    }
+}
+
+impl<const N: usize> MigrateRetry<N> {
+    /// The error that stopped the work (last time it ran).
+    pub fn error(&self) -> Option<Error> {
+        self.error
+    }
+
+    /// Frames it holds.
+    pub fn frames(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Runs the rest of the work (steps 3 to 5 of [`migrate_pages`] for
+    /// what is left). The summary covers the whole migration. Errors: the
+    /// work is handed back again, with the new error.
+    #[allow(clippy::result_large_err)] // as for the driver itself
+    pub fn retry<A, R, B>(
+        mut self,
+        arch: &A,
+        rmap: &R,
+        backing: &mut B,
+        report: &mut dyn FnMut(MigrateOutcome),
+    ) -> Result<MigrateSummary, MigrateRetry<N>>
+    where
+        A: Arch,
+        R: Rmap + ?Sized,
+        B: MigrateBacking + ?Sized,
     {
-        let io = batch.flush_dirty(arch)?;
-        count_shootdown(&mut summary, io.report().unwrap_or_default());
-        for (i, old) in io.frames().enumerate() {
-            match backing.alloc_target(old.frame()) {
-                Some(new) => {
-                    backing.copy_frame(old, &new);
-                    remove_migration_ptes(rmap, old.frame(), new.frame());
-                    backing.move_mappings(old.frame(), new.frame());
-                    summary.migrated += 1;
-                    report(MigrateOutcome::Migrated {
-                        old: old.frame(),
-                        new,
-                    });
-                }
-                None => {
-                    remove_migration_ptes(rmap, old.frame(), old.frame());
-                    marks[i] = KEEP_NO_MEMORY;
-                }
+        match self.finish(arch, rmap, backing, report) {
+            Ok(summary) => Ok(summary),
+            Err(e) => {
+                self.error = Some(e);
+                Err(self)
             }
         }
     }
 
-    let mut flushed = batch.flush(arch)?;
-    count_shootdown(&mut summary, flushed.report());
-    let frames = flushed.frames_mut();
-    for i in (0..frames.len()).rev() {
-        if marks.get(i) == Some(&KEEP_NO_MEMORY) {
-            fail(
-                report,
-                &mut summary,
-                frames.swap_remove(i),
-                MigrateFailure::NoMemory,
-            );
+    fn finish<A, R, B>(
+        &mut self,
+        arch: &A,
+        rmap: &R,
+        backing: &mut B,
+        report: &mut dyn FnMut(MigrateOutcome),
+    ) -> Result<MigrateSummary, Error>
+    where
+        A: Arch,
+        R: Rmap + ?Sized,
+        B: MigrateBacking + ?Sized,
+    {
+        let waiting = self
+            .batch
+            .held()
+            .iter()
+            .zip(self.stages.iter())
+            .any(|(h, &s)| h.mapped.is_none() && s == Stage::Waiting);
+        if waiting {
+            let io = self.batch.flush_dirty(arch)?;
+            count_shootdown(&mut self.summary, io.report().unwrap_or_default());
+            for (i, old) in io.indexed() {
+                let Some(stage) = self.stages.get_mut(i) else {
+                    continue;
+                };
+                if *stage != Stage::Waiting {
+                    continue;
+                }
+                *stage = if rmap.is_hwpoisoned(old.frame()) {
+                    poison_migration_ptes(rmap, old.frame());
+                    Stage::Poisoned
+                } else if let Some(new) = backing.alloc_target(old.frame()) {
+                    backing.copy_frame(old, &new);
+                    remove_migration_ptes(rmap, old.frame(), new.frame());
+                    backing.move_mappings(old.frame(), new.frame());
+                    self.summary.migrated += 1;
+                    report(MigrateOutcome::Migrated {
+                        old: old.frame(),
+                        new,
+                    });
+                    Stage::Moved
+                } else {
+                    remove_migration_ptes(rmap, old.frame(), old.frame());
+                    Stage::NoMemory
+                };
+            }
         }
+
+        let flushed = self.batch.flush_tlb(arch)?;
+        count_shootdown(&mut self.summary, flushed);
+        let stages = core::mem::replace(&mut self.stages, [Stage::Waiting; N]);
+        let mut release: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
+        for (held, stage) in self.batch.take_held().into_iter().zip(stages) {
+            let reason = match (held.mapped, stage) {
+                (Some(StillMapped::Busy(r)), _) => MigrateFailure::Busy(r),
+                (Some(StillMapped::Failed(e)), _) => MigrateFailure::Failed(e),
+                (None, Stage::NoMemory) => MigrateFailure::NoMemory,
+                (None, Stage::Poisoned) => MigrateFailure::HwPoisoned,
+                (None, Stage::Moved) => {
+                    // At most N frames were held, so `release` has room.
+                    if let Err(frame) = release.push(held.frame) {
+                        report(MigrateOutcome::OldFrameRefused(frame));
+                    }
+                    continue;
+                }
+                (None, Stage::Waiting) => {
+                    // Every waiting frame was handled once `flush_dirty`
+                    // succeeded; should one be left, it gets its mappings
+                    // back rather than stay unreachable.
+                    remove_migration_ptes(rmap, held.frame.frame(), held.frame.frame());
+                    MigrateFailure::NoMemory
+                }
+            };
+            fail(report, &mut self.summary, held.frame, reason);
+        }
+        if !release.is_empty() {
+            backing.free_batch(&mut release);
+            while let Some(frame) = release.pop() {
+                report(MigrateOutcome::OldFrameRefused(frame));
+            }
+        }
+        self.error = None;
+        Ok(core::mem::take(&mut self.summary))
     }
-    backing.free_batch(frames);
-    while let Some(frame) = frames.pop() {
-        report(MigrateOutcome::OldFrameRefused(frame));
-    }
-    Ok(summary)
 }

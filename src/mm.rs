@@ -3,6 +3,7 @@
 
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuSet};
+use crate::range::{check_asid, check_va, PageRange};
 use crate::request::FlushRequest;
 use crate::shootdown::{shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
@@ -109,6 +110,21 @@ impl MmTlbState {
         self.batch_pending.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Records that a flush of this address space is owed and not yet done
+    /// (a change whose shootdown failed): the next
+    /// [`flush_tlb_batched_pending`] flushes the whole address space, so a
+    /// retry of the failed call, or any later change of a mapping, does
+    /// what the failure left undone.
+    pub(crate) fn note_flush_owed(&self) {
+        self.note_batched_pending();
+    }
+
+    /// Identity of this state (its address), to tell address spaces apart
+    /// without holding a reference.
+    pub(crate) fn id(&self) -> usize {
+        self as *const MmTlbState as usize
+    }
+
     /// Whether a deferred flush may still be outstanding: some batch
     /// recorded a deferral that no [`flush_tlb_batched_pending`] covered.
     pub fn batched_flush_pending(&self) -> bool {
@@ -122,16 +138,25 @@ impl MmTlbState {
 /// through [`Arch::switch_address_space`], and, when TLBs are not tagged,
 /// removes the CPU from `prev`'s set afterwards (its entries are gone).
 ///
+/// Errors: [`Error::AsidOutOfRange`] when `next`'s ASID is wider than the
+/// hardware's ([`Arch::asid_bits`]): nothing is loaded and nothing changes,
+/// since the hardware would tag its entries as another address space's.
+///
 /// # Safety
 ///
 /// `next.root()` must be a valid page-table root that maps the running
 /// code, as [`Arch::switch_address_space`] requires, and `prev` must be the
 /// address space this CPU had loaded.
-pub unsafe fn switch_mm<A: Arch>(arch: &A, prev: Option<&MmTlbState>, next: &MmTlbState) {
+pub unsafe fn switch_mm<A: Arch>(
+    arch: &A,
+    prev: Option<&MmTlbState>,
+    next: &MmTlbState,
+) -> Result<(), Error> {
+    check_asid(arch, next.asid)?;
     let me = arch.current_cpu();
     let state = arch.shootdown_state();
     if prev.is_some_and(|p| core::ptr::eq(p, next)) {
-        return;
+        return Ok(());
     }
     if !next.is_kernel() {
         next.cpus.insert(me, Ordering::SeqCst);
@@ -153,6 +178,7 @@ pub unsafe fn switch_mm<A: Arch>(arch: &A, prev: Option<&MmTlbState>, next: &MmT
             prev.cpus.remove(me, Ordering::SeqCst);
         }
     }
+    Ok(())
 }
 
 /// Contract rule 5: an operation about to change mappings of `mm`
@@ -181,24 +207,27 @@ pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<b
     Ok(true)
 }
 
-/// Flushes one page of `mm` on every CPU that may cache it, now.
+/// Flushes one page of `mm` on every CPU that may cache it, now. Errors:
+/// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::AsidOutOfRange`]
+/// and those of [`shootdown`] (nothing flushed).
 pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<ShootdownReport, Error> {
+    check_va(arch, va)?;
     let mut req = FlushRequest::new();
     req.add_page(mm.asid, va, A::FULL_FLUSH_CEILING)?;
     shootdown(arch, &mm.flush_targets(arch), &req)
 }
 
-/// Flushes the pages `start..end` of `mm` on every CPU that may cache it,
+/// Flushes the pages of `range` in `mm` on every CPU that may cache them,
 /// now: page by page up to [`Arch::FULL_FLUSH_CEILING`], the whole address
-/// space above it.
+/// space above it. Errors: [`Error::NonCanonical`],
+/// [`Error::AsidOutOfRange`] and those of [`shootdown`] (nothing flushed).
 pub fn flush_tlb_range<A: Arch>(
     arch: &A,
     mm: &MmTlbState,
-    start: u64,
-    end: u64,
+    range: PageRange,
 ) -> Result<ShootdownReport, Error> {
     let mut req = FlushRequest::new();
-    req.add_range(mm.asid, start, end, A::FULL_FLUSH_CEILING)?;
+    req.add_range(mm.asid, range, A::FULL_FLUSH_CEILING);
     shootdown(arch, &mm.flush_targets(arch), &req)
 }
 

@@ -1,60 +1,80 @@
 //! Changing the mappings of a range (mprotect-like), with contract rule 5
 //! built in: a batched flush still pending for the address space is done
-//! first.
+//! first, table by table under each table's lock.
 
 use crate::arch::Arch;
-use crate::mm::flush_tlb_batched_pending;
-use crate::pte::{check_range, Pte, PAGE_SIZE};
+use crate::pte::Pte;
+use crate::range::{check_asid, check_range, PageRange};
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
+use crate::walk::{walk_range, Step};
 use crate::Error;
 
-/// Applies `update` to every present PTE of `space` in `start..end` and
-/// flushes the changed pages on every CPU that may cache them (one
-/// shootdown; page by page up to the ceiling, the whole address space above
-/// it). Returns how many PTEs changed.
+/// Applies `update` to every present PTE of `space` in `range` and flushes
+/// the changed pages on every CPU that may cache them (one shootdown; page
+/// by page up to the ceiling, the whole address space above it). Returns
+/// how many PTEs this call changed.
 ///
-/// First, if a reclaimer deferred flushes for this address space that no
-/// flush covered yet, they are flushed ([`flush_tlb_batched_pending`]).
+/// The range is walked table by table, each under its lock
+/// ([`PageTable::with_table_locked`]), stepping over what is not mapped
+/// ([`PageTable::next_populated`]: with a page table that skips absent
+/// tables, the cost follows what is mapped, not the range's size). Inside
+/// each table's lock, before any entry changes, a flush that a reclaimer
+/// deferred for this address space and that no flush covered yet is done
+/// ([`flush_tlb_batched_pending`](crate::flush_tlb_batched_pending)).
 /// Without that, a PTE the reclaimer already cleared looks "not present"
 /// here, so it is skipped, and a CPU could go on writing through its stale
 /// writable entry after this call returned (the race fixed upstream after
-/// the batched-flush series).
+/// the batched-flush series). Checking under each table's lock, not once up
+/// front, is what keeps a kernel with split page-table locks safe: a
+/// reclaimer may clear and defer an entry of a later table while earlier
+/// tables are being changed.
 ///
 /// Each PTE is changed by an atomic clear, then `update` on the value the
 /// clear returned, then a store: a dirty bit hardware sets meanwhile is in
-/// the value `update` sees, so it cannot be lost. Hold the kernel's
-/// page-table lock for the range, as for any PTE change.
+/// the value `update` sees, so it cannot be lost.
 ///
-/// Errors: [`Error::Unaligned`], [`Error::InvalidRange`] (nothing changed);
-/// [`Error::ShootdownReentered`] (PTEs may have changed but not been
-/// flushed: retry the call, which flushes again).
+/// Errors, with nothing changed: [`Error::NonCanonical`],
+/// [`Error::AsidOutOfRange`]. A failed flush ([`Error::ShootdownReentered`])
+/// may come after PTEs changed: the flush they need is then recorded in the
+/// address space (as a pending batched flush), so that retrying the call,
+/// or any later change of this address space's mappings, flushes it first.
+/// Until a call returns `Ok` the change is not in effect on every CPU.
 pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     arch: &A,
     space: &S,
-    start: u64,
-    end: u64,
+    range: PageRange,
     mut update: impl FnMut(Pte) -> Pte,
 ) -> Result<usize, Error> {
-    check_range(start, end)?;
+    check_range(arch, range)?;
     let mm = space.tlb_state();
-    flush_tlb_batched_pending(arch, mm)?;
+    check_asid(arch, mm.asid())?;
     let mut flush = FlushRequest::new();
     let mut changed = 0;
-    let mut va = start;
-    while va < end {
-        if space.lookup(va).is_present() {
+    let walked = walk_range(arch, space, range, &mut |va, pte| {
+        if pte.is_present() {
             let old = space.clear(va);
             let new = update(old);
             space.set(va, new);
             if new != old {
-                flush.add_page(mm.asid(), va, A::FULL_FLUSH_CEILING)?;
+                match PageRange::page(va) {
+                    Ok(page) => flush.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING),
+                    // Cannot happen (the walk yields aligned addresses of
+                    // the checked range); the whole address space then.
+                    Err(_) => flush.add_asid(mm.asid()),
+                }
                 changed += 1;
             }
         }
-        va += PAGE_SIZE;
+        Ok(Step::Next)
+    });
+    let flushed = walked.and_then(|_| shootdown(arch, &mm.flush_targets(arch), &flush));
+    if let Err(e) = flushed {
+        if changed > 0 {
+            mm.note_flush_owed();
+        }
+        return Err(e);
     }
-    shootdown(arch, &mm.flush_targets(arch), &flush)?;
     Ok(changed)
 }

@@ -30,6 +30,12 @@ impl fmt::Debug for Frame {
 
 bitflags::bitflags! {
     /// The flag bits of a [`Pte`].
+    ///
+    /// Bits 9 to 11 are the crate's own in entries that are not present
+    /// (migration and hwpoison entries). Every other bit of an entry (no
+    /// execute, the cache-control bits 3, 4 and 7, the protection key, and
+    /// the software-available bits 52 to 58 where a kernel keeps its own
+    /// per-mapping state) is carried through a migration unchanged.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub struct PteFlags: u64 {
         /// The entry maps a frame.
@@ -83,6 +89,50 @@ impl Pte {
             flags |= PteFlags::WAS_WRITABLE;
         }
         Pte::new(frame, flags)
+    }
+
+    /// The migration entry that replaces this present entry: not present,
+    /// marked [`PteFlags::MIGRATION`], [`PteFlags::WAS_WRITABLE`] when it
+    /// allowed writes, and every other bit kept (frame, no-execute,
+    /// cache-control, protection key, software bits) except the accessed
+    /// and dirty bits, whose news the unmap moved to the page. An entry
+    /// that is not present becomes a bare migration entry for its frame.
+    pub fn to_migration(self) -> Pte {
+        if !self.is_present() {
+            return Pte::migration(self.frame(), false);
+        }
+        let cleared = PteFlags::PRESENT
+            | PteFlags::ACCESSED
+            | PteFlags::DIRTY
+            | PteFlags::HWPOISON
+            | PteFlags::WAS_WRITABLE;
+        let mut bits = (self.0 & !cleared.bits()) | PteFlags::MIGRATION.bits();
+        if self.is_writable() {
+            bits |= PteFlags::WAS_WRITABLE.bits();
+        }
+        Pte(bits)
+    }
+
+    /// The present entry that ends a migration: `frame` mapped with every
+    /// bit the migration entry kept (see [`to_migration`](Self::to_migration)),
+    /// writable again if it was; accessed and dirty clear. `None` when this
+    /// is not a migration entry.
+    pub fn from_migration(self, frame: Frame) -> Option<Pte> {
+        if !self.is_migration() {
+            return None;
+        }
+        let mut bits = self.0 & !(PteFlags::MIGRATION | PteFlags::WAS_WRITABLE | PteFlags::WRITABLE).bits();
+        bits |= PteFlags::PRESENT.bits();
+        if self.flags().contains(PteFlags::WAS_WRITABLE) {
+            bits |= PteFlags::WRITABLE.bits();
+        }
+        Some(Pte(bits).with_frame(frame))
+    }
+
+    /// The same entry naming `frame` instead (frame bits beyond the 40 the
+    /// format holds are dropped).
+    pub fn with_frame(self, frame: Frame) -> Pte {
+        Pte((self.0 & !FRAME_MASK) | (frame.addr() & FRAME_MASK))
     }
 
     /// A non-present entry marking `frame` as hardware-poisoned.
@@ -162,18 +212,6 @@ pub fn check_aligned(va: u64) -> Result<(), crate::Error> {
     }
 }
 
-/// Whether `start..end` is a valid range of pages: both bounds aligned
-/// ([`Error::Unaligned`](crate::Error::Unaligned)) and `start <= end`
-/// ([`Error::InvalidRange`](crate::Error::InvalidRange)).
-pub fn check_range(start: u64, end: u64) -> Result<(), crate::Error> {
-    check_aligned(start)?;
-    check_aligned(end)?;
-    if start > end {
-        return Err(crate::Error::InvalidRange { start, end });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +229,20 @@ mod tests {
         assert!(m.is_migration() && !m.is_present() && !m.maps(Frame(7)) && m.frame() == Frame(7));
         assert!(m.flags().contains(PteFlags::WAS_WRITABLE) && !m.is_hwpoison());
         assert!(Pte::hwpoison(Frame(7)).is_hwpoison());
+        let nx = Pte::new(
+            Frame(5),
+            PteFlags::PRESENT | PteFlags::WRITABLE | PteFlags::NO_EXECUTE | PteFlags::DIRTY,
+        );
+        let sw = Pte(nx.0 | (1 << 52) | (1 << 4));
+        let entry = sw.to_migration();
+        assert!(entry.is_migration() && entry.frame() == Frame(5) && !entry.is_dirty());
+        let back = entry.from_migration(Frame(6)).unwrap();
+        assert_eq!(
+            back,
+            Pte((sw.0 & !PteFlags::DIRTY.bits()) ^ (5 << 12) ^ (6 << 12))
+        );
+        assert!(back.flags().contains(PteFlags::NO_EXECUTE) && back.is_writable());
+        assert_eq!(pte.from_migration(Frame(1)), None);
         assert!(pte.maps(Frame(0x1234)) && !pte.maps(Frame(1)));
         assert!(check_aligned(0x2000).is_ok());
         assert_eq!(

@@ -6,7 +6,7 @@ use crate::arch::Arch;
 use crate::pte::Frame;
 use crate::rmap::{Rmap, SwapResult, TtuFlags};
 use crate::shootdown::ShootdownReport;
-use crate::unmap::{FreeFrames, OwnedFrame, UnmapBatch, Unmapped, WritebackFrame};
+use crate::unmap::{FreeFrames, Held, OwnedFrame, StillMapped, UnmapBatch, Unmapped, WritebackFrame};
 use crate::Error;
 
 /// What writing one dirty frame out achieved.
@@ -73,14 +73,32 @@ pub struct ReclaimSummary {
     pub ipis_sent: usize,
 }
 
-const KEEP_NONE: u8 = 0;
-const KEEP_WRITEBACK: u8 = 1;
-const KEEP_WRITE_FAILED: u8 = 2;
+/// How far one held frame got through page-out; by position in the batch
+/// (which keeps insertion order until the flush).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Not looked at for page-out yet.
+    Pending,
+    /// Clean, or written synchronously: free it after the flush.
+    Free,
+    /// Write queued: hand it back as [`Verdict::Writeback`].
+    Queued,
+    /// Write failed: hand it back as [`Verdict::WriteFailed`].
+    WriteFailed,
+}
 
 fn count_shootdown(summary: &mut ReclaimSummary, report: ShootdownReport) {
     if report != ShootdownReport::default() {
         summary.shootdowns += 1;
         summary.ipis_sent += report.ipis_sent;
+    }
+}
+
+fn verdict_of(why: StillMapped) -> Verdict {
+    match why {
+        StillMapped::Busy(SwapResult::Mlock) => Verdict::Mlocked,
+        StillMapped::Busy(result) => Verdict::Busy(result),
+        StillMapped::Failed(e) => Verdict::Failed(e),
     }
 }
 
@@ -90,7 +108,8 @@ fn count_shootdown(summary: &mut ReclaimSummary, report: ShootdownReport) {
 ///    mlocked one goes back as [`Verdict::Mlocked`], a referenced one as
 ///    [`Verdict::Referenced`].
 /// 2. Unmaps each cold one into `batch` with [`TtuFlags::BATCH_FLUSH`]; one
-///    that stays mapped goes back as [`Verdict::Busy`] or `Mlocked`.
+///    that stays mapped goes back as [`Verdict::Busy`] or `Mlocked` (after
+///    the flush, if a mapping it lost owes one).
 /// 3. If any unmapped frame is dirty: ONE
 ///    [`flush_dirty`](UnmapBatch::flush_dirty) before the first page-out,
 ///    then every dirty frame is written ([`ReclaimBacking::page_out`]). No
@@ -105,9 +124,14 @@ fn count_shootdown(summary: &mut ReclaimSummary, report: ShootdownReport) {
 /// Candidates beyond the batch's capacity go back as
 /// [`Verdict::NotScanned`].
 ///
-/// Errors: a flush that fails ([`Error::ShootdownReentered`]) returns the
-/// error with the unmapped frames still in `batch`, which still owes its
-/// flush; call again (with no candidates) to finish.
+/// Errors: a flush that fails ([`Error::ShootdownReentered`],
+/// [`Error::OtherMachine`]) stops the call with every unmapped frame and
+/// its stage (written, queued, failed, not yet written) moved out of
+/// `batch` into the returned [`ReclaimRetry`], which owes the flush; its
+/// [`retry`](ReclaimRetry::retry) finishes exactly what is left.
+// The retry value owns the batch (about 1 KiB plus the frames): with no
+// allocator to box it in, it is moved once, on the error path only.
+#[allow(clippy::result_large_err)]
 pub fn shrink_page_list<A, R, B, const N: usize>(
     arch: &A,
     rmap: &R,
@@ -115,7 +139,7 @@ pub fn shrink_page_list<A, R, B, const N: usize>(
     batch: &mut UnmapBatch<N>,
     candidates: impl IntoIterator<Item = OwnedFrame>,
     handback: &mut dyn FnMut(OwnedFrame, Verdict),
-) -> Result<ReclaimSummary, Error>
+) -> Result<ReclaimSummary, ReclaimRetry<N>>
 where
     A: Arch,
     R: Rmap + ?Sized,
@@ -136,13 +160,10 @@ where
             Ok(r) if r.mlocked => give_back(frame, Verdict::Mlocked, &mut summary),
             Ok(r) if r.referenced > 0 => give_back(frame, Verdict::Referenced, &mut summary),
             Ok(_) => match batch.try_to_unmap(arch, rmap, frame, TtuFlags::BATCH_FLUSH) {
-                Ok(Unmapped::Held(_)) => {}
-                Ok(Unmapped::Returned {
-                    frame,
-                    result: SwapResult::Mlock,
-                }) => give_back(frame, Verdict::Mlocked, &mut summary),
+                // Held until the flush, mapped or not.
+                Ok(Unmapped::Held(_) | Unmapped::HeldMapped(_)) => {}
                 Ok(Unmapped::Returned { frame, result }) => {
-                    give_back(frame, Verdict::Busy(result), &mut summary)
+                    give_back(frame, verdict_of(StillMapped::Busy(result)), &mut summary)
                 }
                 Ok(Unmapped::Full(frame)) => give_back(frame, Verdict::NotScanned, &mut summary),
                 Err((frame, e)) => give_back(frame, Verdict::Failed(e), &mut summary),
@@ -150,42 +171,163 @@ where
             Err(e) => give_back(frame, Verdict::Failed(e), &mut summary),
         }
     }
+    let mut work = ReclaimRetry {
+        batch: core::mem::take(batch),
+        stages: [Stage::Pending; N],
+        summary,
+        error: None,
+    };
+    match work.finish(arch, backing, handback) {
+        Ok(summary) => Ok(summary),
+        Err(e) => {
+            work.error = Some(e);
+            Err(work)
+        }
+    }
+}
 
-    // Which held frames stay allocated after the final flush, by position
-    // in the batch (it keeps insertion order): a byte each, not a frame.
-    let mut marks = [KEEP_NONE; N];
-    if batch.held_frames().any(|f| backing.is_dirty(f)) {
-        let io = batch.flush_dirty(arch)?;
-        count_shootdown(&mut summary, io.report().unwrap_or_default());
-        for (i, page) in io.frames().enumerate() {
-            if backing.is_dirty(page.frame()) {
-                summary.paged_out += 1;
-                marks[i] = match backing.page_out(page) {
-                    PageOut::Written => KEEP_NONE,
-                    PageOut::Queued => KEEP_WRITEBACK,
-                    PageOut::Failed => KEEP_WRITE_FAILED,
-                };
+/// A [`shrink_page_list`] call that stopped on a failed flush: it owns the
+/// frames that were unmapped, the flush they are owed, and how far each got
+/// (so a frame already written is not written again, and one whose write
+/// is under way is never offered to the allocator).
+///
+/// [`retry`](Self::retry) finishes the work, from a context where the
+/// flush can succeed. Dropping it instead leaks its frames (they are never
+/// freed, so never unsafely) and leaves their address spaces marked as
+/// owing a flush.
+#[must_use = "it owns unmapped frames and owes their flush: retry it"]
+pub struct ReclaimRetry<const N: usize> {
+    batch: UnmapBatch<N>,
+    stages: [Stage; N],
+    summary: ReclaimSummary,
+    error: Option<Error>,
+}
+
+impl<const N: usize> core::fmt::Debug for ReclaimRetry<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ReclaimRetry")
+            .field("error", &self.error)
+            .field("frames", &self.batch.len())
+            .field("summary", &self.summary)
+            .finish()
+    }
+}
+
+impl<const N: usize> ReclaimRetry<N> {
+    /// The error that stopped the work (last time it ran).
+    pub fn error(&self) -> Option<Error> {
+        self.error
+    }
+
+    /// Frames it holds.
+    pub fn frames(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Runs the rest of the work: the dirty flush and page-out of frames
+    /// not written yet, the flush, the batched free and the hand-backs. The
+    /// summary covers the whole reclaim, the first call's scan included.
+    /// Errors: the work is handed back again, with the new error.
+    #[allow(clippy::result_large_err)] // as for the driver itself
+    pub fn retry<A, B>(
+        mut self,
+        arch: &A,
+        backing: &mut B,
+        handback: &mut dyn FnMut(OwnedFrame, Verdict),
+    ) -> Result<ReclaimSummary, ReclaimRetry<N>>
+    where
+        A: Arch,
+        B: ReclaimBacking + ?Sized,
+    {
+        match self.finish(arch, backing, handback) {
+            Ok(summary) => Ok(summary),
+            Err(e) => {
+                self.error = Some(e);
+                Err(self)
             }
         }
     }
 
-    let mut flushed = batch.flush(arch)?;
-    count_shootdown(&mut summary, flushed.report());
-    let frames = flushed.frames_mut();
-    // From the back, so that swap_remove only moves frames already seen.
-    for i in (0..frames.len()).rev() {
-        let verdict = match marks.get(i) {
-            Some(&KEEP_WRITEBACK) => Verdict::Writeback,
-            Some(&KEEP_WRITE_FAILED) => Verdict::WriteFailed,
-            _ => continue,
+    /// Steps 3 and 4 of [`shrink_page_list`], resumable: every stage it
+    /// reaches is recorded before the next step that can fail.
+    fn finish<A, B>(
+        &mut self,
+        arch: &A,
+        backing: &mut B,
+        handback: &mut dyn FnMut(OwnedFrame, Verdict),
+    ) -> Result<ReclaimSummary, Error>
+    where
+        A: Arch,
+        B: ReclaimBacking + ?Sized,
+    {
+        let wants_io = |held: &Held, stage: Stage| {
+            held.mapped.is_none() && stage == Stage::Pending && backing.is_dirty(held.frame.frame())
         };
-        give_back(frames.swap_remove(i), verdict, &mut summary);
+        let needs_page_out = self
+            .batch
+            .held()
+            .iter()
+            .zip(self.stages.iter())
+            .any(|(h, &s)| wants_io(h, s));
+        if needs_page_out {
+            let io = self.batch.flush_dirty(arch)?;
+            count_shootdown(&mut self.summary, io.report().unwrap_or_default());
+            for (i, page) in io.indexed() {
+                let Some(stage) = self.stages.get_mut(i) else {
+                    continue;
+                };
+                if *stage != Stage::Pending {
+                    continue;
+                }
+                *stage = if backing.is_dirty(page.frame()) {
+                    self.summary.paged_out += 1;
+                    match backing.page_out(page) {
+                        PageOut::Written => Stage::Free,
+                        PageOut::Queued => Stage::Queued,
+                        PageOut::Failed => Stage::WriteFailed,
+                    }
+                } else {
+                    Stage::Free
+                };
+            }
+        }
+
+        let report = self.batch.flush_tlb(arch)?;
+        count_shootdown(&mut self.summary, report);
+        let stages = core::mem::replace(&mut self.stages, [Stage::Pending; N]);
+        let mut to_free: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
+        for (held, stage) in self.batch.take_held().into_iter().zip(stages) {
+            let verdict = match (held.mapped, stage) {
+                (Some(why), _) => Some(verdict_of(why)),
+                (None, Stage::Queued) => Some(Verdict::Writeback),
+                (None, Stage::WriteFailed) => Some(Verdict::WriteFailed),
+                (None, Stage::Pending | Stage::Free) => None,
+            };
+            match verdict {
+                Some(v) => {
+                    self.summary.handed_back += 1;
+                    handback(held.frame, v);
+                }
+                // At most N frames were held, so `to_free` has room.
+                None => {
+                    if let Err(frame) = to_free.push(held.frame) {
+                        self.summary.handed_back += 1;
+                        handback(frame, Verdict::FreeRefused);
+                    }
+                }
+            }
+        }
+        if !to_free.is_empty() {
+            let offered = to_free.len();
+            backing.free_batch(&mut to_free);
+            // An implementation may hand back more than it was given.
+            self.summary.freed += offered.saturating_sub(to_free.len());
+            while let Some(frame) = to_free.pop() {
+                self.summary.handed_back += 1;
+                handback(frame, Verdict::FreeRefused);
+            }
+        }
+        self.error = None;
+        Ok(core::mem::take(&mut self.summary))
     }
-    let offered = frames.len();
-    backing.free_batch(frames);
-    summary.freed = offered - frames.len();
-    while let Some(frame) = frames.pop() {
-        give_back(frame, Verdict::FreeRefused, &mut summary);
-    }
-    Ok(summary)
 }

@@ -1,7 +1,8 @@
 //! What one shootdown asks every target CPU to invalidate.
 
-use crate::arch::Asid;
-use crate::pte::{check_aligned, check_range, PAGE_SIZE};
+use crate::arch::{Arch, Asid};
+use crate::pte::PAGE_SIZE;
+use crate::range::{check_asid, check_range, PageRange};
 use crate::Error;
 
 /// The most page ranges a request carries, and so the largest useful
@@ -138,41 +139,45 @@ impl FlushRequest {
         self.nr_ranges = 0;
     }
 
-    /// Adds the pages `start..end` of `asid`. Past `ceiling` pages in all
+    /// Adds the pages of `range` in `asid`. Past `ceiling` pages in all
     /// (capped at [`MAX_FLUSH_ENTRIES`]) the request degrades to a full flush
-    /// of its ASIDs.
-    ///
-    /// Errors: [`Error::Unaligned`] for an unaligned bound,
-    /// [`Error::InvalidRange`] when `start > end`. On error nothing changes.
-    pub fn add_range(&mut self, asid: Asid, start: u64, end: u64, ceiling: usize) -> Result<(), Error> {
-        check_range(start, end)?;
-        let count = (end - start) / PAGE_SIZE;
-        if count == 0 {
-            return Ok(());
+    /// of its ASIDs. Cannot fail: a [`PageRange`] is valid by construction
+    /// (whether its addresses exist on a machine is checked when the
+    /// request is sent, by [`shootdown`](crate::shootdown)).
+    pub fn add_range(&mut self, asid: Asid, range: PageRange, ceiling: usize) {
+        if range.is_empty() {
+            return;
         }
         self.note_asid(asid);
+        let count = range.pages();
         self.pages = self
             .pages
             .saturating_add(usize::try_from(count).unwrap_or(usize::MAX));
         if self.full {
-            return Ok(());
+            return;
         }
         let ceiling = ceiling.min(MAX_FLUSH_ENTRIES);
         if self.pages > ceiling {
             self.degrade();
-            return Ok(());
+            return;
         }
         // `count` <= ceiling <= MAX_FLUSH_ENTRIES here, so it fits in u32.
         let count = count as u32;
+        let start = range.start();
         if let Some(last) = self.nr_ranges.checked_sub(1).map(|i| &mut self.ranges[i]) {
-            if last.asid == asid && last.start + u64::from(last.pages) * PAGE_SIZE == start {
+            // Subtracting, not adding: a range that ends at the top of the
+            // address space has no end address.
+            let follows = start
+                .checked_sub(last.start)
+                .is_some_and(|gap| gap == u64::from(last.pages) * PAGE_SIZE);
+            if last.asid == asid && follows {
                 last.pages += count;
-                return Ok(());
+                return;
             }
         }
         if self.nr_ranges == MAX_FLUSH_ENTRIES {
             self.degrade();
-            return Ok(());
+            return;
         }
         self.ranges[self.nr_ranges] = FlushRange {
             asid,
@@ -180,17 +185,32 @@ impl FlushRequest {
             pages: count,
         };
         self.nr_ranges += 1;
-        Ok(())
     }
 
     /// Adds the single page at `va` of `asid` (see [`add_range`](Self::add_range)).
+    /// Errors: [`Error::Unaligned`] (nothing changes).
     pub fn add_page(&mut self, asid: Asid, va: u64, ceiling: usize) -> Result<(), Error> {
-        check_aligned(va)?;
-        let end = va.checked_add(PAGE_SIZE).ok_or(Error::InvalidRange {
-            start: va,
-            end: u64::MAX,
-        })?;
-        self.add_range(asid, va, end, ceiling)
+        self.add_range(asid, PageRange::page(va)?, ceiling);
+        Ok(())
+    }
+
+    /// Checks that `arch` can carry the request out: every page canonical
+    /// ([`Error::NonCanonical`]) and every ASID within its width
+    /// ([`Error::AsidOutOfRange`]). [`shootdown`](crate::shootdown) calls it
+    /// before anything is published, so that no remote CPU's interrupt
+    /// handler ever meets an address its invalidation instruction faults
+    /// on.
+    pub fn check<A: Arch + ?Sized>(&self, arch: &A) -> Result<(), Error> {
+        if let FlushScope::Ranges(ranges) = self.scope() {
+            for r in ranges {
+                let range = PageRange::new(r.start, u64::from(r.pages))?;
+                check_range(arch, range)?;
+            }
+        }
+        for &asid in &self.asids[..self.nr_asids] {
+            check_asid(arch, asid)?;
+        }
+        Ok(())
     }
 
     /// Asks for every entry of `asid` to be flushed.
@@ -286,7 +306,7 @@ mod tests {
     #[test]
     fn many_asids_become_everything_and_kernel_means_global() {
         let mut r = FlushRequest::new();
-        for a in 0..=MAX_FLUSH_ASIDS as u16 {
+        for a in 1..=MAX_FLUSH_ASIDS as u16 + 1 {
             r.add_asid(asid(a));
         }
         assert_eq!(
@@ -308,14 +328,25 @@ mod tests {
             r.add_page(asid(1), 0x1001, 33),
             Err(Error::Unaligned { addr: 0x1001 })
         );
-        assert_eq!(
-            r.add_range(asid(1), 0x3000, 0x1000, 33),
-            Err(Error::InvalidRange {
-                start: 0x3000,
-                end: 0x1000
-            })
-        );
-        assert!(r.add_page(asid(1), !(PAGE_SIZE - 1), 33).is_err());
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn the_top_page_is_a_range_like_any_other() {
+        let top = !(PAGE_SIZE - 1);
+        let mut r = FlushRequest::new();
+        r.add_page(asid(1), top - PAGE_SIZE, 33).unwrap();
+        r.add_page(asid(1), top, 33).unwrap();
+        // Merged without computing an end past the top.
+        assert_eq!(
+            r.scope(),
+            FlushScope::Ranges(&[FlushRange {
+                asid: asid(1),
+                start: top - PAGE_SIZE,
+                pages: 2
+            }])
+        );
+        r.add_page(asid(2), 0, 33).unwrap();
+        assert_eq!(r.pages(), 3);
     }
 }

@@ -9,6 +9,7 @@ use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
 use crate::mm::{flush_tlb_page, MmTlbState};
 use crate::pte::{check_aligned, Frame, Pte};
+use crate::range::{check_asid, check_va, PageRange};
 use crate::Error;
 
 bitflags::bitflags! {
@@ -63,9 +64,17 @@ bitflags::bitflags! {
 /// - [`tlb_state`](PageTable::tlb_state) is the state of the address space
 ///   this table translates for, the one whose CPUs may cache its entries.
 ///
-/// Addresses passed in are page-aligned (the crate checks before calling).
-/// Callers that need the kernel's page-table lock hold it around the calls
-/// (see [`Rmap::walk`]).
+/// - [`next_populated`](PageTable::next_populated) never skips an entry
+///   that is not empty (a present PTE, or a migration or hwpoison entry);
+/// - [`with_table_locked`](PageTable::with_table_locked) calls its `body`
+///   exactly once, and a kernel with split page-table locks holds there the
+///   same lock its reverse-map walk ([`Rmap::walk`]) holds for entries of
+///   that table.
+///
+/// Addresses passed in are page-aligned and canonical (the crate checks
+/// before calling). Callers that need the kernel's page-table lock hold it
+/// around the calls (see [`Rmap::walk`] and
+/// [`with_table_locked`](PageTable::with_table_locked)).
 pub unsafe trait PageTable {
     /// The address space's TLB state.
     fn tlb_state(&self) -> &MmTlbState;
@@ -89,6 +98,35 @@ pub unsafe trait PageTable {
     fn clear(&self, va: u64) -> Pte {
         self.exchange(va, Pte::EMPTY)
     }
+
+    /// The first address in `range` whose entry may be non-empty, or `None`
+    /// when every entry of `range` is empty. Range operations
+    /// ([`change_protection`](crate::change_protection),
+    /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range)) call it to
+    /// step over what is not mapped, so that their cost follows what is
+    /// mapped rather than the size of the range: a kernel skips absent
+    /// tables (and empty entries, if it can) here. The default skips
+    /// nothing: it answers `range.start()`, and a range costs one
+    /// [`lookup`](Self::lookup) per page.
+    fn next_populated(&self, range: PageRange) -> Option<u64> {
+        range.last().map(|_| range.start())
+    }
+
+    /// Runs `body` once, holding the lock of the leaf page table that holds
+    /// the entry for `va` (it maps [`TABLE_SPAN`](crate::TABLE_SPAN) bytes).
+    ///
+    /// Range operations change entries table by table inside this call, and
+    /// check for a pending batched flush first thing inside it (contract
+    /// rule 5). A kernel with split page-table locks implements it so that
+    /// a reclaimer clearing an entry of that table under the same lock
+    /// either finished before (and its pending flush is seen and done) or
+    /// waits until the table is done. The default runs `body` without a
+    /// lock, right for kernels that hold one lock for the whole address
+    /// space around the crate's calls.
+    fn with_table_locked(&self, va: u64, body: &mut dyn FnMut()) {
+        let _ = va;
+        body();
+    }
 }
 
 /// One mapping of a frame, as a reverse-map walk reports it.
@@ -111,7 +149,10 @@ pub struct Mapping<'a, S: ?Sized> {
 /// mapping left, and the caller then frees the frame. So
 /// [`walk`](Rmap::walk) must visit every (address space, address) whose
 /// PTE may map the frame. Visiting places that do not map it is harmless:
-/// the crate checks each PTE.
+/// the crate checks each PTE. Addresses it reports are checked too: an
+/// unaligned or non-canonical one, or an address space whose ASID the
+/// hardware cannot tag, makes the calling function return an error before
+/// it changes any entry of the frame.
 pub unsafe trait Rmap {
     /// The address-space type mappings refer to.
     type Space: PageTable + ?Sized;
@@ -288,8 +329,12 @@ unsafe impl<S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> Rmap f
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[must_use]
 pub enum SwapResult {
-    /// Every mapping is gone and every TLB entry for it is flushed, or is
-    /// read-only / clean so that hardware re-walks before writing.
+    /// Every mapping is gone. No TLB entry that allows a write survives
+    /// unflushed; but with [`TtuFlags::BATCH_FLUSH`] read-only or clean
+    /// entries may still be cached until the batch is flushed, so the frame
+    /// must not be freed or reused before
+    /// [`TlbFlushUnmapBatch::flush`] (contract rule 2). It may be written
+    /// out at once.
     Success,
     /// Every mapping is gone, but a flush was deferred for a PTE that was
     /// writable or dirty: a CPU may still write through a cached entry until
@@ -321,18 +366,39 @@ impl SwapResult {
     }
 }
 
+/// Checks every mapping `rmap` reports for `frame` (aligned, canonical,
+/// an ASID the hardware can tag) without touching any entry, so that a
+/// walk that then changes entries does not stop half-way on bad input.
+fn check_mappings<A: Arch, R: Rmap + ?Sized>(arch: &A, rmap: &R, frame: Frame) -> Result<(), Error> {
+    let mut failure = None;
+    let _ = rmap.walk(frame, &mut |m| match check_mapping(arch, &m) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(e) => {
+            failure = Some(e);
+            ControlFlow::Break(())
+        }
+    });
+    failure.map_or(Ok(()), Err)
+}
+
+fn check_mapping<A: Arch, S: PageTable + ?Sized>(arch: &A, m: &Mapping<'_, S>) -> Result<(), Error> {
+    check_va(arch, m.va)?;
+    check_asid(arch, m.space.tlb_state().asid())
+}
+
 /// Walks the mappings of `frame` that a present PTE still maps to it (the
 /// rmap may also list places that no longer do), stopping at the first
-/// error (an unaligned address from the rmap, or one `visit` returns) or
-/// when `visit` asks to.
-fn walk_mapped<R: Rmap + ?Sized>(
+/// error (a mapping that fails [`check_mapping`], or one `visit` returns)
+/// or when `visit` asks to.
+fn walk_mapped<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
     rmap: &R,
     frame: Frame,
     mut visit: impl FnMut(&Mapping<'_, R::Space>) -> Result<ControlFlow<()>, Error>,
 ) -> Result<(), Error> {
     let mut failure = None;
     let _ = rmap.walk(frame, &mut |m| {
-        let step = check_aligned(m.va).and_then(|()| {
+        let step = check_mapping(arch, &m).and_then(|()| {
             if m.space.lookup(m.va).maps(frame) {
                 visit(&m)
             } else {
@@ -356,15 +422,31 @@ fn clear_young<A: Arch, S: PageTable + ?Sized>(
     va: u64,
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<bool, Error> {
+    let page = if A::ACCESSED_CLEAR_NEEDS_FLUSH {
+        Some(batch.check_add(arch, space.tlb_state(), va)?)
+    } else {
+        None
+    };
     let young = space.test_and_clear_accessed(va);
-    if young && A::ACCESSED_CLEAR_NEEDS_FLUSH {
-        batch.add_accessed_clear(arch, space.tlb_state(), va)?;
+    if let (true, Some(page)) = (young, page) {
+        batch.record(arch, space.tlb_state(), page);
     }
     Ok(young)
 }
 
-/// Removes one mapping; returns whether it left a possibly writable TLB
-/// entry pending in `batch`.
+/// What removing one mapping left behind.
+#[derive(Clone, Copy, Default)]
+struct Cleared {
+    /// Its flush is owed by `batch` (deferred, or an immediate flush that
+    /// failed).
+    owed: bool,
+    /// A possibly writable TLB entry survives until that flush.
+    writable: bool,
+}
+
+/// Removes one mapping. Every check that could fail runs before the PTE
+/// is exchanged; after it, the flush is either done or recorded in `batch`
+/// whatever happens.
 fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
@@ -373,16 +455,20 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     flags: TtuFlags,
     poisoned: bool,
     batch: &mut TlbFlushUnmapBatch,
-) -> Result<bool, Error> {
+) -> Result<Cleared, (Cleared, Error)> {
     let mm = m.space.tlb_state();
+    let page = batch
+        .check_add(arch, mm, m.va)
+        .map_err(|e| (Cleared::default(), e))?;
+    let defer = TlbFlushUnmapBatch::should_defer(arch, mm, flags);
+    let current = m.space.lookup(m.va);
     let replacement = if poisoned {
         Pte::hwpoison(frame)
     } else if flags.contains(TtuFlags::MIGRATION) {
-        Pte::migration(frame, m.space.lookup(m.va).is_writable())
+        current.to_migration()
     } else {
         Pte::EMPTY
     };
-    let defer = TlbFlushUnmapBatch::should_defer(arch, mm, flags);
     // One atomic exchange: a dirty bit set by hardware up to this instant is
     // in `old`; after it, no walk can find the frame.
     let old = m.space.exchange(m.va, replacement);
@@ -390,15 +476,22 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
         rmap.set_dirty(frame);
     }
     if defer {
-        batch.add_pending(arch, mm, m.va, old)?;
-        Ok(old.is_writable() || old.is_dirty())
+        batch.record_pending(arch, mm, page, old);
+        Ok(Cleared {
+            owed: true,
+            writable: old.is_writable() || old.is_dirty(),
+        })
     } else if let Err(e) = flush_tlb_page(arch, mm, m.va) {
-        // The PTE is gone but not flushed: hand the debt to the batch so
+        // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
-        batch.add_pending(arch, mm, m.va, old)?;
-        Err(e)
+        batch.record_pending(arch, mm, page, old);
+        let cleared = Cleared {
+            owed: true,
+            writable: old.is_writable() || old.is_dirty(),
+        };
+        Err((cleared, e))
     } else {
-        Ok(false)
+        Ok(Cleared::default())
     }
 }
 
@@ -433,17 +526,25 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// the result keeps the warning: `SuccessCached`, unmapped but not yet safe
 /// until the batch is flushed.
 ///
-/// Whatever the result, every PTE this call cleared is either flushed or
-/// recorded in `batch`; the caller flushes the batch before freeing,
-/// reusing or writing out any frame it covers.
+/// Whatever the result (`Success` included, and `Again`, `Fail`, `Mlock`
+/// or an error after the walk removed some mappings), every PTE this call
+/// cleared is either flushed or recorded in `batch`; the caller flushes the
+/// batch before freeing, reusing or writing out the frame. Plain `Success`
+/// under [`TtuFlags::BATCH_FLUSH`] only says that no *writable* entry
+/// survives: read-only or clean entries may still be cached until the
+/// flush, and freeing the frame before it leaks its contents (rule 2).
 ///
 /// The low-level form: nothing stops the caller from freeing the frame
 /// before the flush. [`UnmapBatch`](crate::UnmapBatch) is the form that
 /// makes that mistake a compile error.
 ///
-/// Errors: [`Error::Unaligned`] for a mapping address the rmap reported
-/// unaligned, [`Error::ShootdownReentered`] from an immediate flush; the
-/// walk stops there, and what it cleared is in `batch`.
+/// Errors, before any entry changed: [`Error::Unaligned`],
+/// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
+/// rmap reported (all are checked before the first is removed),
+/// [`Error::OtherMachine`] for a batch holding another machine's work.
+/// During the walk: [`Error::ShootdownReentered`] from an immediate flush
+/// (or a check failing on a mapping that appeared meanwhile); the walk stops
+/// there, and what it cleared is in `batch`.
 pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
@@ -451,10 +552,40 @@ pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
     flags: TtuFlags,
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<SwapResult, Error> {
+    unmap_frame(arch, rmap, frame, flags, batch).result
+}
+
+/// What [`unmap_frame`] did: the result [`try_to_unmap`] reports, and
+/// whether any mapping it removed left its flush owed by the batch (the
+/// typed layer then keeps the frame until that flush, whatever the
+/// result).
+pub(crate) struct UnmapReport {
+    pub(crate) result: Result<SwapResult, Error>,
+    pub(crate) owed: bool,
+}
+
+pub(crate) fn unmap_frame<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+    flags: TtuFlags,
+    batch: &mut TlbFlushUnmapBatch,
+) -> UnmapReport {
+    let fail = |e| UnmapReport {
+        result: Err(e),
+        owed: false,
+    };
+    if let Err(e) = batch
+        .check_machine(arch)
+        .and_then(|()| check_mappings(arch, rmap, frame))
+    {
+        return fail(e);
+    }
     let poisoned = rmap.is_hwpoisoned(frame) && !flags.contains(TtuFlags::IGNORE_HWPOISON);
     let mut verdict = None;
+    let mut owed = false;
     let mut cached = false;
-    walk_mapped(rmap, frame, |m| {
+    let walked = walk_mapped(arch, rmap, frame, |m| {
         if m.flags.contains(MappingFlags::LOCKED) && !flags.contains(TtuFlags::IGNORE_MLOCK) {
             verdict = Some(SwapResult::Mlock);
             return Ok(ControlFlow::Break(()));
@@ -466,21 +597,26 @@ pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
             verdict = Some(SwapResult::Fail);
             return Ok(ControlFlow::Break(()));
         }
-        cached |= unmap_one(arch, rmap, m, frame, flags, poisoned, batch)?;
+        let cleared = unmap_one(arch, rmap, m, frame, flags, poisoned, batch).map_err(|(cleared, e)| {
+            owed |= cleared.owed;
+            cached |= cleared.writable;
+            e
+        })?;
+        owed |= cleared.owed;
+        cached |= cleared.writable;
         Ok(ControlFlow::Continue(()))
-    })?;
-    if let Some(v) = verdict {
-        return Ok(v);
-    }
-    if flags.contains(TtuFlags::MUNLOCK) {
-        return Ok(SwapResult::Again);
-    }
-    Ok(match (rmap.mapcount(frame) == 0, cached) {
-        (true, false) => SwapResult::Success,
-        (true, true) => SwapResult::SuccessCached,
-        (false, false) => SwapResult::Again,
-        (false, true) => SwapResult::AgainCached,
-    })
+    });
+    let result = walked.map(|()| match verdict {
+        Some(v) => v,
+        None if flags.contains(TtuFlags::MUNLOCK) => SwapResult::Again,
+        None => match (rmap.mapcount(frame) == 0, cached) {
+            (true, false) => SwapResult::Success,
+            (true, true) => SwapResult::SuccessCached,
+            (false, false) => SwapResult::Again,
+            (false, true) => SwapResult::AgainCached,
+        },
+    });
+    UnmapReport { result, owed }
 }
 
 /// What [`page_referenced`] found.
@@ -505,16 +641,19 @@ pub struct Referenced {
 /// may look older than it is and be reclaimed a little early; its data is
 /// never at risk, since unmapping it later goes through the full protocol.
 ///
-/// Errors: [`Error::Unaligned`] for a mapping address the rmap reported
-/// unaligned (the walk stops there).
+/// Errors, before any accessed bit is cleared: [`Error::Unaligned`],
+/// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
+/// rmap reported, [`Error::OtherMachine`] for a batch of another machine.
 pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
     frame: Frame,
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<Referenced, Error> {
+    batch.check_machine(arch)?;
+    check_mappings(arch, rmap, frame)?;
     let mut found = Referenced::default();
-    walk_mapped(rmap, frame, |m| {
+    walk_mapped(arch, rmap, frame, |m| {
         found.mapped += 1;
         if m.flags.contains(MappingFlags::LOCKED) {
             found.mlocked = true;

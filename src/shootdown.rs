@@ -99,7 +99,8 @@ impl RequestSlot {
     /// The request in the slot; `None` for a sync, which flushes nothing.
     fn read(&self) -> Option<FlushRequest> {
         let len = usize::from(self.len.load(Ordering::Relaxed)).min(MAX_FLUSH_ENTRIES);
-        let asid_of = |w: u64| Asid::new(w as u16).unwrap_or(Asid::KERNEL);
+        // Only values written from a valid `Asid` by `write` are read back.
+        let asid_of = |w: u64| Asid::from_raw(w as u16);
         Some(match self.kind.load(Ordering::Relaxed) {
             KIND_SYNC => return None,
             KIND_RANGES => {
@@ -196,7 +197,8 @@ impl TlbShootdown {
     pub fn loaded_asid(&self, cpu: CpuId) -> Option<Asid> {
         match self.cpus[cpu.index()].loaded_asid.load(Ordering::Relaxed) {
             NO_ASID => None,
-            v => Some(Asid::new(v as u16).unwrap_or(Asid::KERNEL)),
+            // Stored from a valid `Asid` by `set_loaded_asid`.
+            v => Some(Asid::from_raw(v as u16)),
         }
     }
 
@@ -230,15 +232,18 @@ pub struct ShootdownReport {
 /// are ignored) and returns once all of them have done so. The calling CPU
 /// flushes itself locally, without an IPI.
 ///
-/// Callers run with preemption disabled; interrupts may be off. Errors:
+/// Callers run with preemption disabled; interrupts may be off. Errors,
+/// each with nothing flushed and the flush still owed by the caller:
 /// [`Error::ShootdownReentered`] when this CPU's slot is already in use (the
 /// call came from an interrupt that interrupted a shootdown on the same
-/// CPU); nothing was flushed then, and the caller still owes the flush.
+/// CPU); [`Error::NonCanonical`] and [`Error::AsidOutOfRange`] for a
+/// request the architecture cannot carry out ([`FlushRequest::check`]).
 pub fn shootdown<A: Arch>(
     arch: &A,
     targets: &CpuSet,
     request: &FlushRequest,
 ) -> Result<ShootdownReport, Error> {
+    request.check(arch)?;
     let mut report = ShootdownReport::default();
     let targets = targets.intersection(&arch.online_cpus());
     if request.is_empty() || targets.is_empty() {
@@ -411,7 +416,7 @@ pub(crate) fn execute_local<A: Arch>(
     // Without tagged TLBs a CPU holds entries only of the loaded address
     // space (and global ones): switching flushed the rest. With no record
     // of what is loaded, assume it could be anything.
-    let may_hold = |asid: Asid| asid.is_kernel() || tagged || loaded.is_none_or(|l| l == asid);
+    let may_hold = |asid: Asid| asid.is_kernel() || tagged || loaded.map_or(true, |l| l == asid);
     let extent = match request.scope() {
         FlushScope::Ranges(ranges) => {
             let mut pages = 0usize;

@@ -37,8 +37,8 @@ fn defers_only_with_the_flag_and_a_remote_cpu() {
         TtuFlags::MIGRATION | TtuFlags::BATCH_FLUSH
     ));
     // Once CPU 0 switches away (untagged TLB) nobody else can cache it.
-    let other = m.new_mm(asid(2));
-    cpu0.switch_to(&other);
+    let other = m.new_mm(asid(2)).unwrap();
+    cpu0.switch_to(&other).unwrap();
     assert!(mm.cpus().is_empty());
     assert!(!TlbFlushUnmapBatch::should_defer(
         &cpu1,
@@ -57,7 +57,7 @@ fn tagged_tlbs_keep_a_switched_away_cpu_as_a_target() {
     let (mm, frames) = populate(&m, 1, 1, &[1], true);
     let cpu0 = m.cpu(0).unwrap();
     let cpu1 = m.cpu(1).unwrap();
-    cpu1.switch_to(&m.new_mm(asid(2)));
+    cpu1.switch_to(&m.new_mm(asid(2)).unwrap()).unwrap();
     // The entry survives the switch, so CPU 1 must stay a target.
     assert_eq!(m.cached_translations(frames[0]).len(), 1);
     assert!(TlbFlushUnmapBatch::should_defer(
@@ -196,10 +196,10 @@ fn flush_dirty_flushes_writable_batches_and_leaves_clean_ones_pending() {
     assert_eq!(m.violations(), []);
 
     // Now a dirty page joins the batch: flush_dirty must flush everything.
-    let rw = m.new_mm(asid(2));
+    let rw = m.new_mm(asid(2)).unwrap();
     let f = m.map_new(&rw, va(0), true).unwrap();
     let cpu3 = m.cpu(3).unwrap();
-    cpu3.switch_to(&rw);
+    cpu3.switch_to(&rw).unwrap();
     cpu3.write(va(0), 7).unwrap();
     let old = m.clear_pte(&rw, va(0)).unwrap();
     assert!(old.is_dirty());
@@ -306,7 +306,7 @@ fn every_flush_is_traced_with_its_reason() {
             (0, FlushReason::LocalShootdown),
         ]
     );
-    m.cpu(1).unwrap().switch_to(&m.new_mm(asid(2)));
+    m.cpu(1).unwrap().switch_to(&m.new_mm(asid(2)).unwrap()).unwrap();
     assert_eq!(m.take_trace()[0].reason, FlushReason::TaskSwitch);
 }
 
@@ -327,7 +327,7 @@ fn bad_input_is_an_error_and_changes_nothing() {
     assert!(MockMachine::new(config(0, 64)).is_err());
     assert!(MockMachine::new(config(tlb_batch::MAX_CPUS + 1, 64)).is_err());
     assert_eq!(
-        tlb_batch::flush_tlb_range(&cpu0, &mm, va(2), va(1)),
+        tlb_batch::PageRange::from_bounds(va(2), va(1)),
         Err(Error::InvalidRange {
             start: va(2),
             end: va(1)

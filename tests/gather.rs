@@ -22,7 +22,7 @@ fn setup<'m, M: Model>(
     pages: usize,
     cpus: &[usize],
 ) -> (MockRmap<'m, M>, Vec<Frame>) {
-    let rmap = MockRmap::new(m, vec![m.space(&m.new_mm(asid(1)))]);
+    let rmap = MockRmap::new(m, vec![m.space(&m.new_mm(asid(1)).unwrap())]);
     let frames: Vec<Frame> = (first..first + pages)
         .map(|i| {
             let f = m.alloc_frame().unwrap();
@@ -32,7 +32,7 @@ fn setup<'m, M: Model>(
         .collect();
     for &c in cpus {
         let cpu = m.cpu(c).unwrap();
-        cpu.switch_to(rmap.spaces()[0].mm());
+        cpu.switch_to(rmap.spaces()[0].mm()).unwrap();
         for i in first..first + pages {
             if i % 2 == 0 {
                 cpu.write(va(i), i as u64).unwrap();
@@ -59,8 +59,7 @@ fn tear_down<M: Model, const N: usize>(
         &m.cpu(0).unwrap(),
         &rmap.spaces()[0],
         kernel,
-        start,
-        end,
+        tlb_batch::PageRange::from_bounds(start, end)?,
         free_tables,
         policy,
         &mut |f: OwnedFrame, kind| back.push((f.into_frame(), kind)),
@@ -153,7 +152,7 @@ fn a_full_batch_is_flushed_and_freed_mid_way() {
 #[test]
 fn emptied_page_tables_are_freed_in_one_batched_call() {
     let m = MockMachine::new(config(2, 64)).unwrap();
-    let rmap = MockRmap::new(&m, vec![m.space(&m.new_mm(asid(1)))]);
+    let rmap = MockRmap::new(&m, vec![m.space(&m.new_mm(asid(1)).unwrap())]);
     // One page in each of four 512-page regions (leaf tables).
     let pages = [0, 512, 1024, 1536];
     for &p in &pages {
@@ -200,7 +199,7 @@ fn teardown_under_a_lockless_walker(policy: &str) -> Vec<Violation> {
     let freed = AtomicBool::new(false);
     m.run_threaded(|cpu| {
         if cpu.id().index() == 1 {
-            cpu.switch_to(rmap.spaces()[0].mm());
+            cpu.switch_to(rmap.spaces()[0].mm()).unwrap();
             let walk = cpu.begin_lockless_walk(va(0)).unwrap();
             walking.store(true, Ordering::SeqCst);
             // Walk until the teardown says it freed the table, or for a
@@ -229,8 +228,7 @@ fn teardown_under_a_lockless_walker(policy: &str) -> Vec<Violation> {
                 &cpu,
                 &rmap.spaces()[0],
                 &mut kernel,
-                va(0),
-                va(512),
+                common::pages(0, 512),
                 true,
                 &mut policy,
                 &mut |_, _| panic!("nothing is refused"),
@@ -348,7 +346,7 @@ fn munmap_flushes_a_pending_batched_flush_first() {
     )
     .unwrap();
     assert!(!mm.batched_flush_pending());
-    assert_eq!(m.check_coherent(&mm, va(0), va(2)), 0);
+    assert_eq!(m.check_coherent(&mm, common::pages(0, 2)), 0);
     assert!(m.cpu(1).unwrap().write(va(0), 1).is_err());
     batch.flush(&m.cpu(2).unwrap()).unwrap();
     assert_eq!(m.violations(), []);

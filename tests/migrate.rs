@@ -7,19 +7,19 @@ use std::ops::ControlFlow;
 use common::{asid, config, va};
 use tlb_batch::arch::mock::{Fault, MockKernel, MockMachine, MockRmap, MockSpace};
 use tlb_batch::{
-    migrate_pages, Frame, Mapping, MappingFlags, MigrateFailure, MigrateOutcome, OwnedFrame, PageTable, Pte,
-    PteFlags, Rmap, UnmapBatch, MIGRATE_PASSES,
+    migrate_pages, Frame, Mapping, MappingFlags, MigrateFailure, MigrateOutcome, PageTable, Pte, PteFlags,
+    Rmap, UnmapBatch, MIGRATE_PASSES,
 };
 
 /// Two processes (CPUs 1 and 2) share `n` frames; the first half writable
 /// and written, the rest read-only.
 fn setup(m: &MockMachine, n: usize) -> (MockRmap<'_>, Vec<Frame>) {
-    let spaces = (0..2).map(|i| m.space(&m.new_mm(asid(i + 1)))).collect();
+    let spaces = (0..2).map(|i| m.space(&m.new_mm(asid(i + 1)).unwrap())).collect();
     let rmap = MockRmap::new(m, spaces);
     let frames: Vec<_> = (0..n).map(|_| m.alloc_frame().unwrap()).collect();
     for s in 0..2 {
         let cpu = m.cpu(s + 1).unwrap();
-        cpu.switch_to(rmap.spaces()[s].mm());
+        cpu.switch_to(rmap.spaces()[s].mm()).unwrap();
         for (i, &f) in frames.iter().enumerate() {
             let writable = i < n / 2;
             rmap.map(f, s, va(i), writable, MappingFlags::SHARED).unwrap();
@@ -46,7 +46,7 @@ fn outcomes<R: Rmap, const N: usize>(
         rmap,
         kernel,
         &mut batch,
-        frames.iter().map(|&f| OwnedFrame::new(f)),
+        frames.iter().map(|&f| common::owned(f)),
         &mut |o| out.push(o),
     )
     .unwrap();

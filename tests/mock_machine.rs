@@ -13,10 +13,10 @@ use tlb_batch::{flush_tlb_page, Frame, PteFlags};
 #[test]
 fn accesses_fill_the_tlb_and_set_accessed_and_dirty_bits() {
     let m = MockMachine::new(config(2, 64)).unwrap();
-    let mm = m.new_mm(asid(1));
+    let mm = m.new_mm(asid(1)).unwrap();
     let f = m.map_new(&mm, va(0), true).unwrap();
     let cpu = m.cpu(0).unwrap();
-    cpu.switch_to(&mm);
+    cpu.switch_to(&mm).unwrap();
     assert!(!m.pte(&mm, va(0)).unwrap().is_accessed());
     assert_eq!(cpu.read(va(0)), Ok(0));
     let pte = m.pte(&mm, va(0)).unwrap();
@@ -71,10 +71,10 @@ fn a_write_through_a_clean_entry_rewalks_and_faults_once_the_pte_is_gone() {
 #[test]
 fn without_the_rewalk_a_clean_entry_writes_silently_after_the_unmap() {
     let m = MockMachine::<NoRewalk>::with_model(config(2, 64)).unwrap();
-    let mm = m.new_mm(asid(1));
+    let mm = m.new_mm(asid(1)).unwrap();
     let f = m.map_new(&mm, va(0), true).unwrap();
     let cpu1 = m.cpu(1).unwrap();
-    cpu1.switch_to(&mm);
+    cpu1.switch_to(&mm).unwrap();
     cpu1.read(va(0)).unwrap();
     let old = m.clear_pte(&mm, va(0)).unwrap();
     assert!(!old.is_dirty());
@@ -168,7 +168,7 @@ fn frame_misuse_is_refused_with_an_error() {
             state: FrameState::Free
         }))
     );
-    let mm = m.new_mm(asid(1));
+    let mm = m.new_mm(asid(1)).unwrap();
     assert!(matches!(m.map_new(&mm, 0x1234, true), Err(MockError::Input(_))));
     let stranger = tlb_batch::MmTlbState::new(asid(7), 12345);
     assert_eq!(m.clear_pte(&stranger, 0), Err(MockError::UnknownAddressSpace));
@@ -187,7 +187,7 @@ fn tlbs_are_bounded_and_only_tagged_ones_survive_a_switch() {
         assert_eq!(m.all_entries().len(), 4, "capacity bounds the TLB");
         // The least recently used pages were evicted.
         assert!(m.cached_translations(frames[9]).len() == 1 && m.cached_translations(frames[0]).is_empty());
-        m.cpu(0).unwrap().switch_to(&m.new_mm(asid(2)));
+        m.cpu(0).unwrap().switch_to(&m.new_mm(asid(2)).unwrap()).unwrap();
         assert_eq!(m.all_entries().len(), if tagged { 4 } else { 0 });
         assert_eq!(mm.cpus().is_empty(), !tagged);
     }
@@ -202,7 +202,7 @@ fn global_entries_are_marked_and_kept() {
     assert!(pte.flags().contains(PteFlags::GLOBAL) && !pte.flags().contains(PteFlags::USER));
     let cpu = m.cpu(0).unwrap();
     cpu.read(0xffff_ffff_8000_0000).unwrap();
-    cpu.switch_to(&m.new_mm(asid(1)));
+    cpu.switch_to(&m.new_mm(asid(1)).unwrap()).unwrap();
     assert_eq!(m.all_entries().len(), 1);
     assert!(m.all_entries()[0].1.global);
 }

@@ -8,18 +8,18 @@ use std::collections::HashMap;
 
 use common::{asid, config, va};
 use tlb_batch::arch::mock::{FrameState, IoMode, MockKernel, MockMachine, MockRmap, Model, NoRewalk};
-use tlb_batch::{shrink_page_list, Frame, MappingFlags, OwnedFrame, UnmapBatch, Verdict};
+use tlb_batch::{shrink_page_list, Frame, MappingFlags, UnmapBatch, Verdict};
 
 /// Three processes on CPUs 1-3 with `per_cpu` pages each; even pages are
 /// written (dirty), odd ones read. Accessed bits are cleared afterwards so
 /// that no page looks hot unless a test touches it again.
 fn setup<M: Model>(m: &MockMachine<M>, per_cpu: usize) -> (MockRmap<'_, M>, Vec<Frame>) {
-    let spaces = (0..3).map(|i| m.space(&m.new_mm(asid(i + 1)))).collect();
+    let spaces = (0..3).map(|i| m.space(&m.new_mm(asid(i + 1)).unwrap())).collect();
     let rmap = MockRmap::new(m, spaces);
     let mut frames = Vec::new();
     for s in 0..3 {
         let cpu = m.cpu(s + 1).unwrap();
-        cpu.switch_to(rmap.spaces()[s].mm());
+        cpu.switch_to(rmap.spaces()[s].mm()).unwrap();
         for i in 0..per_cpu {
             let f = m.alloc_frame().unwrap();
             rmap.map(f, s, va(i), true, MappingFlags::empty()).unwrap();
@@ -48,7 +48,7 @@ fn run<M: Model, const N: usize>(
         rmap,
         kernel,
         &mut batch,
-        frames.iter().map(|&f| OwnedFrame::new(f)),
+        frames.iter().map(|&f| common::owned(f)),
         &mut |f, v| {
             assert!(
                 back.insert(f.into_frame(), v).is_none(),
@@ -91,10 +91,10 @@ fn one_dirty_flush_then_page_out_then_one_batched_free() {
 #[test]
 fn clean_pages_need_no_dirty_flush_and_one_flush_before_free() {
     let m = MockMachine::new(config(4, 64)).unwrap();
-    let spaces = vec![m.space(&m.new_mm(asid(1)))];
+    let spaces = vec![m.space(&m.new_mm(asid(1)).unwrap())];
     let rmap = MockRmap::new(&m, spaces);
     let cpu1 = m.cpu(1).unwrap();
-    cpu1.switch_to(rmap.spaces()[0].mm());
+    cpu1.switch_to(rmap.spaces()[0].mm()).unwrap();
     let mut frames = Vec::new();
     for i in 0..10 {
         let f = m.alloc_frame().unwrap();
@@ -118,8 +118,8 @@ fn hot_mlocked_and_busy_frames_are_handed_back_with_their_verdicts() {
     // Frame 0 is used again: after a switch emptied CPU 1's TLB, the read
     // walks the table and sets the accessed bit (a TLB hit would not).
     let cpu1 = m.cpu(1).unwrap();
-    cpu1.switch_to(&m.new_mm(asid(9)));
-    cpu1.switch_to(rmap.spaces()[0].mm());
+    cpu1.switch_to(&m.new_mm(asid(9)).unwrap()).unwrap();
+    cpu1.switch_to(rmap.spaces()[0].mm()).unwrap();
     cpu1.read(va(0)).unwrap();
     // Frame 1 is mlocked.
     rmap.set_flags(frames[1], MappingFlags::LOCKED);
@@ -206,12 +206,12 @@ fn each_flush_point_costs_exactly_one_ipi_per_remote_cpu_involved() {
     // mix pages of a growing number of processes. The floor for a list is
     // the number of other CPUs running a process whose page it unmaps.
     let m = MockMachine::new(config(4, 256)).unwrap();
-    let spaces = (0..4).map(|i| m.space(&m.new_mm(asid(i + 1)))).collect();
+    let spaces = (0..4).map(|i| m.space(&m.new_mm(asid(i + 1)).unwrap())).collect();
     let rmap = MockRmap::new(&m, spaces);
     let mut pages: Vec<Vec<Frame>> = vec![Vec::new(); 4];
     for (s, list) in pages.iter_mut().enumerate() {
         let cpu = m.cpu(s).unwrap();
-        cpu.switch_to(rmap.spaces()[s].mm());
+        cpu.switch_to(rmap.spaces()[s].mm()).unwrap();
         for i in 0..32 {
             let f = m.alloc_frame().unwrap();
             rmap.map(f, s, va(i), false, MappingFlags::empty()).unwrap();

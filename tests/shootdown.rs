@@ -268,14 +268,15 @@ fn kernel_mappings_reach_every_cpu_and_flush_global_entries() {
     let f = m.map_new(&kernel, kva, true).unwrap();
     // Each CPU runs its own user address space and touches the kernel page.
     for c in m.cpus() {
-        c.switch_to(&m.new_mm(asid(10 + c.id().index() as u16)));
+        c.switch_to(&m.new_mm(asid(10 + c.id().index() as u16)).unwrap())
+            .unwrap();
         c.write(kva, 1).unwrap();
     }
     assert_eq!(m.cached_translations(f).len(), 4);
     assert!(m.cached_translations(f).iter().all(|(_, e)| e.global));
     // Global entries survive switches...
     let c1 = m.cpu(1).unwrap();
-    c1.switch_to(&m.new_mm(asid(20)));
+    c1.switch_to(&m.new_mm(asid(20)).unwrap()).unwrap();
     assert_eq!(m.cached_translations(f).len(), 4);
     // ...and a kernel flush reaches every online CPU, whatever it runs.
     m.clear_pte(&kernel, kva).unwrap();
@@ -297,16 +298,16 @@ fn kernel_mappings_reach_every_cpu_and_flush_global_entries() {
 #[test]
 fn switching_keeps_the_cpu_set_exact() {
     let m = MockMachine::new(config(4, 64)).unwrap();
-    let a = m.new_mm(asid(1));
-    let b = m.new_mm(asid(2));
+    let a = m.new_mm(asid(1)).unwrap();
+    let b = m.new_mm(asid(2)).unwrap();
     let cpu1 = m.cpu(1).unwrap();
-    cpu1.switch_to(&a);
+    cpu1.switch_to(&a).unwrap();
     assert_eq!(a.cpus(), cpu_set(&[1]));
-    cpu1.switch_to(&b);
+    cpu1.switch_to(&b).unwrap();
     assert_eq!(a.cpus(), CpuSet::new());
     assert_eq!(b.cpus(), cpu_set(&[1]));
     // Switching to the address space already loaded changes nothing.
-    cpu1.switch_to(&b);
+    cpu1.switch_to(&b).unwrap();
     assert_eq!(m.stats().task_switches, 2);
     // A flush of `a` now interrupts nobody.
     let report = tlb_batch::flush_tlb_mm(&m.cpu(0).unwrap(), &a).unwrap();

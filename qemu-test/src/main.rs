@@ -263,7 +263,9 @@ fn cpu_init(cpu: usize) {
     CPUS.set_online(id);
     // SAFETY: the address space's root is the boot page table, which maps
     // this kernel; this CPU had no address space loaded before.
-    unsafe { switch_mm(&arch(), None, mm()) };
+    if unsafe { switch_mm(&arch(), None, mm()) }.is_err() {
+        fatal("the test address space's ASID does not fit the PCID width");
+    }
 }
 
 #[no_mangle]

@@ -35,7 +35,7 @@ mod tlb;
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::boxed::Box;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::vec::Vec;
 
@@ -49,7 +49,8 @@ use tlb::Tlb;
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet, MAX_CPUS};
 use crate::mm::{switch_mm, MmTlbState};
-use crate::pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+use crate::range::{check_asid, check_va, PageRange};
 use crate::rmap::{PageState, PageTable};
 use crate::shootdown::{handle_flush_ipi, TlbShootdown};
 use crate::stats::{TlbStatsSnapshot, TraceEvent};
@@ -124,6 +125,10 @@ pub struct MockConfig {
     pub table_frames: usize,
     /// Whether TLB entries survive address-space switches (PCID).
     pub tagged_tlb: bool,
+    /// Virtual-address width ([`Arch::va_bits`]): 48 like x86-64.
+    pub va_bits: u32,
+    /// ASID width ([`Arch::asid_bits`]): 12 like x86's PCIDs.
+    pub asid_bits: u32,
     /// How IPIs are delivered.
     pub delivery: Delivery,
     /// Cycle charges.
@@ -131,7 +136,8 @@ pub struct MockConfig {
 }
 
 impl MockConfig {
-    /// `cpus` CPUs, 4096 frames, 64-entry untagged TLBs, synchronous IPIs.
+    /// `cpus` CPUs, 4096 frames, 64-entry untagged TLBs, 48-bit addresses,
+    /// 12-bit ASIDs, synchronous IPIs.
     pub fn x86_like(cpus: usize) -> Self {
         MockConfig {
             cpus,
@@ -139,6 +145,8 @@ impl MockConfig {
             tlb_entries: 64,
             table_frames: 256,
             tagged_tlb: false,
+            va_bits: 48,
+            asid_bits: 12,
             delivery: Delivery::Synchronous,
             cost: CostModel::default(),
         }
@@ -200,7 +208,13 @@ impl From<Error> for MockError {
     }
 }
 
-const KERNEL_ROOT: u64 = 0;
+/// Page-table roots are unique across every machine of the process, so
+/// that an address space of one machine is never taken for another's.
+static NEXT_ROOT: AtomicU64 = AtomicU64::new(1);
+
+fn new_root() -> u64 {
+    NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
+}
 /// A leaf table maps 2^9 pages.
 const REGION_SHIFT: u32 = 9;
 
@@ -221,7 +235,9 @@ struct CpuState {
     interrupts: AtomicU64,
 }
 
-type Table = HashMap<u64, AtomicU64>;
+/// One address space's entries, by virtual page number (ordered, so that
+/// [`PageTable::next_populated`] can step over what is not mapped).
+type Table = BTreeMap<u64, AtomicU64>;
 
 /// Locks a mutex, carrying on past poisoning (a panicking test thread must
 /// not hide the state other assertions want to read).
@@ -236,9 +252,11 @@ pub struct MockMachine<M: Model = X86Like> {
     cpus: Vec<CpuState>,
     memory: Mutex<oracle::Memory>,
     tables: RwLock<HashMap<u64, Table>>,
-    next_root: AtomicU64,
+    kernel_root: u64,
     kernel_mm: Arc<MmTlbState>,
     asid_roots: Mutex<HashMap<Asid, u64>>,
+    /// The ASID each root of this machine was created with.
+    roots: Mutex<HashMap<u64, Asid>>,
     /// The frame holding each leaf table, by (root, region of 512 pages).
     leaf_tables: Mutex<HashMap<(u64, u64), Frame>>,
     /// Lockless walks in progress: id -> (CPU, table frame).
@@ -286,17 +304,21 @@ impl<M: Model> MockMachine<M> {
                 interrupts: AtomicU64::new(0),
             })
             .collect();
+        let kernel_root = new_root();
         let mut tables = HashMap::new();
-        tables.insert(KERNEL_ROOT, Table::new());
+        tables.insert(kernel_root, Table::new());
+        let mut roots = HashMap::new();
+        roots.insert(kernel_root, Asid::KERNEL);
         Ok(MockMachine {
             config,
             shootdown: Box::new(TlbShootdown::new()),
             cpus,
             memory: Mutex::new(oracle::Memory::new(config.frames, config.table_frames)),
             tables: RwLock::new(tables),
-            next_root: AtomicU64::new(KERNEL_ROOT + 1),
-            kernel_mm: Arc::new(MmTlbState::kernel(KERNEL_ROOT)),
+            kernel_root,
+            kernel_mm: Arc::new(MmTlbState::kernel(kernel_root)),
             asid_roots: Mutex::new(HashMap::new()),
+            roots: Mutex::new(roots),
             leaf_tables: Mutex::new(HashMap::new()),
             walkers: Mutex::new(HashMap::new()),
             next_walk: AtomicU64::new(0),
@@ -350,14 +372,33 @@ impl<M: Model> MockMachine<M> {
 
     /// A new, empty user address space with this ASID. Give each live
     /// address space its own ASID: the model tells TLB entries apart by it.
-    pub fn new_mm(&self, asid: Asid) -> Arc<MmTlbState> {
-        let root = self.next_root.fetch_add(1, Ordering::Relaxed);
+    /// Errors: [`MockError::Input`] with [`Error::AsidOutOfRange`] for an
+    /// ASID wider than [`MockConfig::asid_bits`].
+    pub fn new_mm(&self, asid: Asid) -> Result<Arc<MmTlbState>, MockError> {
+        check_asid(&self.probe(), asid)?;
+        let root = new_root();
         lock(&self.asid_roots).insert(asid, root);
+        lock(&self.roots).insert(root, asid);
         self.tables
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(root, Table::new());
-        Arc::new(MmTlbState::new(asid, root))
+        Ok(Arc::new(MmTlbState::new(asid, root)))
+    }
+
+    /// CPU 0's view, for checks that depend only on the machine's
+    /// configuration (address and ASID widths).
+    fn probe(&self) -> MockCpu<'_, M> {
+        MockCpu {
+            machine: self,
+            id: CpuId::BOOT,
+        }
+    }
+
+    /// [`Error::Unaligned`] or [`Error::NonCanonical`] for an address this
+    /// machine cannot translate.
+    fn check_va(&self, va: u64) -> Result<(), MockError> {
+        Ok(check_va(&self.probe(), va)?)
     }
 
     /// The kernel's address space: its mappings are global and visible from
@@ -372,9 +413,12 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Maps `frame` at `va` in `mm` (replacing any previous entry).
-    /// Kernel mappings are global.
+    /// Kernel mappings are global. Errors: an address the machine cannot
+    /// translate ([`MockError::Input`]), an address space it did not create
+    /// ([`MockError::UnknownAddressSpace`]), a frame it does not have or
+    /// that is free ([`MockError::Frame`]).
     pub fn map(&self, mm: &MmTlbState, va: u64, frame: Frame, writable: bool) -> Result<(), MockError> {
-        check_aligned(va)?;
+        self.check_va(va)?;
         let mut flags = PteFlags::PRESENT;
         if writable {
             flags |= PteFlags::WRITABLE;
@@ -389,16 +433,31 @@ impl<M: Model> MockMachine<M> {
 
     /// Allocates a frame and maps it at `va` in `mm`.
     pub fn map_new(&self, mm: &MmTlbState, va: u64, writable: bool) -> Result<Frame, MockError> {
-        check_aligned(va)?;
+        self.check_va(va)?;
+        self.known(mm)?;
         let frame = self.alloc_frame()?;
         self.map(mm, va, frame, writable)?;
         Ok(frame)
     }
 
     /// Stores `pte` at `va` in `mm`.
-    /// The first PTE of a 512-page region takes a page-table frame.
+    /// The first PTE of a 512-page region takes a page-table frame. Errors:
+    /// as for [`map`](Self::map) (an entry that names a frame, present or a
+    /// migration or hwpoison entry, must name one the machine has, in use).
     pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
-        check_aligned(va)?;
+        self.check_va(va)?;
+        self.known(mm)?;
+        if pte.is_present() || pte.is_migration() || pte.is_hwpoison() {
+            match lock(&self.memory).state(pte.frame())? {
+                FrameState::Free => {
+                    return Err(MockError::Frame(FrameError::WrongState {
+                        frame: pte.frame(),
+                        state: FrameState::Free,
+                    }))
+                }
+                FrameState::InUse | FrameState::UnderIo => {}
+            }
+        }
         let vpn = va >> PAGE_SHIFT;
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
@@ -415,7 +474,7 @@ impl<M: Model> MockMachine<M> {
 
     /// The PTE at `va` in `mm` (empty when nothing was ever mapped there).
     pub fn pte(&self, mm: &MmTlbState, va: u64) -> Result<Pte, MockError> {
-        check_aligned(va)?;
+        self.check_va(va)?;
         self.known(mm)?;
         Ok(self
             .with_pte(mm.root(), va >> PAGE_SHIFT, |p| Pte(p.load(Ordering::SeqCst)))
@@ -432,7 +491,7 @@ impl<M: Model> MockMachine<M> {
     /// Atomically replaces the PTE at `va` in `mm` with `new` and returns
     /// the old value. Flushes nothing.
     pub fn exchange_pte(&self, mm: &MmTlbState, va: u64, new: Pte) -> Result<Pte, MockError> {
-        check_aligned(va)?;
+        self.check_va(va)?;
         self.known(mm)?;
         match self.with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
             Pte(p.swap(new.0, Ordering::SeqCst))
@@ -450,7 +509,7 @@ impl<M: Model> MockMachine<M> {
     /// Atomically clears the accessed bit of the PTE at `va` in `mm`;
     /// returns whether it was set.
     pub fn test_and_clear_accessed(&self, mm: &MmTlbState, va: u64) -> Result<bool, MockError> {
-        check_aligned(va)?;
+        self.check_va(va)?;
         self.known(mm)?;
         let mask = PteFlags::ACCESSED.bits();
         Ok(self
@@ -468,13 +527,26 @@ impl<M: Model> MockMachine<M> {
         }
     }
 
+    /// Whether `mm` is an address space this machine created, with the
+    /// ASID it was created with: [`MockError::UnknownAddressSpace`]
+    /// otherwise (another machine's, or one built by hand).
     fn known(&self, mm: &MmTlbState) -> Result<(), MockError> {
-        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
-        if tables.contains_key(&mm.root()) {
-            Ok(())
-        } else {
-            Err(MockError::UnknownAddressSpace)
+        match lock(&self.roots).get(&mm.root()) {
+            Some(&asid) if asid == mm.asid() => Ok(()),
+            _ => Err(MockError::UnknownAddressSpace),
         }
+    }
+
+    /// The first page of `range` whose entry in `mm` is not empty, if any:
+    /// what [`PageTable::next_populated`] answers for a [`MockSpace`].
+    pub fn next_populated(&self, mm: &MmTlbState, range: PageRange) -> Option<u64> {
+        let last = range.last()?;
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        let table = tables.get(&mm.root())?;
+        table
+            .range(range.start() >> PAGE_SHIFT..=last >> PAGE_SHIFT)
+            .find(|(_, pte)| pte.load(Ordering::SeqCst) != 0)
+            .map(|(vpn, _)| vpn << PAGE_SHIFT)
     }
 
     // ----- frames and the oracle -----
@@ -609,7 +681,7 @@ impl<M: Model> MockMachine<M> {
             .into_iter()
             .filter(|(_, e)| {
                 let root = if e.global {
-                    Some(KERNEL_ROOT)
+                    Some(self.kernel_root)
                 } else {
                     roots.get(&e.asid).copied()
                 };
@@ -629,27 +701,27 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Detaches one leaf table of `mm` whose whole region lies inside
-    /// `start..end`, dropping its (cleared) entries; returns its frame and
+    /// `range`, dropping its (cleared) entries; returns its frame and
     /// region. The frame stays allocated: the caller frees it when safe.
-    pub fn detach_table(&self, mm: &MmTlbState, start: u64, end: u64) -> Option<DetachedTable> {
-        let span = 1u64 << (REGION_SHIFT + PAGE_SHIFT);
+    pub fn detach_table(&self, mm: &MmTlbState, range: PageRange) -> Option<DetachedTable> {
+        let last = range.last()?;
         let mut leaves = lock(&self.leaf_tables);
         let key = leaves.keys().copied().find(|&(root, region)| {
-            let lo = region << (REGION_SHIFT + PAGE_SHIFT);
-            root == mm.root() && lo >= start && lo.checked_add(span).is_some_and(|hi| hi <= end)
+            let first = region << (REGION_SHIFT + PAGE_SHIFT);
+            let table_last = first + ((1u64 << (REGION_SHIFT + PAGE_SHIFT)) - PAGE_SIZE);
+            root == mm.root() && first >= range.start() && table_last <= last
         })?;
         let frame = leaves.remove(&key)?;
         drop(leaves);
-        let first = key.1 << REGION_SHIFT;
+        let first_vpn = key.1 << REGION_SHIFT;
+        let last_vpn = first_vpn + ((1 << REGION_SHIFT) - 1);
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(table) = tables.get_mut(&mm.root()) {
-            table.retain(|vpn, _| !(first..first + (1 << REGION_SHIFT)).contains(vpn));
+            table.retain(|vpn, _| !(first_vpn..=last_vpn).contains(vpn));
         }
-        let lo = key.1 << (REGION_SHIFT + PAGE_SHIFT);
         Some(DetachedTable {
             frame,
-            start: lo,
-            end: lo + span,
+            range: PageRange::new(first_vpn << PAGE_SHIFT, 1 << REGION_SHIFT).ok()?,
         })
     }
 
@@ -671,17 +743,16 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// The oracle's check after an operation that changed the mappings of
-    /// `mm` in `start..end` (mprotect, munmap, remap) returned: no CPU may
+    /// `mm` in `range` (mprotect, munmap, remap) returned: no CPU may
     /// still hold an entry there that disagrees with the page table. Records
     /// a [`Violation::StaleAfterChange`] for each such entry and returns how
     /// many it found.
-    pub fn check_coherent(&self, mm: &MmTlbState, start: u64, end: u64) -> usize {
-        let (first, last) = (start >> PAGE_SHIFT, end.div_ceil(PAGE_SIZE));
+    pub fn check_coherent(&self, mm: &MmTlbState, range: PageRange) -> usize {
         let stale: Vec<_> = self
             .stale_entries()
             .into_iter()
             .filter(|(_, e)| {
-                (e.asid == mm.asid() || e.global && mm.is_kernel()) && (first..last).contains(&e.vpn)
+                (e.asid == mm.asid() || e.global && mm.is_kernel()) && range.contains(e.vpn << PAGE_SHIFT)
             })
             .collect();
         for (cpu, e) in &stale {
@@ -821,11 +892,17 @@ impl<'m, M: Model> MockCpu<'m, M> {
     }
 
     /// Switches this CPU to `next` through the crate's [`switch_mm`] hook.
-    pub fn switch_to(&self, next: &Arc<MmTlbState>) {
-        let prev = lock(&self.state().mm).replace(Arc::clone(next));
+    /// Errors (nothing changes): [`MockError::UnknownAddressSpace`] for an
+    /// address space this machine did not create, and whatever
+    /// [`switch_mm`] refuses.
+    pub fn switch_to(&self, next: &Arc<MmTlbState>) -> Result<(), MockError> {
+        self.machine.known(next)?;
+        let mut current = lock(&self.state().mm);
         // SAFETY: every root the mock hands out names one of its own page
         // tables, and the mock's `switch_address_space` only records it.
-        unsafe { switch_mm(self, prev.as_deref(), next) };
+        unsafe { switch_mm(self, current.as_deref(), next) }?;
+        *current = Some(Arc::clone(next));
+        Ok(())
     }
 
     /// The address space this CPU runs, if any.
@@ -978,9 +1055,9 @@ impl<'m, M: Model> MockCpu<'m, M> {
 
     fn set_dirty_in_place(&self, loaded: Option<(Asid, u64)>, e: TlbEntry) {
         let root = if e.global {
-            KERNEL_ROOT
+            self.machine.kernel_root
         } else {
-            loaded.map_or(KERNEL_ROOT, |(_, r)| r)
+            loaded.map_or(self.machine.kernel_root, |(_, r)| r)
         };
         self.machine.with_pte(root, e.vpn, |p| {
             let _ = p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
@@ -1024,7 +1101,7 @@ impl<'m, M: Model> MockCpu<'m, M> {
             // A non-empty user entry decides; an empty one falls through to
             // the kernel's half of the address space.
             Some(Err(v)) if v != 0 => Err(v),
-            _ => walk(KERNEL_ROOT).unwrap_or(Err(0)),
+            _ => walk(self.machine.kernel_root).unwrap_or(Err(0)),
         };
         let old = match result.map_err(Pte) {
             Ok(v) => Pte(v),
@@ -1084,6 +1161,14 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
 
     fn tagged_tlb(&self) -> bool {
         self.machine.config.tagged_tlb
+    }
+
+    fn va_bits(&self) -> u32 {
+        self.machine.config.va_bits
+    }
+
+    fn asid_bits(&self) -> u32 {
+        self.machine.config.asid_bits
     }
 
     fn flush_local_page(&self, asid: Asid, va: u64) {
@@ -1233,6 +1318,10 @@ unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
     fn set(&self, va: u64, pte: Pte) {
         let _ = self.machine.set_pte(&self.mm, va, pte);
     }
+
+    fn next_populated(&self, range: PageRange) -> Option<u64> {
+        self.machine.next_populated(&self.mm, range)
+    }
 }
 
 pub use crate::gather::DetachedTable;
@@ -1270,7 +1359,7 @@ impl<M: Model> Drop for LocklessWalk<'_, M> {
 // SAFETY: `detach_table` hands out only a table whose whole region lies in
 // the range, removing its entries from the simulated table first.
 unsafe impl<M: Model> crate::gather::TableTeardown for MockSpace<'_, M> {
-    fn detach_table(&self, start: u64, end: u64) -> Option<DetachedTable> {
-        self.machine.detach_table(&self.mm, start, end)
+    fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
+        self.machine.detach_table(&self.mm, range)
     }
 }

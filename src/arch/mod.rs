@@ -28,7 +28,10 @@ pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
 ///
 /// On hardware without tagged TLBs the value only tells address spaces apart
 /// in this crate's bookkeeping. [`Asid::KERNEL`] is reserved for the kernel's
-/// own (global) mappings.
+/// own (global) mappings, and 0 is reserved too (x86's PCID 0 is the
+/// kernel's, arm64 kernels keep ASID 0 for themselves). How many values the
+/// hardware tells apart is the architecture's to say
+/// ([`Arch::asid_bits`]); every entry point refuses a wider one.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Asid(u16);
 
@@ -37,13 +40,20 @@ impl Asid {
     /// address-space switches), so flushing it must include global entries.
     pub const KERNEL: Asid = Asid(u16::MAX);
 
-    /// A user ASID, or [`Error::ReservedAsid`] for the kernel's value.
+    /// A user ASID, or [`Error::ReservedAsid`] for 0 and for the kernel's
+    /// value (`u16::MAX`).
     pub const fn new(value: u16) -> Result<Asid, Error> {
-        if value == u16::MAX {
+        if value == u16::MAX || value == 0 {
             Err(Error::ReservedAsid)
         } else {
             Ok(Asid(value))
         }
+    }
+
+    /// The ASID with this raw value, unchecked: for values the crate itself
+    /// stored from a valid `Asid`.
+    pub(crate) const fn from_raw(value: u16) -> Asid {
+        Asid(value)
     }
 
     /// The raw value.
@@ -93,6 +103,10 @@ impl fmt::Debug for Asid {
 ///   with that CPU's `Arch` value.
 /// - [`shootdown_state`](Arch::shootdown_state) returns the same
 ///   [`TlbShootdown`] on every CPU of one machine.
+/// - [`va_bits`](Arch::va_bits) and [`asid_bits`](Arch::asid_bits) are
+///   no wider than what the hardware translates and tags: the crate hands
+///   every address and ASID that passes those checks to the `flush_*`
+///   methods and to remote CPUs' interrupt handlers.
 /// - The capability constants are true of the hardware; in particular
 ///   [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) must not be claimed
 ///   without the hardware guarantee, since batching relies on it.
@@ -138,6 +152,24 @@ pub unsafe trait Arch {
     /// it. The default is false.
     fn tagged_tlb(&self) -> bool {
         false
+    }
+
+    /// How many low bits of a virtual address the MMU translates: an
+    /// address is canonical when its bits 63 down to `va_bits() - 1` are
+    /// all equal (x86-64: 48, or 57 with 5-level paging; RISC-V Sv39: 39;
+    /// arm64 with 48-bit lower and upper halves: 49). Every entry point
+    /// refuses other addresses with [`Error::NonCanonical`] before it
+    /// touches a page-table entry or sends a request. The default is 48.
+    fn va_bits(&self) -> u32 {
+        48
+    }
+
+    /// How many bits the hardware's ASIDs have (x86 PCID: 12; arm64: 8 or
+    /// 16). User ASIDs run from 1 to `2^asid_bits() - 1`; a wider one would
+    /// share TLB entries with another address space, so every entry point
+    /// refuses it with [`Error::AsidOutOfRange`]. The default is 16.
+    fn asid_bits(&self) -> u32 {
+        16
     }
 
     /// Invalidates this CPU's entry for the page at `va` in `asid`

@@ -166,7 +166,11 @@ pub fn pause() {
 /// `CPUID` leaf `leaf`, subleaf `subleaf`: (eax, ebx, ecx, edx).
 #[inline]
 pub fn cpuid(leaf: u32, subleaf: u32) -> (u32, u32, u32, u32) {
-    let r = core::arch::x86_64::__cpuid_count(leaf, subleaf);
+    // SAFETY: CPUID exists on every x86_64 CPU and only reads identification
+    // registers. Rust 1.94 made `__cpuid_count` safe; the minimum supported
+    // Rust needs the `unsafe` block, which newer compilers call unused.
+    #[allow(unused_unsafe)]
+    let r = unsafe { core::arch::x86_64::__cpuid_count(leaf, subleaf) };
     (r.eax, r.ebx, r.ecx, r.edx)
 }
 

@@ -37,13 +37,13 @@ pub fn populate<M: Model>(
     cpus: &[usize],
     writable: bool,
 ) -> (Arc<MmTlbState>, Vec<Frame>) {
-    let mm = m.new_mm(asid(asid_value));
+    let mm = m.new_mm(asid(asid_value)).unwrap();
     let frames = (0..pages)
         .map(|i| m.map_new(&mm, va(i), writable).unwrap())
         .collect();
     for &c in cpus {
         let cpu = m.cpu(c).unwrap();
-        cpu.switch_to(&mm);
+        cpu.switch_to(&mm).unwrap();
         for i in 0..pages {
             if writable {
                 cpu.write(va(i), c as u64).unwrap();
@@ -99,4 +99,16 @@ pub fn unmap_deferred<M: Model>(
         assert!(TlbFlushUnmapBatch::should_defer(cpu, mm, TtuFlags::BATCH_FLUSH));
         batch.add_pending(cpu, mm, va(i), old).unwrap();
     }
+}
+
+/// The test's handle to `frame`.
+pub fn owned(frame: Frame) -> tlb_batch::OwnedFrame {
+    // SAFETY: the tests make one handle per frame they allocated, and free
+    // frames only through that handle (or not at all).
+    unsafe { tlb_batch::OwnedFrame::new(frame) }
+}
+
+/// Test pages `first..end` as a range.
+pub fn pages(first: usize, end: usize) -> tlb_batch::PageRange {
+    tlb_batch::PageRange::from_bounds(va(first), va(end)).unwrap()
 }

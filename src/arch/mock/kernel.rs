@@ -240,7 +240,10 @@ impl<M: Model> MigrateBacking for MockKernel<'_, '_, M> {
             Some(ref mut n) => *n -= 1,
             None => {}
         }
-        self.machine().alloc_frame().ok().map(OwnedFrame::new)
+        let frame = self.machine().alloc_frame().ok()?;
+        // SAFETY: the frame comes fresh from the allocator: this handle is
+        // the only claim on it.
+        Some(unsafe { OwnedFrame::new(frame) })
     }
 
     fn copy_frame(&mut self, from: WritebackFrame<'_>, to: &OwnedFrame) {

@@ -27,6 +27,7 @@ use crate::migrate::{migrate_pages, MigrateOutcome};
 use crate::mm::{flush_tlb_batched_pending, MmTlbState};
 use crate::mprotect::change_protection;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SIZE};
+use crate::range::PageRange;
 use crate::rmap::{page_referenced, try_to_unmap, MappingFlags, Rmap, TtuFlags};
 use crate::unmap::{FreeFrames, OwnedFrame, UnmapBatch};
 use crate::TlbFlushUnmapBatch;
@@ -44,6 +45,11 @@ const BASE: u64 = 0x40_0000;
 
 fn va(page: usize) -> u64 {
     BASE + page as u64 * PAGE_SIZE
+}
+
+/// Every page of an address space of the model.
+fn range() -> PageRange {
+    PageRange::new(BASE, PAGES as u64).unwrap_or(PageRange::EMPTY)
 }
 
 /// One step. Indices are taken modulo the model's sizes, so every value is
@@ -295,8 +301,8 @@ impl<'m> Driver<'m> {
             } => {
                 let c = m.cpu(usize::from(cpu) % CPUS).map_err(|e| format!("{e}"))?;
                 let mm = self.mm(usize::from(space) % SPACES);
-                if c.current_mm().is_none_or(|cur| !Arc::ptr_eq(&cur, mm)) {
-                    c.switch_to(mm);
+                if c.current_mm().map_or(true, |cur| !Arc::ptr_eq(&cur, mm)) {
+                    c.switch_to(mm).map_err(|e| format!("{e:?}"))?;
                 }
                 let p = usize::from(page) % PAGES;
                 // Faults are normal (unmapped, protected pages).
@@ -308,7 +314,8 @@ impl<'m> Driver<'m> {
             }
             Op::Switch { cpu, space } => {
                 let c = m.cpu(usize::from(cpu) % CPUS).map_err(|e| format!("{e}"))?;
-                c.switch_to(self.mm(usize::from(space) % SPACES));
+                c.switch_to(self.mm(usize::from(space) % SPACES))
+                    .map_err(|e| format!("{e:?}"))?;
             }
             Op::Unmap { space, page, batched } => {
                 let (s, p) = (usize::from(space) % SPACES, usize::from(page) % PAGES);
@@ -362,19 +369,15 @@ impl<'m> Driver<'m> {
                     let mut kernel = MockKernel::new(&self.rmap);
                     let mut batch = UnmapBatch::<1>::new();
                     let mut moved = None;
-                    migrate_pages(
-                        &cpu0,
-                        &self.rmap,
-                        &mut kernel,
-                        &mut batch,
-                        [OwnedFrame::new(f)],
-                        &mut |o| {
-                            if let MigrateOutcome::Migrated { old, new } = o {
-                                moved = Some((old, new.into_frame()));
-                            }
-                        },
-                    )
-                    .map_err(err)?;
+                    // SAFETY: the driver's slots name each mapped frame once,
+                    // and the frame is freed only through this handle.
+                    let handle = unsafe { OwnedFrame::new(f) };
+                    migrate_pages(&cpu0, &self.rmap, &mut kernel, &mut batch, [handle], &mut |o| {
+                        if let MigrateOutcome::Migrated { old, new } = o {
+                            moved = Some((old, new.into_frame()));
+                        }
+                    })
+                    .map_err(|retry| format!("migration stopped: {:?}", retry.error()))?;
                     if let Some((old, new)) = moved {
                         for slot in self.slots.iter_mut().flatten().filter(|s| **s == Some(old)) {
                             *slot = Some(new);
@@ -385,12 +388,12 @@ impl<'m> Driver<'m> {
             Op::Protect { space } => {
                 let s = usize::from(space) % SPACES;
                 let table: &MockSpace<'_> = &self.rmap.spaces()[s];
-                change_protection(&cpu0, table, va(0), va(PAGES), |pte| {
+                change_protection(&cpu0, table, range(), |pte| {
                     Pte(pte.0 & !PteFlags::WRITABLE.bits())
                 })
                 .map_err(err)?;
                 // No CPU may keep a stale entry in the range once it returned.
-                m.check_coherent(self.mm(s), va(0), va(PAGES));
+                m.check_coherent(self.mm(s), range());
             }
             Op::Teardown { space } => {
                 let s = usize::from(space) % SPACES;
@@ -405,8 +408,7 @@ impl<'m> Driver<'m> {
                         &cpu0,
                         &self.rmap.spaces()[s],
                         &mut backing,
-                        va(0),
-                        va(PAGES),
+                        range(),
                         true,
                         &mut policy,
                         // Frames still mapped in the other space stay there.
@@ -414,7 +416,7 @@ impl<'m> Driver<'m> {
                     )
                     .map_err(err)?;
                 self.slots[s] = [None; PAGES];
-                m.check_coherent(self.mm(s), va(0), va(PAGES));
+                m.check_coherent(self.mm(s), range());
             }
         }
         Ok(())
@@ -458,9 +460,14 @@ pub fn run(ops: &[Op], batching: bool) -> Result<Outcome, Failure> {
         ..MockConfig::x86_like(CPUS)
     })
     .map_err(|e| fail(0, Op::Flush, Vec::new(), format!("{e}")))?;
-    let spaces = (0..SPACES)
-        .map(|i| machine.space(&machine.new_mm(Asid::new(i as u16 + 1).unwrap_or(Asid::KERNEL))))
-        .collect();
+    let mut spaces = Vec::new();
+    for i in 0..SPACES {
+        let mm = Asid::new(i as u16 + 1)
+            .map_err(|e| format!("{e}"))
+            .and_then(|asid| machine.new_mm(asid).map_err(|e| format!("{e:?}")))
+            .map_err(|reason| fail(0, Op::Flush, Vec::new(), reason))?;
+        spaces.push(machine.space(&mm));
+    }
     let mut driver = Driver {
         m: &machine,
         rmap: MockRmap::new(&machine, spaces),

@@ -1,0 +1,322 @@
+//! Virtual addresses and page ranges as the architecture accepts them.
+//!
+//! A range is its first page and a page count, never an exclusive end: the
+//! last page of the address space (`0xffff_ffff_ffff_f000` on x86-64) has no
+//! end address that fits in a `u64`, and a range that had to name one could
+//! not express it. Every entry point that receives an address checks it
+//! here, against [`Arch::va_bits`] and [`Arch::asid_bits`], before it
+//! touches a page-table entry.
+
+use core::fmt;
+
+use crate::arch::{Arch, Asid};
+use crate::pte::{check_aligned, PAGE_SHIFT, PAGE_SIZE};
+use crate::Error;
+
+/// Pages one leaf page table maps (512 eight-byte entries in a 4 KiB
+/// table): the unit [`PageTable::with_table_locked`](crate::PageTable::with_table_locked)
+/// locks and [`MmuGather`](crate::MmuGather) detaches.
+pub const TABLE_PAGES: u64 = 512;
+
+/// Bytes one leaf page table maps (2 MiB).
+pub const TABLE_SPAN: u64 = TABLE_PAGES * PAGE_SIZE;
+
+/// A run of whole pages: the first page's address and how many pages.
+///
+/// Built only through checked constructors, so every value is page-aligned
+/// and ends at or below the top of the 64-bit address space: its last page
+/// is always `start + (pages - 1) * PAGE_SIZE` without overflow. Whether the
+/// addresses exist on a given machine (canonical form) is checked by the
+/// entry points that receive the range ([`check_range`]).
+///
+/// ```
+/// use tlb_batch::{Error, PageRange, PAGE_SIZE};
+///
+/// let top = PageRange::new(0xffff_ffff_ffff_f000, 1).unwrap();
+/// assert_eq!(top.last(), Some(0xffff_ffff_ffff_f000));
+/// assert!(PageRange::new(0xffff_ffff_ffff_f000, 2).is_err()); // wraps
+/// let r = PageRange::from_bounds(0x1000, 0x4000).unwrap();
+/// assert_eq!((r.start(), r.pages()), (0x1000, 3));
+/// assert_eq!(PageRange::from_bounds(0x4000, 0x1000), Err(Error::InvalidRange { start: 0x4000, end: 0x1000 }));
+/// assert_eq!(r.iter().nth(2), Some(0x3000));
+/// # let _ = PAGE_SIZE;
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PageRange {
+    start: u64,
+    pages: u64,
+}
+
+impl PageRange {
+    /// The empty range.
+    pub const EMPTY: PageRange = PageRange { start: 0, pages: 0 };
+
+    /// `pages` pages from `start`. Errors: [`Error::Unaligned`] for an
+    /// unaligned `start`, [`Error::RangeOverflow`] when the range would run
+    /// past the top of the address space.
+    pub const fn new(start: u64, pages: u64) -> Result<Self, Error> {
+        if start % PAGE_SIZE != 0 {
+            return Err(Error::Unaligned { addr: start });
+        }
+        // Pages from `start` to the top of the address space, inclusive:
+        // `u64::MAX - start` is `k * PAGE_SIZE + (PAGE_SIZE - 1)`.
+        let room = ((u64::MAX - start) >> PAGE_SHIFT) + 1;
+        if pages > room {
+            return Err(Error::RangeOverflow { start, pages });
+        }
+        Ok(PageRange { start, pages })
+    }
+
+    /// The single page at `va`. Errors: [`Error::Unaligned`].
+    pub const fn page(va: u64) -> Result<Self, Error> {
+        PageRange::new(va, 1)
+    }
+
+    /// The pages of `start..end` (an exclusive end, which cannot name the
+    /// last page of the address space: use [`new`](Self::new) for that).
+    /// Errors: [`Error::Unaligned`] for an unaligned bound,
+    /// [`Error::InvalidRange`] when `start > end`.
+    pub fn from_bounds(start: u64, end: u64) -> Result<Self, Error> {
+        check_aligned(start)?;
+        check_aligned(end)?;
+        if start > end {
+            return Err(Error::InvalidRange { start, end });
+        }
+        PageRange::new(start, (end - start) >> PAGE_SHIFT)
+    }
+
+    /// The first page's address.
+    pub const fn start(self) -> u64 {
+        self.start
+    }
+
+    /// How many pages.
+    pub const fn pages(self) -> u64 {
+        self.pages
+    }
+
+    /// Whether the range holds no page.
+    pub const fn is_empty(self) -> bool {
+        self.pages == 0
+    }
+
+    /// The last page's address, or `None` for an empty range.
+    pub const fn last(self) -> Option<u64> {
+        if self.pages == 0 {
+            None
+        } else {
+            // Cannot overflow: checked at construction.
+            Some(self.start + (self.pages - 1) * PAGE_SIZE)
+        }
+    }
+
+    /// Whether the page holding `va` is in the range.
+    pub fn contains(self, va: u64) -> bool {
+        let page = va & !(PAGE_SIZE - 1);
+        self.last()
+            .is_some_and(|last| (self.start..=last).contains(&page))
+    }
+
+    /// The part of the range from the page at `va` on (empty when `va`
+    /// lies past its end, the whole range when before its start).
+    pub fn from_page(self, va: u64) -> PageRange {
+        let page = va & !(PAGE_SIZE - 1);
+        match self.last() {
+            Some(last) if page <= last => {
+                let first = page.max(self.start);
+                PageRange {
+                    start: first,
+                    pages: ((last - first) >> PAGE_SHIFT) + 1,
+                }
+            }
+            _ => PageRange {
+                start: self.start,
+                pages: 0,
+            },
+        }
+    }
+
+    /// The part of the range after the page at `va` (empty when `va` lies
+    /// at or past its last page).
+    pub fn after(self, va: u64) -> PageRange {
+        let page = va & !(PAGE_SIZE - 1);
+        match self.last() {
+            // `page < last`, so `page + PAGE_SIZE` does not overflow.
+            Some(last) if page < last => self.from_page(page + PAGE_SIZE),
+            _ => PageRange {
+                start: self.start,
+                pages: 0,
+            },
+        }
+    }
+
+    /// The part of the range that the leaf page table holding the entry
+    /// for `va` maps (see [`TABLE_SPAN`]).
+    pub fn within_table_of(self, va: u64) -> PageRange {
+        let table_first = va & !(TABLE_SPAN - 1);
+        let table_last = table_first + (TABLE_SPAN - PAGE_SIZE);
+        let rest = self.from_page(table_first);
+        match rest.last() {
+            Some(last) => {
+                let end = last.min(table_last);
+                if end < rest.start {
+                    PageRange::EMPTY
+                } else {
+                    PageRange {
+                        start: rest.start,
+                        pages: ((end - rest.start) >> PAGE_SHIFT) + 1,
+                    }
+                }
+            }
+            None => PageRange::EMPTY,
+        }
+    }
+
+    /// Every page's address, in order.
+    pub fn iter(self) -> impl Iterator<Item = u64> {
+        (0..self.pages).map(move |i| self.start + i * PAGE_SIZE)
+    }
+}
+
+impl fmt::Debug for PageRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.last() {
+            Some(last) => write!(
+                f,
+                "PageRange({:#x}..={:#x}, {} pages)",
+                self.start, last, self.pages
+            ),
+            None => write!(f, "PageRange(empty)"),
+        }
+    }
+}
+
+/// Whether `va` is canonical for an MMU that translates `bits`-bit
+/// addresses: bits 63 down to `bits - 1` are all equal (sign extension).
+/// `bits` of 64 or more accept every address.
+pub const fn is_canonical(va: u64, bits: u32) -> bool {
+    if bits >= 64 {
+        return true;
+    }
+    if bits == 0 {
+        return va == 0;
+    }
+    let shift = 64 - bits;
+    ((((va << shift) as i64) >> shift) as u64) == va
+}
+
+/// Checks that `va` is page-aligned ([`Error::Unaligned`]) and canonical
+/// on this architecture ([`Error::NonCanonical`], see [`Arch::va_bits`]).
+pub fn check_va<A: Arch + ?Sized>(arch: &A, va: u64) -> Result<(), Error> {
+    check_aligned(va)?;
+    if is_canonical(va, arch.va_bits()) {
+        Ok(())
+    } else {
+        Err(Error::NonCanonical { addr: va })
+    }
+}
+
+/// Checks that every page of `range` is canonical on this architecture and
+/// that the range does not cross the hole between the lower and the upper
+/// half of the address space ([`Error::NonCanonical`] naming the first
+/// address that is not).
+pub fn check_range<A: Arch + ?Sized>(arch: &A, range: PageRange) -> Result<(), Error> {
+    let Some(last) = range.last() else {
+        return Ok(());
+    };
+    check_va(arch, range.start)?;
+    // The start is canonical. From the upper half the range can only run
+    // on in the upper half (it ends at the top at most); from the lower
+    // half, the first address past it is the first non-canonical one.
+    let bits = arch.va_bits();
+    if !is_canonical(last, bits) || (range.start >> 63) != (last >> 63) {
+        let hole = if bits == 0 || bits >= 64 {
+            0
+        } else {
+            1u64 << (bits - 1)
+        };
+        return Err(Error::NonCanonical { addr: hole });
+    }
+    Ok(())
+}
+
+/// Checks that a user ASID fits the architecture's ASID width
+/// ([`Arch::asid_bits`]); [`Asid::KERNEL`] always fits. Errors:
+/// [`Error::AsidOutOfRange`].
+pub fn check_asid<A: Arch + ?Sized>(arch: &A, asid: Asid) -> Result<(), Error> {
+    if asid.is_kernel() {
+        return Ok(());
+    }
+    let bits = arch.asid_bits().min(16);
+    if u32::from(asid.value()) < (1u32 << bits) {
+        Ok(())
+    } else {
+        Err(Error::AsidOutOfRange {
+            asid: asid.value(),
+            bits,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_reach_the_top_page_and_never_wrap() {
+        let top = 0xffff_ffff_ffff_f000;
+        assert_eq!(PageRange::new(top, 1).unwrap().last(), Some(top));
+        assert_eq!(
+            PageRange::new(top, 2),
+            Err(Error::RangeOverflow { start: top, pages: 2 })
+        );
+        assert_eq!(
+            PageRange::new(0, u64::MAX),
+            Err(Error::RangeOverflow {
+                start: 0,
+                pages: u64::MAX
+            })
+        );
+        let all = PageRange::new(0, 1 << 52).unwrap();
+        assert_eq!(all.last(), Some(top));
+        assert!(all.contains(top + 5));
+        assert_eq!(PageRange::new(0x1001, 1), Err(Error::Unaligned { addr: 0x1001 }));
+        assert_eq!(PageRange::new(0x1000, 0).unwrap().last(), None);
+    }
+
+    #[test]
+    fn sub_ranges_stay_inside() {
+        let r = PageRange::new(0x1000, 10).unwrap();
+        assert_eq!(r.from_page(0x5000), PageRange::new(0x5000, 6).unwrap());
+        assert_eq!(r.from_page(0).pages(), 10);
+        assert!(r.from_page(0xb000).is_empty());
+        assert_eq!(r.after(0x5000), PageRange::new(0x6000, 5).unwrap());
+        assert!(r.after(0xa000).is_empty());
+        assert!(PageRange::page(0xffff_ffff_ffff_f000)
+            .unwrap()
+            .after(0xffff_ffff_ffff_f000)
+            .is_empty());
+        let big = PageRange::new(0x1f_f000, 4).unwrap();
+        assert_eq!(
+            big.within_table_of(0x1f_f000),
+            PageRange::new(0x1f_f000, 1).unwrap()
+        );
+        assert_eq!(
+            big.within_table_of(0x20_0000),
+            PageRange::new(0x20_0000, 3).unwrap()
+        );
+        assert!(big.within_table_of(0x40_0000).is_empty());
+        let top = PageRange::new(0xffff_ffff_ffe0_0000, 512).unwrap();
+        assert_eq!(top.within_table_of(0xffff_ffff_ffff_f000), top);
+    }
+
+    #[test]
+    fn canonical_form_is_sign_extension() {
+        assert!(is_canonical(0x7fff_ffff_f000, 48));
+        assert!(!is_canonical(0x8000_0000_0000, 48));
+        assert!(is_canonical(0xffff_8000_0000_0000, 48));
+        assert!(!is_canonical(0xff00_0000_0000_0000, 48));
+        assert!(is_canonical(0xff00_0000_0000_0000, 57));
+        assert!(is_canonical(u64::MAX, 64));
+    }
+}

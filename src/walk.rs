@@ -1,0 +1,96 @@
+//! Walking a range of one address space's page table the way range
+//! operations must: table by table, each under its lock
+//! ([`PageTable::with_table_locked`]) with contract rule 5 checked inside
+//! it, and stepping over what is not mapped
+//! ([`PageTable::next_populated`]) so that the cost follows what is mapped.
+
+use crate::arch::Arch;
+use crate::mm::flush_tlb_batched_pending;
+use crate::pte::{Pte, PAGE_SIZE};
+use crate::range::PageRange;
+use crate::rmap::PageTable;
+use crate::Error;
+
+/// What `visit` asks of [`walk_range`] after seeing one entry.
+pub(crate) enum Step {
+    /// Done with this entry; go on.
+    Next,
+    /// Stop before this entry (it was not changed): the caller has work to
+    /// do outside the table lock, then walks again from here.
+    Pause,
+}
+
+/// The first address of `range` whose entry may be non-empty, trusting
+/// [`PageTable::next_populated`] only for an answer inside `range` (any
+/// other answer falls back to `range.start()`, which skips nothing and
+/// always makes progress).
+fn next_populated<S: PageTable + ?Sized>(space: &S, range: PageRange) -> Option<u64> {
+    if range.is_empty() {
+        return None;
+    }
+    match space.next_populated(range) {
+        Some(va) if range.contains(va) => Some(va & !(PAGE_SIZE - 1)),
+        Some(_) => Some(range.start()),
+        None => None,
+    }
+}
+
+/// Calls `visit` for every non-empty entry of `range` in `space`, in
+/// address order, table by table: for each leaf table that may map
+/// something in the range, under that table's lock, first a pending
+/// batched flush of the address space is done (rule 5, checked where a
+/// reclaimer holding the same lock would have set it), then `visit` runs
+/// for the table's non-empty entries.
+///
+/// After the last table, rule 5 is checked once more, for deferrals in
+/// tables the walk stepped over because nothing in them was left mapped.
+///
+/// Returns `Ok(None)` when the whole range was walked, `Ok(Some(va))` when
+/// `visit` paused before the entry at `va`. On an error (from the flush or
+/// from `visit`) the walk stops; entries already visited stay changed.
+pub(crate) fn walk_range<A, S>(
+    arch: &A,
+    space: &S,
+    range: PageRange,
+    visit: &mut dyn FnMut(u64, Pte) -> Result<Step, Error>,
+) -> Result<Option<u64>, Error>
+where
+    A: Arch,
+    S: PageTable + ?Sized,
+{
+    let mm = space.tlb_state();
+    let mut rest = range;
+    while let Some(first) = next_populated(space, rest) {
+        let table = rest.within_table_of(first).from_page(first);
+        let mut outcome = Ok(None);
+        space.with_table_locked(first, &mut || {
+            outcome = (|| {
+                flush_tlb_batched_pending(arch, mm)?;
+                let mut va = Some(first);
+                while let Some(v) = va {
+                    let pte = space.lookup(v);
+                    if pte != Pte::EMPTY {
+                        if let Step::Pause = visit(v, pte)? {
+                            return Ok(Some(v));
+                        }
+                    }
+                    va = next_populated(space, table.after(v));
+                }
+                Ok(None)
+            })();
+        });
+        if let Some(paused) = outcome? {
+            return Ok(Some(paused));
+        }
+        match table.last() {
+            Some(last) => rest = rest.after(last),
+            None => break,
+        }
+    }
+    // A reclaimer may have cleared and deferred the last non-empty entry of
+    // a table this walk then stepped over (or before the walk, in a range
+    // with nothing left to visit): the stale entry it left must not outlive
+    // the operation either.
+    flush_tlb_batched_pending(arch, mm)?;
+    Ok(None)
+}
