@@ -353,6 +353,25 @@ fn publish<A: Arch>(
     Ok(need_ipi.len())
 }
 
+/// Runs `f` with this CPU's request slot taken, as if `f` were an interrupt
+/// handler that arrived while this CPU was in the middle of a shootdown:
+/// every shootdown `f` starts on this CPU fails with
+/// [`Error::ShootdownReentered`], exactly as such a handler's would. The
+/// mock machine's fault injection
+/// ([`MockCpu::in_shootdown`](crate::arch::mock::MockCpu::in_shootdown)).
+/// Errors: [`Error::ShootdownReentered`] when the slot is already taken.
+#[cfg(feature = "mock")]
+pub(crate) fn with_slot_taken<A: Arch, R>(arch: &A, f: impl FnOnce() -> R) -> Result<R, Error> {
+    let me = arch.current_cpu();
+    let slot = &arch.shootdown_state().cpus[me.index()].slot;
+    if slot.busy.swap(true, Ordering::Acquire) {
+        return Err(Error::ShootdownReentered { cpu: me.index() });
+    }
+    let result = f();
+    slot.busy.store(false, Ordering::Release);
+    Ok(result)
+}
+
 /// Waits until every target acknowledged this CPU's request, serving this
 /// CPU's own inbox meanwhile, then frees the slot.
 fn wait_for_acks<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) {

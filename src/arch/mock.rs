@@ -558,7 +558,9 @@ impl<M: Model> MockMachine<M> {
 
     /// Returns a frame to the free list. The oracle records a
     /// [`Violation::FreedWhileCached`] for every CPU still caching it (only
-    /// when the free itself is accepted).
+    /// when the free itself is accepted), and a [`Violation::FreedDuringIo`]
+    /// for a frame still being written out (which stays under I/O, and the
+    /// free is refused).
     pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
         // TLBs are scanned before the memory lock is taken: accesses lock a
         // TLB and then memory, never the other way round.
@@ -568,7 +570,17 @@ impl<M: Model> MockMachine<M> {
             .filter(|(_, t)| *t == frame)
             .map(|(c, _)| *c)
             .collect();
-        lock(&self.memory).free(frame)?;
+        let freed = lock(&self.memory).free(frame);
+        if let Err(FrameError::WrongState {
+            state: FrameState::UnderIo,
+            ..
+        }) = freed
+        {
+            // A real allocator would take it back while the device still
+            // reads it: that is a breach of the contract, not a refusal.
+            self.record(Violation::FreedDuringIo { frame });
+        }
+        freed?;
         for cpu in walking {
             self.record(Violation::TableFreedUnderWalker { frame, cpu });
         }
@@ -908,6 +920,18 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// The address space this CPU runs, if any.
     pub fn current_mm(&self) -> Option<Arc<MmTlbState>> {
         lock(&self.state().mm).clone()
+    }
+
+    /// Fault injection: runs `f` as an interrupt handler that arrived while
+    /// this CPU was in the middle of a shootdown of its own. Every shootdown
+    /// `f` starts on this CPU then fails with
+    /// [`Error::ShootdownReentered`], through the crate's real protocol (the
+    /// CPU's request slot is taken), so a test can drive an operation into
+    /// its error path and check what the error leaves behind and what a
+    /// retry does. Errors: [`Error::ShootdownReentered`] when this CPU is
+    /// already inside such a call.
+    pub fn in_shootdown<R>(&self, f: impl FnOnce() -> R) -> Result<R, Error> {
+        crate::shootdown::with_slot_taken(self, f)
     }
 
     /// Masks interrupts: IPIs stay pending until they are enabled again

@@ -59,6 +59,12 @@ pub enum Violation {
         /// Whether that cached entry allowed writes.
         writable: bool,
     },
+    /// A frame was freed while it was still being written out: the device
+    /// reads a frame its next owner may already be writing (rule 1).
+    FreedDuringIo {
+        /// The frame.
+        frame: Frame,
+    },
     /// A frame was handed to I/O while a CPU still cached a writable
     /// translation to it (rule 1).
     IoWhileWritable {
