@@ -7,22 +7,28 @@
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tlb_batch::{Asid, FlushRequest, FlushScope, MAX_FLUSH_ENTRIES, PAGE_SIZE};
+use tlb_batch::{Asid, FlushRequest, FlushScope, PageRange, MAX_FLUSH_ENTRIES, PAGE_SIZE};
 
 #[derive(Arbitrary, Debug)]
 enum Add {
     Page { asid: u8, page: u16, offset: u8 },
     Range { asid: u8, first: u16, pages: u8, backwards: bool },
+    /// `pages` pages ending at the last page of the address space.
+    AtTop { asid: u8, pages: u8 },
     WholeAsid { asid: u8 },
     Clear,
 }
+
+/// The last page of the 64-bit address space.
+const TOP: u64 = !(PAGE_SIZE - 1);
 
 fn asid(v: u8) -> Asid {
     // 255 stands for the kernel's address space.
     if v == 255 {
         Asid::KERNEL
     } else {
-        Asid::new(u16::from(v)).unwrap_or(Asid::KERNEL)
+        // 0 is reserved: it stands for 1.
+        Asid::new(u16::from(v).max(1)).unwrap_or(Asid::KERNEL)
     }
 }
 
@@ -36,7 +42,8 @@ fn covered(req: &FlushRequest, a: Asid, va: u64) -> bool {
     match req.scope() {
         FlushScope::Ranges(ranges) => ranges
             .iter()
-            .any(|r| r.asid == a && va >= r.start && va < r.start + u64::from(r.pages) * PAGE_SIZE),
+            // Subtracting: a range at the top of the address space has no end.
+            .any(|r| r.asid == a && va >= r.start && va - r.start < u64::from(r.pages) * PAGE_SIZE),
         FlushScope::Asids(asids) => asids.contains(&a) || asids.contains(&Asid::KERNEL),
         FlushScope::Everything { include_global } => include_global || !a.is_kernel(),
     }
@@ -61,11 +68,20 @@ fuzz_target!(|input: Input| {
                 let start = u64::from(first) * PAGE_SIZE;
                 let end = start + u64::from(pages) * PAGE_SIZE;
                 let (s, e) = if backwards { (end, start) } else { (start, end) };
-                let before = req.pages();
-                match req.add_range(asid(a), s, e, ceiling) {
-                    Ok(()) => added.extend((0..u64::from(pages)).map(|i| (asid(a), start + i * PAGE_SIZE))),
-                    Err(_) => assert!(s > e && req.pages() == before),
+                match PageRange::from_bounds(s, e) {
+                    Ok(range) => {
+                        req.add_range(asid(a), range, ceiling);
+                        added.extend(range.iter().map(|va| (asid(a), va)));
+                    }
+                    Err(_) => assert!(s > e),
                 }
+            }
+            Add::AtTop { asid: a, pages } => {
+                let pages = u64::from(pages);
+                let range = PageRange::new(TOP - pages.saturating_sub(1) * PAGE_SIZE, pages)
+                    .expect("a range that ends at the top page fits");
+                req.add_range(asid(a), range, ceiling);
+                added.extend(range.iter().map(|va| (asid(a), va)));
             }
             Add::WholeAsid { asid: a } => {
                 req.add_asid(asid(a));

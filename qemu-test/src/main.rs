@@ -93,6 +93,8 @@ fn features() -> Features {
         invpcid: bits & 2 != 0,
         x2apic: bits & 4 != 0,
         pge: bits & 8 != 0,
+        // The test kernel runs 4-level paging.
+        la57: false,
     }
 }
 

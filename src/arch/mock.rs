@@ -27,6 +27,7 @@
 //! [`Arch`]; many machines can run side by side in parallel tests.
 
 mod cost;
+mod counting;
 mod kernel;
 pub mod ops;
 mod oracle;
@@ -40,6 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::vec::Vec;
 
 pub use cost::{CostKind, CostModel, CostTotals};
+pub use counting::CountingTable;
 pub use kernel::{IoMode, MockKernel, MockRmap};
 pub use oracle::{FrameError, FrameState, Violation};
 pub use tlb::TlbEntry;

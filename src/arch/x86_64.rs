@@ -185,6 +185,10 @@ pub struct Features {
     pub x2apic: bool,
     /// Global pages (CR4.PGE).
     pub pge: bool,
+    /// 5-level paging is on (CR4.LA57): addresses have 57 canonical bits
+    /// instead of 48. [`detect`](Self::detect) leaves it false; a kernel
+    /// that enables LA57 sets it.
+    pub la57: bool,
 }
 
 impl Features {
@@ -198,6 +202,7 @@ impl Features {
             invpcid: ebx7 & (1 << 10) != 0,
             x2apic: ecx1 & (1 << 21) != 0,
             pge: edx1 & (1 << 13) != 0,
+            la57: false,
         }
     }
 }
@@ -443,8 +448,10 @@ impl CpuTable {
 ///
 /// PCIDs are used only when the CPU has both PCID and INVPCID (flushing a
 /// page of an address space that is not loaded needs INVPCID) and CR4.PCIDE
-/// is set; an ASID's PCID is its value's low 12 bits, so a kernel keeps at
-/// most 4095 live user ASIDs (PCID 0 is left to the kernel).
+/// is set; an ASID's PCID is its value, and the crate refuses ASIDs wider
+/// than [`PCID_BITS`], so a kernel keeps at most 4095 live user ASIDs (PCID
+/// 0 is the kernel's). Addresses are checked to be canonical (48 bits, or
+/// 57 with [`Features::la57`]) before any reaches `invlpg` or `INVPCID`.
 pub struct X86_64 {
     apic: LocalApic,
     vector: u8,
@@ -453,7 +460,12 @@ pub struct X86_64 {
     pcid: bool,
     invpcid: bool,
     pge: bool,
+    la57: bool,
 }
+
+/// The width of a PCID: ASIDs 1 to 4095 are user address spaces, PCID 0 is
+/// the kernel's.
+pub const PCID_BITS: u32 = 12;
 
 impl X86_64 {
     /// The `Arch` for this machine.
@@ -480,6 +492,7 @@ impl X86_64 {
             pcid: features.pcid && features.invpcid,
             invpcid: features.invpcid,
             pge: features.pge,
+            la57: features.la57,
         }
     }
 
@@ -505,12 +518,14 @@ impl X86_64 {
         self.pcid
     }
 
-    /// The PCID of an ASID.
+    /// The PCID of an ASID: its value, which the crate's entry points have
+    /// checked to fit [`PCID_BITS`] (so no two live ASIDs share a PCID and
+    /// none is the kernel's 0); the kernel's ASID has PCID 0.
     pub fn pcid_of(asid: Asid) -> u16 {
         if asid.is_kernel() {
             0
         } else {
-            asid.value() & 0xfff
+            asid.value() & ((1 << PCID_BITS) - 1)
         }
     }
 
@@ -547,6 +562,20 @@ unsafe impl Arch for X86_64 {
 
     fn tagged_tlb(&self) -> bool {
         self.pcid
+    }
+
+    fn va_bits(&self) -> u32 {
+        if self.la57 {
+            57
+        } else {
+            48
+        }
+    }
+
+    fn asid_bits(&self) -> u32 {
+        // The PCID width whether or not PCIDs are on, so that a kernel's
+        // ASIDs stay valid when it turns them on.
+        PCID_BITS
     }
 
     fn flush_local_page(&self, asid: Asid, va: u64) {
