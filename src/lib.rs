@@ -22,14 +22,38 @@
 //!
 //! - [`UnmapBatch`]: unmap frames through the reverse map with flushes
 //!   deferred, then [`flush_dirty`](UnmapBatch::flush_dirty) before writing
-//!   them out and [`flush`](UnmapBatch::flush) before freeing them; the
-//!   frames come back only through those calls, so the order is enforced at
-//!   compile time.
+//!   them out and [`flush`](UnmapBatch::flush) before freeing them; a frame
+//!   any of whose mappings was cleared under the batch comes back only
+//!   through those calls (still mapped ones marked as such), so the order is
+//!   enforced at compile time. Making an [`OwnedFrame`] is the kernel's
+//!   `unsafe` promise that the handle is the only claim that can free it.
 //! - [`try_to_unmap`], [`page_referenced`] and [`TlbFlushUnmapBatch`]: the
 //!   same machinery, low-level, with the contract documented.
 //! - [`change_protection`]: mprotect-like changes that first flush what a
 //!   reclaimer left pending (contract rule 5).
 //! - [`shootdown`] and the `flush_tlb_*` functions for immediate flushes.
+//! - [`shrink_page_list`], [`migrate_pages`] and [`MmuGather`]: the reclaim,
+//!   migration and teardown drivers, one flush per flush point.
+//!
+//! # Bad input and failures
+//!
+//! Every entry point checks what it is given before it changes anything:
+//! addresses must be aligned and canonical ([`Arch::va_bits`], checked on
+//! what the kernel's reverse map reports too), ranges ([`PageRange`]: a
+//! first page and a count, so the last page of the address space is
+//! expressible) must not cross the hole between the halves, ASIDs must fit
+//! the hardware's width ([`Arch::asid_bits`]); anything else is a typed
+//! [`Error`] with nothing changed. Range operations step over what is not
+//! mapped ([`PageTable::next_populated`]), so their cost follows what is
+//! mapped.
+//!
+//! A failed flush loses nothing owed. A driver never returns with a frame
+//! in an unknown state: every frame is freed, handed back, or held by a
+//! value the caller owns that records exactly what is left
+//! ([`ReclaimRetry`], [`MigrateRetry`], an unfinished [`MmuGather`], an
+//! [`UnmapBatch`] that keeps its frames), and retrying that value finishes
+//! the work; [`change_protection`] records the flush it owes in the address
+//! space, so the retry, or any later change of it, does it first.
 //!
 //! # The safety contract
 //!
@@ -98,6 +122,7 @@
 //! # }
 //! ```
 #![no_std]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]

@@ -147,6 +147,7 @@ pub enum Op {
 /// out (so that every byte counts: `Vec::arbitrary` would read a "go on?"
 /// flag before each element and stop after a couple of them).
 #[cfg(feature = "arbitrary")]
+#[cfg_attr(docsrs, doc(cfg(feature = "arbitrary")))]
 pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
     use arbitrary::Arbitrary;
     let mut u = arbitrary::Unstructured::new(bytes);
