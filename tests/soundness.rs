@@ -55,6 +55,19 @@ fn touch(m: &MockMachine, rmap: &MockRmap<'_>, cpu: usize, s: usize, va: u64, wr
     m.test_and_clear_accessed(mm, va).unwrap();
 }
 
+/// `n` fresh frames mapped at test pages `0..n` of space 0, each touched
+/// by CPU 1 (written when `writable`, read otherwise).
+fn mapped(m: &MockMachine, rmap: &MockRmap<'_>, n: usize, writable: bool) -> Vec<Frame> {
+    (0..n)
+        .map(|i| {
+            let f = m.alloc_frame().unwrap();
+            rmap.map(f, 0, va(i), writable, MappingFlags::empty()).unwrap();
+            touch(m, rmap, 1, 0, va(i), writable);
+            f
+        })
+        .collect()
+}
+
 // ----- 1. The typed layer under safe code -----
 
 /// Frame F is mapped in space 0 (CPU 1 writes it) and space 1 (CPU 2 uses
@@ -190,11 +203,7 @@ fn another_machines_arch_is_refused_by_every_batch() {
     let a = MockMachine::new(config(2, 64)).unwrap();
     let b = MockMachine::new(config(2, 64)).unwrap();
     let rmap = rmap_of(&a, 1);
-    let frames: Vec<_> = (0..2).map(|_| a.alloc_frame().unwrap()).collect();
-    for (i, &f) in frames.iter().enumerate() {
-        rmap.map(f, 0, va(i), true, MappingFlags::empty()).unwrap();
-        touch(&a, &rmap, 1, 0, va(i), true);
-    }
+    let frames = mapped(&a, &rmap, 2, true);
     let (a0, b0) = (a.cpu(0).unwrap(), b.cpu(0).unwrap());
 
     // The low-level batch.
@@ -324,11 +333,7 @@ impl MigrateBacking for Counting<'_, '_, '_> {
 fn migration_retried_after_its_final_flush_failed_finishes_exactly_once() {
     let m = MockMachine::new(config(3, 64)).unwrap();
     let rmap = rmap_of(&m, 1);
-    let frames: Vec<_> = (0..3).map(|_| m.alloc_frame().unwrap()).collect();
-    for (i, &f) in frames.iter().enumerate() {
-        rmap.map(f, 0, va(i), false, MappingFlags::empty()).unwrap();
-        touch(&m, &rmap, 1, 0, va(i), false);
-    }
+    let frames = mapped(&m, &rmap, 3, false);
     let copies = Cell::new(0);
     let mut backing = Counting {
         kernel: MockKernel::new(&rmap),
@@ -389,13 +394,9 @@ fn migration_retried_after_its_final_flush_failed_finishes_exactly_once() {
 fn reclaim_retried_after_its_final_flush_failed_never_frees_a_frame_under_io() {
     let m = MockMachine::new(config(3, 64)).unwrap();
     let rmap = rmap_of(&m, 1);
-    let frames: Vec<_> = (0..4).map(|_| m.alloc_frame().unwrap()).collect();
-    for (i, &f) in frames.iter().enumerate() {
-        rmap.map(f, 0, va(i), false, MappingFlags::empty()).unwrap();
-        touch(&m, &rmap, 1, 0, va(i), false);
-        if i % 2 == 0 {
-            m.set_frame_dirty(f).unwrap();
-        }
+    let frames = mapped(&m, &rmap, 4, false);
+    for f in frames.iter().step_by(2) {
+        m.set_frame_dirty(*f).unwrap();
     }
     let mut kernel = MockKernel::new(&rmap);
     kernel.io = IoMode::Queued;
@@ -568,11 +569,7 @@ impl TeardownBacking for Adds<'_, '_> {
 fn a_free_that_adds_frames_is_handled_by_reclaim_and_teardown() {
     let m = MockMachine::new(config(2, 64)).unwrap();
     let rmap = rmap_of(&m, 1);
-    let frames: Vec<_> = (0..2).map(|_| m.alloc_frame().unwrap()).collect();
-    for (i, &f) in frames.iter().enumerate() {
-        rmap.map(f, 0, va(i), false, MappingFlags::empty()).unwrap();
-        touch(&m, &rmap, 1, 0, va(i), false);
-    }
+    let frames = mapped(&m, &rmap, 2, false);
     let stray = m.alloc_frame().unwrap();
     // It refuses what it is given, and adds a frame on top.
     let mut kernel = MockKernel::new(&rmap);
