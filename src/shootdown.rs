@@ -404,13 +404,13 @@ fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
         if let Some(request) = slot.read() {
             execute_local(arch, state, &request, FlushReason::RemoteShootdown);
         }
+        // Counted before the acknowledgement, which releases it: an
+        // initiator that saw its request done sees it counted too.
+        state.count(Counter::FlushesReceived, 1);
         // Acknowledge only after the flush; the initiator may reuse the
         // slot as soon as the count reaches zero.
         slot.remaining.fetch_sub(1, Ordering::Release);
         served += 1;
-    }
-    if served > 0 {
-        state.count(Counter::FlushesReceived, served as u64);
     }
     served
 }
