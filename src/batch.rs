@@ -5,11 +5,12 @@ use crate::arch::Arch;
 use crate::cpuset::CpuSet;
 use crate::mm::MmTlbState;
 use crate::pte::Pte;
-use crate::range::{check_asid, check_va, PageRange};
+use crate::range::PageRange;
 use crate::request::{FlushRequest, FlushScope};
-use crate::rmap::TtuFlags;
 use crate::shootdown::{shootdown, ShootdownReport};
 use crate::stats::Counter;
+use crate::ttu::TtuFlags;
+use crate::validate::{check_asid, check_va};
 use crate::Error;
 
 /// Pending TLB flushes of pages whose PTEs were cleared but not yet flushed

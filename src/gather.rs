@@ -6,11 +6,12 @@ use crate::arch::Arch;
 use crate::batch::machine_id;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, PAGE_SIZE};
-use crate::range::{check_asid, check_range, PageRange};
+use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
+use crate::validate::{check_asid, check_range};
 use crate::walk::{walk_range, Step};
 use crate::Error;
 

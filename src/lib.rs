@@ -131,6 +131,7 @@
 extern crate std;
 
 pub mod arch;
+mod asid;
 mod batch;
 mod cpuset;
 mod error;
@@ -138,15 +139,20 @@ mod gather;
 mod migrate;
 mod mm;
 mod mprotect;
+mod percpu;
 mod pte;
 mod range;
 mod reclaim;
 mod request;
 pub mod rmap;
 mod shootdown;
+#[cfg(feature = "mock")]
+mod sim;
 mod stats;
 mod sync;
+mod ttu;
 mod unmap;
+mod validate;
 mod walk;
 
 /// The fixed-capacity collections in this crate's signatures
@@ -170,16 +176,18 @@ pub use mm::{
     flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
 };
 pub use mprotect::change_protection;
+pub use percpu::TlbShootdown;
 pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
-pub use range::{check_asid, check_range, check_va, is_canonical, PageRange, TABLE_PAGES, TABLE_SPAN};
+pub use range::{is_canonical, PageRange, TABLE_PAGES, TABLE_SPAN};
 pub use reclaim::{shrink_page_list, PageOut, ReclaimBacking, ReclaimRetry, ReclaimSummary, Verdict};
 pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 pub use rmap::{
     page_referenced, try_to_unmap, BoundedRmap, Mapping, MappingFlags, PageState, PageTable, Referenced,
     Rmap, SwapResult, TtuFlags,
 };
-pub use shootdown::{handle_flush_ipi, ipi_sync, shootdown, ShootdownReport, TlbShootdown};
+pub use shootdown::{handle_flush_ipi, ipi_sync, shootdown, ShootdownReport};
 pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
 pub use unmap::{
     Flushed, FreeFrames, OwnedFrame, Released, StillMapped, UnmapBatch, Unmapped, Writeback, WritebackFrame,
 };
+pub use validate::{check_asid, check_range, check_request, check_va};

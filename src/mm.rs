@@ -3,11 +3,12 @@
 
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuSet};
-use crate::range::{check_asid, check_va, PageRange};
+use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::shootdown::{shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, maybe_const_fn, AtomicU64, Ordering};
+use crate::validate::{check_asid, check_va};
 use crate::Error;
 
 /// The TLB-related state of one address space (the fields Linux keeps in

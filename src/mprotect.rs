@@ -4,10 +4,11 @@
 
 use crate::arch::Arch;
 use crate::pte::Pte;
-use crate::range::{check_asid, check_range, PageRange};
+use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
+use crate::validate::{check_asid, check_range};
 use crate::walk::{walk_range, Step};
 use crate::Error;
 

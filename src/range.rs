@@ -1,15 +1,13 @@
-//! Virtual addresses and page ranges as the architecture accepts them.
+//! Page ranges and canonical addresses.
 //!
 //! A range is its first page and a page count, never an exclusive end: the
 //! last page of the address space (`0xffff_ffff_ffff_f000` on x86-64) has no
 //! end address that fits in a `u64`, and a range that had to name one could
-//! not express it. Every entry point that receives an address checks it
-//! here, against [`Arch::va_bits`] and [`Arch::asid_bits`], before it
-//! touches a page-table entry.
+//! not express it. Whether a machine can translate a range is checked by
+//! [`check_range`](crate::check_range), against the architecture.
 
 use core::fmt;
 
-use crate::arch::{Arch, Asid};
 use crate::pte::{check_aligned, PAGE_SHIFT, PAGE_SIZE};
 use crate::Error;
 
@@ -27,7 +25,7 @@ pub const TABLE_SPAN: u64 = TABLE_PAGES * PAGE_SIZE;
 /// and ends at or below the top of the 64-bit address space: its last page
 /// is always `start + (pages - 1) * PAGE_SIZE` without overflow. Whether the
 /// addresses exist on a given machine (canonical form) is checked by the
-/// entry points that receive the range ([`check_range`]).
+/// entry points that receive the range ([`check_range`](crate::check_range)).
 ///
 /// ```
 /// use tlb_batch::{Error, PageRange, PAGE_SIZE};
@@ -203,59 +201,6 @@ pub const fn is_canonical(va: u64, bits: u32) -> bool {
     }
     let shift = 64 - bits;
     ((((va << shift) as i64) >> shift) as u64) == va
-}
-
-/// Checks that `va` is page-aligned ([`Error::Unaligned`]) and canonical
-/// on this architecture ([`Error::NonCanonical`], see [`Arch::va_bits`]).
-pub fn check_va<A: Arch + ?Sized>(arch: &A, va: u64) -> Result<(), Error> {
-    check_aligned(va)?;
-    if is_canonical(va, arch.va_bits()) {
-        Ok(())
-    } else {
-        Err(Error::NonCanonical { addr: va })
-    }
-}
-
-/// Checks that every page of `range` is canonical on this architecture and
-/// that the range does not cross the hole between the lower and the upper
-/// half of the address space ([`Error::NonCanonical`] naming the first
-/// address that is not).
-pub fn check_range<A: Arch + ?Sized>(arch: &A, range: PageRange) -> Result<(), Error> {
-    let Some(last) = range.last() else {
-        return Ok(());
-    };
-    check_va(arch, range.start)?;
-    // The start is canonical. From the upper half the range can only run
-    // on in the upper half (it ends at the top at most); from the lower
-    // half, the first address past it is the first non-canonical one.
-    let bits = arch.va_bits();
-    if !is_canonical(last, bits) || (range.start >> 63) != (last >> 63) {
-        let hole = if bits == 0 || bits >= 64 {
-            0
-        } else {
-            1u64 << (bits - 1)
-        };
-        return Err(Error::NonCanonical { addr: hole });
-    }
-    Ok(())
-}
-
-/// Checks that a user ASID fits the architecture's ASID width
-/// ([`Arch::asid_bits`]); [`Asid::KERNEL`] always fits. Errors:
-/// [`Error::AsidOutOfRange`].
-pub fn check_asid<A: Arch + ?Sized>(arch: &A, asid: Asid) -> Result<(), Error> {
-    if asid.is_kernel() {
-        return Ok(());
-    }
-    let bits = arch.asid_bits().min(16);
-    if u32::from(asid.value()) < (1u32 << bits) {
-        Ok(())
-    } else {
-        Err(Error::AsidOutOfRange {
-            asid: asid.value(),
-            bits,
-        })
-    }
 }
 
 #[cfg(test)]

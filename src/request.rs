@@ -1,8 +1,8 @@
 //! What one shootdown asks every target CPU to invalidate.
 
-use crate::arch::{Arch, Asid};
+use crate::asid::Asid;
 use crate::pte::PAGE_SIZE;
-use crate::range::{check_asid, check_range, PageRange};
+use crate::range::PageRange;
 use crate::Error;
 
 /// The most page ranges a request carries, and so the largest useful
@@ -143,7 +143,7 @@ impl FlushRequest {
     /// (capped at [`MAX_FLUSH_ENTRIES`]) the request degrades to a full flush
     /// of its ASIDs. Cannot fail: a [`PageRange`] is valid by construction
     /// (whether its addresses exist on a machine is checked when the
-    /// request is sent, by [`shootdown`](crate::shootdown)).
+    /// request is sent: [`check_request`](crate::check_request)).
     pub fn add_range(&mut self, asid: Asid, range: PageRange, ceiling: usize) {
         if range.is_empty() {
             return;
@@ -194,25 +194,6 @@ impl FlushRequest {
         Ok(())
     }
 
-    /// Checks that `arch` can carry the request out: every page canonical
-    /// ([`Error::NonCanonical`]) and every ASID within its width
-    /// ([`Error::AsidOutOfRange`]). [`shootdown`](crate::shootdown) calls it
-    /// before anything is published, so that no remote CPU's interrupt
-    /// handler ever meets an address its invalidation instruction faults
-    /// on.
-    pub fn check<A: Arch + ?Sized>(&self, arch: &A) -> Result<(), Error> {
-        if let FlushScope::Ranges(ranges) = self.scope() {
-            for r in ranges {
-                let range = PageRange::new(r.start, u64::from(r.pages))?;
-                check_range(arch, range)?;
-            }
-        }
-        for &asid in &self.asids[..self.nr_asids] {
-            check_asid(arch, asid)?;
-        }
-        Ok(())
-    }
-
     /// Asks for every entry of `asid` to be flushed.
     pub fn add_asid(&mut self, asid: Asid) {
         self.note_asid(asid);
@@ -225,6 +206,12 @@ impl FlushRequest {
         self.has_kernel = true;
         self.too_many_asids = true;
         self.degrade();
+    }
+
+    /// Every ASID the request names (at most [`MAX_FLUSH_ASIDS`]; a
+    /// request that named more became a flush of everything).
+    pub fn asids(&self) -> &[Asid] {
+        &self.asids[..self.nr_asids]
     }
 
     /// What the request covers.

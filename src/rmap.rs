@@ -9,32 +9,11 @@ use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
 use crate::mm::{flush_tlb_page, MmTlbState};
 use crate::pte::{check_aligned, Frame, Pte};
-use crate::range::{check_asid, check_va, PageRange};
+use crate::range::PageRange;
+use crate::validate::{check_asid, check_va};
 use crate::Error;
 
-bitflags::bitflags! {
-    /// How [`try_to_unmap`] treats a frame's mappings (Linux's
-    /// `enum ttu_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-    pub struct TtuFlags: u32 {
-        /// Install migration entries instead of empty PTEs.
-        const MIGRATION = 1 << 0;
-        /// Unmap nothing: only find out whether a mapping still locks the
-        /// frame in memory ([`SwapResult::Mlock`]) or not
-        /// ([`SwapResult::Again`]).
-        const MUNLOCK = 1 << 1;
-        /// Unmap even mlocked mappings.
-        const IGNORE_MLOCK = 1 << 2;
-        /// Unmap even recently referenced mappings.
-        const IGNORE_ACCESS = 1 << 3;
-        /// Treat a hardware-poisoned frame like any other (without it, its
-        /// PTEs become hwpoison entries so that later accesses are refused).
-        const IGNORE_HWPOISON = 1 << 4;
-        /// Defer TLB flushes into a [`TlbFlushUnmapBatch`] where the
-        /// architecture allows it.
-        const BATCH_FLUSH = 1 << 5;
-    }
-}
+pub use crate::ttu::TtuFlags;
 
 bitflags::bitflags! {
     /// Properties of one mapping of a frame (the parts of Linux's

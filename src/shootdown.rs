@@ -14,205 +14,16 @@
 //! too: two CPUs shooting at each other with interrupts disabled each serve
 //! the other's request, and neither waits forever.
 
-use crate::arch::{Arch, Asid};
-use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use crate::arch::Arch;
+use crate::asid::Asid;
+use crate::cpuset::{CpuId, CpuSet};
+use crate::percpu::{Payload, TlbShootdown};
 use crate::pte::PAGE_SIZE;
-use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ENTRIES};
-use crate::stats::{Counter, FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
-use crate::sync::{atomic_array, maybe_const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use crate::request::{FlushRequest, FlushScope};
+use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
+use crate::sync::Ordering;
+use crate::validate::check_request;
 use crate::Error;
-
-const NO_ASID: u32 = u32::MAX;
-
-const KIND_RANGES: u8 = 0;
-const KIND_ASIDS: u8 = 1;
-const KIND_ALL: u8 = 2;
-const KIND_ALL_GLOBAL: u8 = 3;
-const KIND_SYNC: u8 = 4;
-
-/// What a request slot carries: a flush, or nothing but the interrupt.
-#[derive(Clone, Copy)]
-enum Payload<'a> {
-    Flush(&'a FlushRequest),
-    Sync,
-}
-
-/// One CPU's outgoing request. Fields are atomics so that readers on other
-/// CPUs never race with a plain write; the publishing `inbox` update
-/// (release) and the handler's `take` (acquire) order them.
-struct RequestSlot {
-    busy: AtomicBool,
-    remaining: AtomicU32,
-    kind: AtomicU8,
-    len: AtomicU8,
-    words: [AtomicU64; 2 * MAX_FLUSH_ENTRIES],
-}
-
-static_assertions::const_assert!(MAX_FLUSH_ENTRIES <= u8::MAX as usize);
-
-impl RequestSlot {
-    maybe_const_fn! {
-        fn new() -> Self {
-            RequestSlot {
-                busy: AtomicBool::new(false),
-                remaining: AtomicU32::new(0),
-                kind: AtomicU8::new(KIND_RANGES),
-                len: AtomicU8::new(0),
-                words: atomic_array![AtomicU64::new(0); 2 * MAX_FLUSH_ENTRIES],
-            }
-        }
-    }
-
-    fn write(&self, payload: Payload<'_>) {
-        let req = match payload {
-            Payload::Flush(req) => req,
-            Payload::Sync => {
-                self.kind.store(KIND_SYNC, Ordering::Relaxed);
-                self.len.store(0, Ordering::Relaxed);
-                return;
-            }
-        };
-        let (kind, len) = match req.scope() {
-            FlushScope::Ranges(ranges) => {
-                for (i, r) in ranges.iter().enumerate() {
-                    self.words[2 * i].store(r.start, Ordering::Relaxed);
-                    let meta = (u64::from(r.asid.value()) << 32) | u64::from(r.pages);
-                    self.words[2 * i + 1].store(meta, Ordering::Relaxed);
-                }
-                (KIND_RANGES, ranges.len())
-            }
-            FlushScope::Asids(asids) => {
-                for (i, a) in asids.iter().enumerate() {
-                    self.words[i].store(u64::from(a.value()), Ordering::Relaxed);
-                }
-                (KIND_ASIDS, asids.len())
-            }
-            FlushScope::Everything { include_global } => {
-                (if include_global { KIND_ALL_GLOBAL } else { KIND_ALL }, 0)
-            }
-        };
-        self.kind.store(kind, Ordering::Relaxed);
-        // `len` is at most MAX_FLUSH_ENTRIES, which fits in u8 (asserted).
-        self.len.store(len as u8, Ordering::Relaxed);
-    }
-
-    /// The request in the slot; `None` for a sync, which flushes nothing.
-    fn read(&self) -> Option<FlushRequest> {
-        let len = usize::from(self.len.load(Ordering::Relaxed)).min(MAX_FLUSH_ENTRIES);
-        // Only values written from a valid `Asid` by `write` are read back.
-        let asid_of = |w: u64| Asid::from_raw(w as u16);
-        Some(match self.kind.load(Ordering::Relaxed) {
-            KIND_SYNC => return None,
-            KIND_RANGES => {
-                let mut ranges = [FlushRange {
-                    asid: Asid::KERNEL,
-                    start: 0,
-                    pages: 0,
-                }; MAX_FLUSH_ENTRIES];
-                for (i, r) in ranges.iter_mut().enumerate().take(len) {
-                    let meta = self.words[2 * i + 1].load(Ordering::Relaxed);
-                    *r = FlushRange {
-                        asid: asid_of(meta >> 32),
-                        start: self.words[2 * i].load(Ordering::Relaxed),
-                        pages: meta as u32,
-                    };
-                }
-                FlushRequest::from_parts(FlushScope::Ranges(&ranges[..len]))
-            }
-            KIND_ASIDS => {
-                let mut asids = [Asid::KERNEL; MAX_FLUSH_ENTRIES];
-                for (i, a) in asids.iter_mut().enumerate().take(len) {
-                    *a = asid_of(self.words[i].load(Ordering::Relaxed));
-                }
-                FlushRequest::from_parts(FlushScope::Asids(&asids[..len]))
-            }
-            kind => FlushRequest::from_parts(FlushScope::Everything {
-                include_global: kind == KIND_ALL_GLOBAL,
-            }),
-        })
-    }
-}
-
-#[repr(align(64))]
-struct PerCpu {
-    inbox: AtomicCpuSet,
-    ipi_pending: AtomicBool,
-    loaded_asid: AtomicU32,
-    slot: RequestSlot,
-}
-
-impl PerCpu {
-    maybe_const_fn! {
-        fn new() -> Self {
-            PerCpu {
-                inbox: AtomicCpuSet::new(),
-                ipi_pending: AtomicBool::new(false),
-                loaded_asid: AtomicU32::new(NO_ASID),
-                slot: RequestSlot::new(),
-            }
-        }
-    }
-}
-
-/// All shootdown bookkeeping of one machine: per-CPU inboxes, request
-/// slots and loaded ASIDs, and the counters. Build it once, in a `static`,
-/// and return it from [`Arch::shootdown_state`].
-///
-/// ```
-/// static TLB: tlb_batch::TlbShootdown = tlb_batch::TlbShootdown::new();
-/// assert_eq!(TLB.stats().ipis_sent, 0);
-/// ```
-pub struct TlbShootdown {
-    cpus: [PerCpu; MAX_CPUS],
-    stats: TlbStats,
-}
-
-impl Default for TlbShootdown {
-    fn default() -> Self {
-        TlbShootdown::new()
-    }
-}
-
-impl TlbShootdown {
-    maybe_const_fn! {
-        /// Fresh state: no CPU has an address space loaded, nothing in flight.
-        pub fn new() -> Self {
-            TlbShootdown {
-                cpus: atomic_array![PerCpu::new(); MAX_CPUS],
-                stats: TlbStats::new(),
-            }
-        }
-    }
-
-    /// The counters so far.
-    pub fn stats(&self) -> TlbStatsSnapshot {
-        self.stats.snapshot()
-    }
-
-    pub(crate) fn count(&self, which: Counter, n: u64) {
-        self.stats.add(which, n);
-    }
-
-    /// The ASID `cpu` has loaded, as recorded by [`switch_mm`](crate::switch_mm).
-    pub fn loaded_asid(&self, cpu: CpuId) -> Option<Asid> {
-        match self.cpus[cpu.index()].loaded_asid.load(Ordering::Relaxed) {
-            NO_ASID => None,
-            // Stored from a valid `Asid` by `set_loaded_asid`.
-            v => Some(Asid::from_raw(v as u16)),
-        }
-    }
-
-    pub(crate) fn set_loaded_asid(&self, cpu: CpuId, asid: Asid) {
-        self.cpus[cpu.index()]
-            .loaded_asid
-            .store(u32::from(asid.value()), Ordering::Relaxed);
-    }
-
-    /// How many initiators have a request waiting in `cpu`'s inbox.
-    pub fn pending_requests(&self, cpu: CpuId) -> usize {
-        self.cpus[cpu.index()].inbox.load(Ordering::Acquire).len()
-    }
-}
 
 /// What one shootdown did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -237,13 +48,13 @@ pub struct ShootdownReport {
 /// [`Error::ShootdownReentered`] when this CPU's slot is already in use (the
 /// call came from an interrupt that interrupted a shootdown on the same
 /// CPU); [`Error::NonCanonical`] and [`Error::AsidOutOfRange`] for a
-/// request the architecture cannot carry out ([`FlushRequest::check`]).
+/// request the architecture cannot carry out ([`check_request`]).
 pub fn shootdown<A: Arch>(
     arch: &A,
     targets: &CpuSet,
     request: &FlushRequest,
 ) -> Result<ShootdownReport, Error> {
-    request.check(arch)?;
+    check_request(arch, request)?;
     let mut report = ShootdownReport::default();
     let targets = targets.intersection(&arch.online_cpus());
     if request.is_empty() || targets.is_empty() {

@@ -14,70 +14,15 @@ pub mod mock;
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
 
-use core::fmt;
-
+pub use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
-use crate::shootdown::TlbShootdown;
+use crate::percpu::TlbShootdown;
 use crate::stats::TraceEvent;
-use crate::Error;
 
 /// The default [`Arch::FULL_FLUSH_CEILING`]: above this many pages one full
 /// flush is cheaper than that many single-page invalidations (the figure
 /// Linux uses on x86).
 pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
-
-/// An address-space identifier as the TLB sees it (x86 PCID, arm64 ASID).
-///
-/// On hardware without tagged TLBs the value only tells address spaces apart
-/// in this crate's bookkeeping. [`Asid::KERNEL`] is reserved for the kernel's
-/// own (global) mappings, and 0 is reserved too (x86's PCID 0 is the
-/// kernel's, arm64 kernels keep ASID 0 for themselves). How many values the
-/// hardware tells apart is the architecture's to say
-/// ([`Arch::asid_bits`]); every entry point refuses a wider one.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Asid(u16);
-
-impl Asid {
-    /// The kernel address space: its entries are global (they survive
-    /// address-space switches), so flushing it must include global entries.
-    pub const KERNEL: Asid = Asid(u16::MAX);
-
-    /// A user ASID, or [`Error::ReservedAsid`] for 0 and for the kernel's
-    /// value (`u16::MAX`).
-    pub const fn new(value: u16) -> Result<Asid, Error> {
-        if value == u16::MAX || value == 0 {
-            Err(Error::ReservedAsid)
-        } else {
-            Ok(Asid(value))
-        }
-    }
-
-    /// The ASID with this raw value, unchecked: for values the crate itself
-    /// stored from a valid `Asid`.
-    pub(crate) const fn from_raw(value: u16) -> Asid {
-        Asid(value)
-    }
-
-    /// The raw value.
-    pub const fn value(self) -> u16 {
-        self.0
-    }
-
-    /// Whether this is [`Asid::KERNEL`].
-    pub const fn is_kernel(self) -> bool {
-        self.0 == u16::MAX
-    }
-}
-
-impl fmt::Debug for Asid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.is_kernel() {
-            write!(f, "asid(kernel)")
-        } else {
-            write!(f, "asid({})", self.0)
-        }
-    }
-}
 
 /// What a kernel implements once for its hardware: who am I, flush my own
 /// TLB, interrupt other CPUs, switch address spaces. Capability constants
@@ -160,7 +105,7 @@ pub unsafe trait Arch {
     /// address is canonical when its bits 63 down to `va_bits() - 1` are
     /// all equal (x86-64: 48, or 57 with 5-level paging; RISC-V Sv39: 39;
     /// arm64 with 48-bit lower and upper halves: 49). Every entry point
-    /// refuses other addresses with [`Error::NonCanonical`] before it
+    /// refuses other addresses with [`Error::NonCanonical`](crate::Error::NonCanonical) before it
     /// touches a page-table entry or sends a request. The default is 48.
     fn va_bits(&self) -> u32 {
         48
@@ -169,7 +114,7 @@ pub unsafe trait Arch {
     /// How many bits the hardware's ASIDs have (x86 PCID: 12; arm64: 8 or
     /// 16). User ASIDs run from 1 to `2^asid_bits() - 1`; a wider one would
     /// share TLB entries with another address space, so every entry point
-    /// refuses it with [`Error::AsidOutOfRange`]. The default is 16.
+    /// refuses it with [`Error::AsidOutOfRange`](crate::Error::AsidOutOfRange). The default is 16.
     fn asid_bits(&self) -> u32 {
         16
     }

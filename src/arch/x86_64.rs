@@ -18,7 +18,7 @@ use volatile::VolatilePtr;
 
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
-use crate::shootdown::TlbShootdown;
+use crate::percpu::TlbShootdown;
 use crate::Error;
 
 /// The four kinds of `INVPCID` invalidation.

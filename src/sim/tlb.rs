@@ -25,14 +25,14 @@ pub struct TlbEntry {
 }
 
 #[derive(Debug)]
-pub(super) struct Tlb {
+pub(crate) struct Tlb {
     entries: Vec<(TlbEntry, u64)>,
     capacity: usize,
     clock: u64,
 }
 
 impl Tlb {
-    pub(super) fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Tlb {
             entries: Vec::with_capacity(capacity),
             capacity: capacity.max(1),
@@ -48,20 +48,20 @@ impl Tlb {
 
     /// The entry translating `vpn` for `asid` (or a global one), marked as
     /// most recently used.
-    pub(super) fn lookup(&mut self, asid: Asid, vpn: u64) -> Option<TlbEntry> {
+    pub(crate) fn lookup(&mut self, asid: Asid, vpn: u64) -> Option<TlbEntry> {
         let i = self.position(asid, vpn)?;
         self.clock += 1;
         self.entries[i].1 = self.clock;
         Some(self.entries[i].0)
     }
 
-    pub(super) fn mark_dirty(&mut self, asid: Asid, vpn: u64) {
+    pub(crate) fn mark_dirty(&mut self, asid: Asid, vpn: u64) {
         if let Some(i) = self.position(asid, vpn) {
             self.entries[i].0.dirty = true;
         }
     }
 
-    pub(super) fn remove(&mut self, asid: Asid, vpn: u64) {
+    pub(crate) fn remove(&mut self, asid: Asid, vpn: u64) {
         if let Some(i) = self.position(asid, vpn) {
             self.entries.swap_remove(i);
         }
@@ -69,7 +69,7 @@ impl Tlb {
 
     /// Caches `entry`, replacing one for the same page and evicting the
     /// least recently used entry when full.
-    pub(super) fn insert(&mut self, entry: TlbEntry) {
+    pub(crate) fn insert(&mut self, entry: TlbEntry) {
         self.remove(entry.asid, entry.vpn);
         if self.entries.len() >= self.capacity {
             if let Some(lru) = self
@@ -88,23 +88,23 @@ impl Tlb {
 
     /// invlpg: drops the entry for `vpn` in `asid`, and a global one for
     /// that page (x86 invlpg drops global entries too).
-    pub(super) fn flush_page(&mut self, asid: Asid, vpn: u64) {
+    pub(crate) fn flush_page(&mut self, asid: Asid, vpn: u64) {
         self.entries
             .retain(|(e, _)| !(e.vpn == vpn && (e.global || e.asid == asid || asid.is_kernel())));
     }
 
     /// Drops the non-global entries of `asid`.
-    pub(super) fn flush_asid(&mut self, asid: Asid) {
+    pub(crate) fn flush_asid(&mut self, asid: Asid) {
         self.entries.retain(|(e, _)| e.global || e.asid != asid);
     }
 
     /// Drops every non-global entry, and global ones too when asked.
-    pub(super) fn flush_all(&mut self, include_global: bool) {
+    pub(crate) fn flush_all(&mut self, include_global: bool) {
         self.entries.retain(|(e, _)| e.global && !include_global);
     }
 
     /// Every cached entry.
-    pub(super) fn entries(&self) -> impl Iterator<Item = &TlbEntry> {
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &TlbEntry> {
         self.entries.iter().map(|(e, _)| e)
     }
 }

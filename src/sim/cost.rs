@@ -81,7 +81,7 @@ impl CostTotals {
 }
 
 #[derive(Debug, Default)]
-pub(super) struct CostMeter {
+pub(crate) struct CostMeter {
     by_kind: [AtomicU64; 6],
 }
 

@@ -121,7 +121,7 @@ struct FrameInfo {
 
 /// The machine's physical memory: one data word and a state per frame.
 #[derive(Debug)]
-pub(super) struct Memory {
+pub(crate) struct Memory {
     frames: Vec<FrameInfo>,
     free_list: Vec<u64>,
     /// Frames from `data_frames` on form a separate pool for page tables,
@@ -131,7 +131,7 @@ pub(super) struct Memory {
 }
 
 impl Memory {
-    pub(super) fn new(count: usize, tables: usize) -> Self {
+    pub(crate) fn new(count: usize, tables: usize) -> Self {
         let total = count + tables;
         Memory {
             frames: std::vec![
@@ -157,7 +157,7 @@ impl Memory {
             .ok_or(FrameError::NoSuchFrame(frame))
     }
 
-    pub(super) fn state(&mut self, frame: Frame) -> Result<FrameState, FrameError> {
+    pub(crate) fn state(&mut self, frame: Frame) -> Result<FrameState, FrameError> {
         Ok(self.info(frame)?.state)
     }
 
@@ -173,12 +173,12 @@ impl Memory {
         }
     }
 
-    pub(super) fn alloc(&mut self) -> Result<Frame, FrameError> {
+    pub(crate) fn alloc(&mut self) -> Result<Frame, FrameError> {
         let pfn = self.free_list.pop().ok_or(FrameError::OutOfFrames)?;
         self.take(pfn)
     }
 
-    pub(super) fn alloc_table(&mut self) -> Result<Frame, FrameError> {
+    pub(crate) fn alloc_table(&mut self) -> Result<Frame, FrameError> {
         let pfn = self.table_free_list.pop().ok_or(FrameError::OutOfFrames)?;
         self.take(pfn)
     }
@@ -195,7 +195,7 @@ impl Memory {
         Ok(frame)
     }
 
-    pub(super) fn free(&mut self, frame: Frame) -> Result<(), FrameError> {
+    pub(crate) fn free(&mut self, frame: Frame) -> Result<(), FrameError> {
         self.require(frame, FrameState::InUse)?.state = FrameState::Free;
         if frame.0 < self.data_frames {
             self.free_list.push(frame.0);
@@ -205,50 +205,50 @@ impl Memory {
         Ok(())
     }
 
-    pub(super) fn start_io(&mut self, frame: Frame) -> Result<(), FrameError> {
+    pub(crate) fn start_io(&mut self, frame: Frame) -> Result<(), FrameError> {
         let info = self.require(frame, FrameState::InUse)?;
         info.state = FrameState::UnderIo;
         info.dirty = false;
         Ok(())
     }
 
-    pub(super) fn end_io(&mut self, frame: Frame) -> Result<(), FrameError> {
+    pub(crate) fn end_io(&mut self, frame: Frame) -> Result<(), FrameError> {
         self.require(frame, FrameState::UnderIo)?.state = FrameState::InUse;
         Ok(())
     }
 
     /// Stores a CPU's write; returns the state the frame was in.
-    pub(super) fn write(&mut self, frame: Frame, value: u64) -> Result<FrameState, FrameError> {
+    pub(crate) fn write(&mut self, frame: Frame, value: u64) -> Result<FrameState, FrameError> {
         let info = self.info(frame)?;
         info.data = value;
         Ok(info.state)
     }
 
     /// A CPU's read: the data and the state the frame was in.
-    pub(super) fn read(&mut self, frame: Frame) -> Result<(u64, FrameState), FrameError> {
+    pub(crate) fn read(&mut self, frame: Frame) -> Result<(u64, FrameState), FrameError> {
         let info = self.info(frame)?;
         Ok((info.data, info.state))
     }
 
-    pub(super) fn set_dirty(&mut self, frame: Frame) -> Result<(), FrameError> {
+    pub(crate) fn set_dirty(&mut self, frame: Frame) -> Result<(), FrameError> {
         self.info(frame)?.dirty = true;
         Ok(())
     }
 
-    pub(super) fn is_dirty(&mut self, frame: Frame) -> Result<bool, FrameError> {
+    pub(crate) fn is_dirty(&mut self, frame: Frame) -> Result<bool, FrameError> {
         Ok(self.info(frame)?.dirty)
     }
 
-    pub(super) fn poison(&mut self, frame: Frame) -> Result<(), FrameError> {
+    pub(crate) fn poison(&mut self, frame: Frame) -> Result<(), FrameError> {
         self.info(frame)?.poisoned = true;
         Ok(())
     }
 
-    pub(super) fn is_poisoned(&mut self, frame: Frame) -> Result<bool, FrameError> {
+    pub(crate) fn is_poisoned(&mut self, frame: Frame) -> Result<bool, FrameError> {
         Ok(self.info(frame)?.poisoned)
     }
 
-    pub(super) fn free_count(&self) -> usize {
+    pub(crate) fn free_count(&self) -> usize {
         self.free_list.len()
     }
 }

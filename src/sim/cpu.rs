@@ -1,0 +1,288 @@
+//! One simulated CPU: switching address spaces, taking interrupts, and
+//! memory accesses through its TLB as hardware makes them.
+
+use core::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{
+    lock, BroadcastOp, CostKind, CpuState, Delivery, Fault, FrameState, MockError, MockMachine, Model, Tlb,
+    TlbEntry, Violation, X86Like,
+};
+use crate::arch::Asid;
+use crate::cpuset::CpuId;
+use crate::mm::{switch_mm, MmTlbState};
+use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT};
+use crate::shootdown::handle_flush_ipi;
+use crate::Error;
+
+/// One CPU of a [`MockMachine`]: the handle that implements [`Arch`](crate::Arch) and
+/// performs simulated memory accesses. `Copy`; hand one to each thread.
+pub struct MockCpu<'m, M: Model = X86Like> {
+    pub(crate) machine: &'m MockMachine<M>,
+    pub(crate) id: CpuId,
+}
+
+impl<M: Model> Clone for MockCpu<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M: Model> Copy for MockCpu<'_, M> {}
+
+impl<M: Model> core::fmt::Debug for MockCpu<'_, M> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "MockCpu({:?})", self.id)
+    }
+}
+
+impl<'m, M: Model> MockCpu<'m, M> {
+    /// This CPU's id.
+    pub fn id(&self) -> CpuId {
+        self.id
+    }
+
+    /// The machine.
+    pub fn machine(&self) -> &'m MockMachine<M> {
+        self.machine
+    }
+
+    pub(crate) fn state(&self) -> &'m CpuState {
+        self.machine.state(self.id)
+    }
+
+    /// Switches this CPU to `next` through the crate's [`switch_mm`] hook.
+    /// Errors (nothing changes): [`MockError::UnknownAddressSpace`] for an
+    /// address space this machine did not create, and whatever
+    /// [`switch_mm`] refuses.
+    pub fn switch_to(&self, next: &Arc<MmTlbState>) -> Result<(), MockError> {
+        self.machine.known(next)?;
+        let mut current = lock(&self.state().mm);
+        // SAFETY: every root the mock hands out names one of its own page
+        // tables, and the mock's `switch_address_space` only records it.
+        unsafe { switch_mm(self, current.as_deref(), next) }?;
+        *current = Some(Arc::clone(next));
+        Ok(())
+    }
+
+    /// The address space this CPU runs, if any.
+    pub fn current_mm(&self) -> Option<Arc<MmTlbState>> {
+        lock(&self.state().mm).clone()
+    }
+
+    /// Fault injection: runs `f` as an interrupt handler that arrived while
+    /// this CPU was in the middle of a shootdown of its own. Every shootdown
+    /// `f` starts on this CPU then fails with
+    /// [`Error::ShootdownReentered`], through the crate's real protocol (the
+    /// CPU's request slot is taken), so a test can drive an operation into
+    /// its error path and check what the error leaves behind and what a
+    /// retry does. Errors: [`Error::ShootdownReentered`] when this CPU is
+    /// already inside such a call.
+    pub fn in_shootdown<R>(&self, f: impl FnOnce() -> R) -> Result<R, Error> {
+        crate::shootdown::with_slot_taken(self, f)
+    }
+
+    /// Masks interrupts: IPIs stay pending until they are enabled again
+    /// (threaded delivery only).
+    pub fn disable_interrupts(&self) {
+        self.state().irq_enabled.store(false, Ordering::SeqCst);
+    }
+
+    /// Unmasks interrupts and takes any pending one.
+    pub fn enable_interrupts(&self) {
+        self.state().irq_enabled.store(true, Ordering::SeqCst);
+        self.poll_interrupts();
+    }
+
+    /// Whether interrupts are enabled.
+    pub fn interrupts_enabled(&self) -> bool {
+        self.state().irq_enabled.load(Ordering::SeqCst)
+    }
+
+    /// An instruction boundary: takes a pending flush IPI if interrupts are
+    /// enabled (threaded delivery). Returns whether it took one.
+    pub fn poll_interrupts(&self) -> bool {
+        let st = self.state();
+        if self.machine.config.delivery == Delivery::Threaded
+            && st.irq_enabled.load(Ordering::SeqCst)
+            && st.irq_pending.swap(false, Ordering::SeqCst)
+        {
+            self.take_interrupt();
+            true
+        } else {
+            false
+        }
+    }
+
+    pub(crate) fn take_interrupt(&self) {
+        self.state().interrupts.fetch_add(1, Ordering::Relaxed);
+        self.machine.charge(
+            self.id,
+            CostKind::IpiReceive,
+            self.machine.config.cost.ipi_receive,
+        );
+        let hook = lock(&self.machine.ipi_hook).clone();
+        if let Some(hook) = hook {
+            hook(self);
+        }
+        handle_flush_ipi(self);
+    }
+
+    /// Reads the data word of the page at `va` in the current address space
+    /// (or the kernel's), filling the TLB as hardware would.
+    pub fn read(&self, va: u64) -> Result<u64, Fault> {
+        self.access(va, None)
+    }
+
+    /// Writes `value` into the page at `va`, setting the dirty bit as
+    /// hardware would; a write through a stale entry lands in whatever frame
+    /// the entry names, and the oracle judges it.
+    pub fn write(&self, va: u64, value: u64) -> Result<(), Fault> {
+        self.access(va, Some(value)).map(|_| ())
+    }
+
+    pub(crate) fn access(&self, va: u64, write: Option<u64>) -> Result<u64, Fault> {
+        self.poll_interrupts();
+        let m = self.machine;
+        let vpn = va >> PAGE_SHIFT;
+        let loaded = *lock(&self.state().loaded);
+        let asid = loaded.map_or(Asid::KERNEL, |(a, _)| a);
+        // The TLB stays locked for the whole access: an instruction is not
+        // interrupted half-way, so no flush can slip between translation
+        // and the memory operation.
+        let mut tlb = lock(&self.state().tlb);
+        let frame = match (tlb.lookup(asid, vpn), write.is_some()) {
+            (Some(e), false) => e.frame,
+            (Some(e), true) if !e.writable => {
+                tlb.remove(asid, vpn);
+                return Err(Fault::WriteProtected { va });
+            }
+            (Some(e), true) if e.dirty => e.frame,
+            (Some(e), true) if !M::CLEAN_WRITE_REWALK => {
+                // No re-walk: the write goes through the cached entry; the
+                // dirty bit reaches the PTE only if it still maps the frame.
+                tlb.mark_dirty(asid, vpn);
+                self.set_dirty_in_place(loaded, e);
+                e.frame
+            }
+            (Some(_), true) => {
+                // Clean entry: hardware walks again to set the dirty bit and
+                // faults if the PTE is gone.
+                tlb.remove(asid, vpn);
+                self.walk_and_fill(&mut tlb, loaded, va, true)?
+            }
+            (None, w) => self.walk_and_fill(&mut tlb, loaded, va, w)?,
+        };
+        let mut mem = lock(&m.memory);
+        let violation = match write {
+            Some(value) => match mem.write(frame, value) {
+                Ok(FrameState::Free) => Some(Violation::WriteToFreeFrame {
+                    cpu: self.id,
+                    frame,
+                    va,
+                }),
+                Ok(FrameState::UnderIo) => Some(Violation::WriteDuringIo {
+                    cpu: self.id,
+                    frame,
+                    va,
+                }),
+                _ => None,
+            },
+            None => match mem.read(frame) {
+                Ok((_, FrameState::Free)) => Some(Violation::ReadOfFreeFrame {
+                    cpu: self.id,
+                    frame,
+                    va,
+                }),
+                _ => None,
+            },
+        };
+        let value = mem.read(frame).map(|(d, _)| d).unwrap_or(0);
+        drop(mem);
+        drop(tlb);
+        if let Some(v) = violation {
+            m.record(v);
+        }
+        Ok(value)
+    }
+
+    pub(crate) fn set_dirty_in_place(&self, loaded: Option<(Asid, u64)>, e: TlbEntry) {
+        let root = if e.global {
+            self.machine.kernel_root
+        } else {
+            loaded.map_or(self.machine.kernel_root, |(_, r)| r)
+        };
+        self.machine.with_pte(root, e.vpn, |p| {
+            let _ = p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                let pte = Pte(v);
+                (pte.is_present() && pte.frame() == e.frame).then_some(v | PteFlags::DIRTY.bits())
+            });
+        });
+    }
+
+    pub(crate) fn walk_and_fill(
+        &self,
+        tlb: &mut Tlb,
+        loaded: Option<(Asid, u64)>,
+        va: u64,
+        write: bool,
+    ) -> Result<Frame, Fault> {
+        let m = self.machine;
+        m.charge(self.id, CostKind::TlbRefill, m.config.cost.tlb_refill);
+        let vpn = va >> PAGE_SHIFT;
+        let walk = |root: u64| {
+            m.with_pte(root, vpn, |p| {
+                // The hardware's locked update of the A/D bits: it acts on
+                // the PTE as it is at this instant, so it can never resurrect
+                // a cleared entry nor be lost to a concurrent clear.
+                p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    let pte = Pte(v);
+                    if !pte.is_present() || (write && !pte.is_writable()) {
+                        return None;
+                    }
+                    let mut bits = v | PteFlags::ACCESSED.bits();
+                    if write {
+                        bits |= PteFlags::DIRTY.bits();
+                    }
+                    Some(bits)
+                })
+            })
+        };
+        let user = loaded.and_then(|(_, root)| walk(root));
+        let result = match user {
+            Some(Ok(v)) => Ok(v),
+            // A non-empty user entry decides; an empty one falls through to
+            // the kernel's half of the address space.
+            Some(Err(v)) if v != 0 => Err(v),
+            _ => walk(self.machine.kernel_root).unwrap_or(Err(0)),
+        };
+        let old = match result.map_err(Pte) {
+            Ok(v) => Pte(v),
+            Err(p) if p.is_present() => return Err(Fault::WriteProtected { va }),
+            Err(p) if p.is_migration() => return Err(Fault::Migration { va }),
+            Err(p) if p.is_hwpoison() => return Err(Fault::HwPoison { va }),
+            Err(_) => return Err(Fault::NotMapped { va }),
+        };
+        let global = old.flags().contains(PteFlags::GLOBAL);
+        let asid = if global {
+            Asid::KERNEL
+        } else {
+            loaded.map_or(Asid::KERNEL, |(a, _)| a)
+        };
+        tlb.insert(TlbEntry {
+            asid,
+            vpn,
+            frame: old.frame(),
+            writable: old.is_writable(),
+            dirty: write || old.is_dirty(),
+            global,
+        });
+        Ok(old.frame())
+    }
+
+    pub(crate) fn broadcast(&self, op: BroadcastOp) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::Broadcast, m.config.cost.broadcast_invalidate);
+        lock(&m.broadcast_queue).push((self.id, op));
+    }
+}

@@ -1,0 +1,52 @@
+//! Why a simulated access or a machine-level operation did not go through.
+
+use super::FrameError;
+use crate::Error;
+
+/// Why a simulated memory access did not complete.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// No present PTE maps the address (page fault).
+    NotMapped {
+        /// The faulting address.
+        va: u64,
+    },
+    /// A write to a page mapped read-only.
+    WriteProtected {
+        /// The faulting address.
+        va: u64,
+    },
+    /// The PTE is a migration entry: the access waits for the migration.
+    Migration {
+        /// The faulting address.
+        va: u64,
+    },
+    /// The PTE marks a hardware-poisoned frame.
+    HwPoison {
+        /// The faulting address.
+        va: u64,
+    },
+}
+
+/// Why a machine-level operation was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MockError {
+    /// A frame operation was refused.
+    Frame(FrameError),
+    /// Bad input (unaligned address, CPU out of range, ...).
+    Input(Error),
+    /// The address space was not created by this machine.
+    UnknownAddressSpace,
+}
+
+impl From<FrameError> for MockError {
+    fn from(e: FrameError) -> Self {
+        MockError::Frame(e)
+    }
+}
+
+impl From<Error> for MockError {
+    fn from(e: Error) -> Self {
+        MockError::Input(e)
+    }
+}

@@ -1,0 +1,190 @@
+//! Physical frames as the oracle sees them: allocation, I/O, freeing, and
+//! the checks that record a violation of the safety contract.
+
+use core::sync::atomic::Ordering;
+use std::vec::Vec;
+
+use super::{lock, FrameError, FrameState, MockError, MockMachine, Model, TlbEntry, Violation};
+use crate::cpuset::CpuId;
+use crate::mm::MmTlbState;
+use crate::pte::{Frame, Pte, PAGE_SHIFT};
+use crate::range::PageRange;
+
+impl<M: Model> MockMachine<M> {
+    /// Takes a free frame.
+    pub fn alloc_frame(&self) -> Result<Frame, MockError> {
+        Ok(lock(&self.memory).alloc()?)
+    }
+
+    /// Returns a frame to the free list. The oracle records a
+    /// [`Violation::FreedWhileCached`] for every CPU still caching it (only
+    /// when the free itself is accepted), and a [`Violation::FreedDuringIo`]
+    /// for a frame still being written out (which stays under I/O, and the
+    /// free is refused).
+    pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
+        // TLBs are scanned before the memory lock is taken: accesses lock a
+        // TLB and then memory, never the other way round.
+        let cached = self.cached_translations(frame);
+        let walking: Vec<CpuId> = lock(&self.walkers)
+            .values()
+            .filter(|(_, t)| *t == frame)
+            .map(|(c, _)| *c)
+            .collect();
+        let freed = lock(&self.memory).free(frame);
+        if let Err(FrameError::WrongState {
+            state: FrameState::UnderIo,
+            ..
+        }) = freed
+        {
+            // A real allocator would take it back while the device still
+            // reads it: that is a breach of the contract, not a refusal.
+            self.record(Violation::FreedDuringIo { frame });
+        }
+        freed?;
+        for cpu in walking {
+            self.record(Violation::TableFreedUnderWalker { frame, cpu });
+        }
+        for (cpu, entry) in cached {
+            self.record(Violation::FreedWhileCached {
+                frame,
+                cpu,
+                writable: entry.writable,
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts writing a frame out. The oracle records a
+    /// [`Violation::IoWhileWritable`] for every CPU caching it writable
+    /// (only when the frame could start I/O).
+    pub fn start_io(&self, frame: Frame) -> Result<(), MockError> {
+        let cached = self.cached_translations(frame);
+        lock(&self.memory).start_io(frame)?;
+        for (cpu, _) in cached.into_iter().filter(|(_, e)| e.writable) {
+            self.record(Violation::IoWhileWritable { frame, cpu });
+        }
+        Ok(())
+    }
+
+    /// Finishes writing a frame out.
+    pub fn end_io(&self, frame: Frame) -> Result<(), MockError> {
+        Ok(lock(&self.memory).end_io(frame)?)
+    }
+
+    /// A frame's state.
+    pub fn frame_state(&self, frame: Frame) -> Result<FrameState, MockError> {
+        Ok(lock(&self.memory).state(frame)?)
+    }
+
+    /// The data word last written into a frame.
+    pub fn frame_data(&self, frame: Frame) -> Result<u64, MockError> {
+        Ok(lock(&self.memory).read(frame)?.0)
+    }
+
+    /// Marks a frame's page dirty (the software flag the kernel keeps).
+    pub fn set_frame_dirty(&self, frame: Frame) -> Result<(), MockError> {
+        Ok(lock(&self.memory).set_dirty(frame)?)
+    }
+
+    /// Whether a frame's page is marked dirty.
+    pub fn frame_dirty(&self, frame: Frame) -> Result<bool, MockError> {
+        Ok(lock(&self.memory).is_dirty(frame)?)
+    }
+
+    /// Marks a frame hardware-poisoned (it stays allocated).
+    pub fn poison_frame(&self, frame: Frame) -> Result<(), MockError> {
+        Ok(lock(&self.memory).poison(frame)?)
+    }
+
+    /// Whether a frame is marked hardware-poisoned.
+    pub fn frame_poisoned(&self, frame: Frame) -> Result<bool, MockError> {
+        Ok(lock(&self.memory).is_poisoned(frame)?)
+    }
+
+    /// Copies the data word and the dirty flag of `from` into `to`.
+    pub fn copy_frame(&self, from: Frame, to: Frame) -> Result<(), MockError> {
+        let mut mem = lock(&self.memory);
+        let (data, _) = mem.read(from)?;
+        let dirty = mem.is_dirty(from)?;
+        mem.write(to, data)?;
+        if dirty {
+            mem.set_dirty(to)?;
+        }
+        Ok(())
+    }
+
+    /// Number of free frames.
+    pub fn free_frames(&self) -> usize {
+        lock(&self.memory).free_count()
+    }
+
+    pub(crate) fn record(&self, v: Violation) {
+        lock(&self.violations).push(v);
+    }
+
+    /// Every violation the oracle recorded so far.
+    pub fn violations(&self) -> Vec<Violation> {
+        lock(&self.violations).clone()
+    }
+
+    /// Every (CPU, entry) pair caching a translation to `frame`.
+    pub fn cached_translations(&self, frame: Frame) -> Vec<(CpuId, TlbEntry)> {
+        self.all_entries()
+            .into_iter()
+            .filter(|(_, e)| e.frame == frame)
+            .collect()
+    }
+
+    /// Every TLB entry of every CPU.
+    pub fn all_entries(&self) -> Vec<(CpuId, TlbEntry)> {
+        let mut out = Vec::new();
+        for cpu in self.cpus() {
+            out.extend(lock(&self.state(cpu.id).tlb).entries().map(|e| (cpu.id, *e)));
+        }
+        out
+    }
+
+    /// The TLB entries that no longer match the page table: the PTE they
+    /// came from is gone, maps another frame, or no longer allows a write
+    /// the entry allows. These are what shootdowns exist to remove.
+    pub fn stale_entries(&self) -> Vec<(CpuId, TlbEntry)> {
+        let roots = lock(&self.asid_roots).clone();
+        self.all_entries()
+            .into_iter()
+            .filter(|(_, e)| {
+                let root = if e.global {
+                    Some(self.kernel_root)
+                } else {
+                    roots.get(&e.asid).copied()
+                };
+                let pte = root.and_then(|r| self.with_pte(r, e.vpn, |p| Pte(p.load(Ordering::SeqCst))));
+                !pte.is_some_and(|p| {
+                    p.is_present() && p.frame() == e.frame && (p.is_writable() || !e.writable)
+                })
+            })
+            .collect()
+    }
+
+    /// The oracle's check after an operation that changed the mappings of
+    /// `mm` in `range` (mprotect, munmap, remap) returned: no CPU may
+    /// still hold an entry there that disagrees with the page table. Records
+    /// a [`Violation::StaleAfterChange`] for each such entry and returns how
+    /// many it found.
+    pub fn check_coherent(&self, mm: &MmTlbState, range: PageRange) -> usize {
+        let stale: Vec<_> = self
+            .stale_entries()
+            .into_iter()
+            .filter(|(_, e)| {
+                (e.asid == mm.asid() || e.global && mm.is_kernel()) && range.contains(e.vpn << PAGE_SHIFT)
+            })
+            .collect();
+        for (cpu, e) in &stale {
+            self.record(Violation::StaleAfterChange {
+                cpu: *cpu,
+                va: e.vpn << PAGE_SHIFT,
+                writable: e.writable,
+            });
+        }
+        stale.len()
+    }
+}

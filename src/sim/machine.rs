@@ -1,0 +1,159 @@
+//! The simulated machine: its CPUs' state, memory, page tables and
+//! oracle records, and the handles to its CPUs.
+
+use core::marker::PhantomData;
+use core::sync::atomic::{AtomicBool, AtomicU64};
+use std::boxed::Box;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::vec::Vec;
+
+use super::{cost, new_root, oracle, MockConfig, MockCpu, Model, Table, Tlb, Violation, X86Like};
+use crate::arch::Asid;
+use crate::cpuset::{CpuId, MAX_CPUS};
+use crate::mm::MmTlbState;
+use crate::percpu::TlbShootdown;
+use crate::pte::Frame;
+use crate::stats::TraceEvent;
+use crate::Error;
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BroadcastOp {
+    Page(Asid, u64),
+    Asid(Asid),
+    All(bool),
+}
+
+pub(crate) struct CpuState {
+    pub(crate) tlb: Mutex<Tlb>,
+    pub(crate) loaded: Mutex<Option<(Asid, u64)>>,
+    pub(crate) mm: Mutex<Option<Arc<MmTlbState>>>,
+    pub(crate) irq_enabled: AtomicBool,
+    pub(crate) irq_pending: AtomicBool,
+    pub(crate) cycles: AtomicU64,
+    pub(crate) interrupts: AtomicU64,
+}
+
+/// A simulated SMP machine; `M` fixes its hardware [`Model`].
+pub struct MockMachine<M: Model = X86Like> {
+    pub(crate) config: MockConfig,
+    pub(crate) shootdown: Box<TlbShootdown>,
+    pub(crate) cpus: Vec<CpuState>,
+    pub(crate) memory: Mutex<oracle::Memory>,
+    pub(crate) tables: RwLock<HashMap<u64, Table>>,
+    pub(crate) kernel_root: u64,
+    pub(crate) kernel_mm: Arc<MmTlbState>,
+    pub(crate) asid_roots: Mutex<HashMap<Asid, u64>>,
+    /// The ASID each root of this machine was created with.
+    pub(crate) roots: Mutex<HashMap<u64, Asid>>,
+    /// The frame holding each leaf table, by (root, region of 512 pages).
+    pub(crate) leaf_tables: Mutex<HashMap<(u64, u64), Frame>>,
+    /// Lockless walks in progress: id -> (CPU, table frame).
+    pub(crate) walkers: Mutex<HashMap<u64, (CpuId, Frame)>>,
+    pub(crate) next_walk: AtomicU64,
+    pub(crate) violations: Mutex<Vec<Violation>>,
+    pub(crate) broadcast_queue: Mutex<Vec<(CpuId, BroadcastOp)>>,
+    pub(crate) costs: cost::CostMeter,
+    pub(crate) ipis_sent: AtomicU64,
+    pub(crate) tracing: AtomicBool,
+    pub(crate) trace_log: Mutex<Vec<TraceEvent>>,
+    pub(crate) ipi_hook: Mutex<Option<IpiHook<M>>>,
+    pub(crate) _model: PhantomData<M>,
+}
+
+/// Code a simulated CPU runs when it takes the flush interrupt, before the
+/// crate's handler (see [`MockMachine::set_ipi_hook`]).
+pub type IpiHook<M> = Arc<dyn for<'a> Fn(&MockCpu<'a, M>) + Send + Sync>;
+
+impl MockMachine<X86Like> {
+    /// An x86-like machine (see [`MockMachine::with_model`]).
+    pub fn new(config: MockConfig) -> Result<Self, Error> {
+        Self::with_model(config)
+    }
+}
+
+impl<M: Model> MockMachine<M> {
+    /// A machine of model `M`. Errors: [`Error::CpuOutOfRange`] when
+    /// `config.cpus` is 0 or above [`MAX_CPUS`].
+    pub fn with_model(config: MockConfig) -> Result<Self, Error> {
+        if config.cpus == 0 || config.cpus > MAX_CPUS {
+            return Err(Error::CpuOutOfRange {
+                cpu: config.cpus,
+                limit: MAX_CPUS,
+            });
+        }
+        let cpus = (0..config.cpus)
+            .map(|_| CpuState {
+                tlb: Mutex::new(Tlb::new(config.tlb_entries)),
+                loaded: Mutex::new(None),
+                mm: Mutex::new(None),
+                irq_enabled: AtomicBool::new(true),
+                irq_pending: AtomicBool::new(false),
+                cycles: AtomicU64::new(0),
+                interrupts: AtomicU64::new(0),
+            })
+            .collect();
+        let kernel_root = new_root();
+        let mut tables = HashMap::new();
+        tables.insert(kernel_root, Table::new());
+        let mut roots = HashMap::new();
+        roots.insert(kernel_root, Asid::KERNEL);
+        Ok(MockMachine {
+            config,
+            shootdown: Box::new(TlbShootdown::new()),
+            cpus,
+            memory: Mutex::new(oracle::Memory::new(config.frames, config.table_frames)),
+            tables: RwLock::new(tables),
+            kernel_root,
+            kernel_mm: Arc::new(MmTlbState::kernel(kernel_root)),
+            asid_roots: Mutex::new(HashMap::new()),
+            roots: Mutex::new(roots),
+            leaf_tables: Mutex::new(HashMap::new()),
+            walkers: Mutex::new(HashMap::new()),
+            next_walk: AtomicU64::new(0),
+            violations: Mutex::new(Vec::new()),
+            broadcast_queue: Mutex::new(Vec::new()),
+            costs: cost::CostMeter::default(),
+            ipis_sent: AtomicU64::new(0),
+            tracing: AtomicBool::new(false),
+            trace_log: Mutex::new(Vec::new()),
+            ipi_hook: Mutex::new(None),
+            _model: PhantomData,
+        })
+    }
+
+    /// The configuration the machine was built with.
+    pub fn config(&self) -> &MockConfig {
+        &self.config
+    }
+
+    /// Number of CPUs.
+    pub fn nr_cpus(&self) -> usize {
+        self.cpus.len()
+    }
+
+    /// CPU `index`'s view of the machine, or [`Error::CpuOutOfRange`].
+    pub fn cpu(&self, index: usize) -> Result<MockCpu<'_, M>, Error> {
+        if index >= self.cpus.len() {
+            return Err(Error::CpuOutOfRange {
+                cpu: index,
+                limit: self.cpus.len(),
+            });
+        }
+        Ok(MockCpu {
+            machine: self,
+            id: CpuId::new(index)?,
+        })
+    }
+
+    /// Every CPU's view, in order.
+    pub fn cpus(&self) -> impl Iterator<Item = MockCpu<'_, M>> + '_ {
+        (0..self.cpus.len()).filter_map(move |i| self.cpu(i).ok())
+    }
+
+    /// Only for ids this machine handed out (through a [`MockCpu`]), which
+    /// are below `cpus.len()` by construction.
+    pub(crate) fn state(&self, cpu: CpuId) -> &CpuState {
+        &self.cpus[cpu.index()]
+    }
+}

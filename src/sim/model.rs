@@ -1,0 +1,107 @@
+//! What kind of hardware a simulated machine is, and its shape.
+
+use super::CostModel;
+
+/// The hardware properties a simulated machine has.
+pub trait Model: Send + Sync + 'static {
+    /// See [`Arch::CLEAN_WRITE_REWALK`](crate::Arch::CLEAN_WRITE_REWALK).
+    const CLEAN_WRITE_REWALK: bool;
+    /// See [`Arch::ACCESSED_CLEAR_NEEDS_FLUSH`](crate::Arch::ACCESSED_CLEAR_NEEDS_FLUSH).
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
+    /// See [`Arch::BROADCAST_INVALIDATE`](crate::Arch::BROADCAST_INVALIDATE).
+    const BROADCAST_INVALIDATE: bool;
+}
+
+/// x86-like hardware: writes through clean entries re-walk, clearing the
+/// accessed bit needs no flush, remote flushes need IPIs.
+#[derive(Debug)]
+pub struct X86Like;
+
+impl Model for X86Like {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    const BROADCAST_INVALIDATE: bool = false;
+}
+
+/// Hardware that writes through a cached clean entry without looking at
+/// the page table again: deferring a flush is unsafe there.
+#[derive(Debug)]
+pub struct NoRewalk;
+
+impl Model for NoRewalk {
+    const CLEAN_WRITE_REWALK: bool = false;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
+    const BROADCAST_INVALIDATE: bool = false;
+}
+
+/// Broadcast-invalidation hardware (arm64 `TLBI ... IS` + `DSB`, AMD
+/// `INVLPGB` + `TLBSYNC`): remote entries go without any IPI, completed by
+/// one barrier.
+#[derive(Debug)]
+pub struct BroadcastTlbi;
+
+impl Model for BroadcastTlbi {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
+    const BROADCAST_INVALIDATE: bool = true;
+}
+
+/// How IPIs reach their target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// The target's handler runs at once, on the sending thread (interrupt
+    /// masking is not modelled). Deterministic; for counting tests.
+    Synchronous,
+    /// The target CPU is a thread (see [`MockMachine::run_threaded`]) and
+    /// takes the interrupt at its next instruction boundary while its
+    /// interrupts are enabled.
+    Threaded,
+}
+
+/// The shape of a simulated machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MockConfig {
+    /// Number of CPUs, 1 to [`MAX_CPUS`](crate::MAX_CPUS).
+    pub cpus: usize,
+    /// Physical frames of memory.
+    pub frames: usize,
+    /// TLB entries per CPU.
+    pub tlb_entries: usize,
+    /// Frames set aside for page tables (one per 512-page region mapped).
+    pub table_frames: usize,
+    /// Whether TLB entries survive address-space switches (PCID).
+    pub tagged_tlb: bool,
+    /// Virtual-address width ([`Arch::va_bits`](crate::Arch::va_bits)): 48 like x86-64.
+    pub va_bits: u32,
+    /// ASID width ([`Arch::asid_bits`](crate::Arch::asid_bits)): 12 like x86's PCIDs.
+    pub asid_bits: u32,
+    /// How IPIs are delivered.
+    pub delivery: Delivery,
+    /// Cycle charges.
+    pub cost: CostModel,
+}
+
+impl MockConfig {
+    /// `cpus` CPUs, 4096 frames, 64-entry untagged TLBs, 48-bit addresses,
+    /// 12-bit ASIDs, synchronous IPIs.
+    pub fn x86_like(cpus: usize) -> Self {
+        MockConfig {
+            cpus,
+            frames: 4096,
+            tlb_entries: 64,
+            table_frames: 256,
+            tagged_tlb: false,
+            va_bits: 48,
+            asid_bits: 12,
+            delivery: Delivery::Synchronous,
+            cost: CostModel::default(),
+        }
+    }
+
+    /// The same machine with threaded IPI delivery.
+    #[must_use]
+    pub fn threaded(mut self) -> Self {
+        self.delivery = Delivery::Threaded;
+        self
+    }
+}

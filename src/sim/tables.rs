@@ -1,0 +1,246 @@
+//! The simulated page tables: one word per entry, leaf tables that take a
+//! page-table frame each, roots unique across machines.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{
+    lock, DetachedTable, FrameError, FrameState, MockCpu, MockError, MockMachine, MockSpace, Model,
+    PoisonError,
+};
+use crate::arch::Asid;
+use crate::cpuset::CpuId;
+use crate::mm::MmTlbState;
+use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+use crate::range::PageRange;
+use crate::validate::{check_asid, check_va};
+
+/// Page-table roots are unique across every machine of the process, so
+/// that an address space of one machine is never taken for another's.
+pub(crate) static NEXT_ROOT: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) fn new_root() -> u64 {
+    NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
+}
+/// A leaf table maps 2^9 pages.
+pub(crate) const REGION_SHIFT: u32 = 9;
+
+/// One address space's entries, by virtual page number (ordered, so that
+/// [`PageTable::next_populated`](crate::PageTable::next_populated) can step over what is not mapped).
+pub(crate) type Table = BTreeMap<u64, AtomicU64>;
+
+impl<M: Model> MockMachine<M> {
+    /// A new, empty user address space with this ASID. Give each live
+    /// address space its own ASID: the model tells TLB entries apart by it.
+    /// Errors: [`MockError::Input`] with [`Error::AsidOutOfRange`](crate::Error::AsidOutOfRange) for an
+    /// ASID wider than [`MockConfig::asid_bits`].
+    pub fn new_mm(&self, asid: Asid) -> Result<Arc<MmTlbState>, MockError> {
+        check_asid(&self.probe(), asid)?;
+        let root = new_root();
+        lock(&self.asid_roots).insert(asid, root);
+        lock(&self.roots).insert(root, asid);
+        self.tables
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(root, Table::new());
+        Ok(Arc::new(MmTlbState::new(asid, root)))
+    }
+
+    /// CPU 0's view, for checks that depend only on the machine's
+    /// configuration (address and ASID widths).
+    pub(crate) fn probe(&self) -> MockCpu<'_, M> {
+        MockCpu {
+            machine: self,
+            id: CpuId::BOOT,
+        }
+    }
+
+    /// [`Error::Unaligned`] or [`Error::NonCanonical`] for an address this
+    /// machine cannot translate.
+    pub(crate) fn check_va(&self, va: u64) -> Result<(), MockError> {
+        Ok(check_va(&self.probe(), va)?)
+    }
+
+    /// The kernel's address space: its mappings are global and visible from
+    /// every address space.
+    pub fn kernel_mm(&self) -> &Arc<MmTlbState> {
+        &self.kernel_mm
+    }
+
+    pub(crate) fn with_pte<R>(&self, root: u64, vpn: u64, f: impl FnOnce(&AtomicU64) -> R) -> Option<R> {
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        tables.get(&root).and_then(|t| t.get(&vpn)).map(f)
+    }
+
+    /// Maps `frame` at `va` in `mm` (replacing any previous entry).
+    /// Kernel mappings are global. Errors: an address the machine cannot
+    /// translate ([`MockError::Input`]), an address space it did not create
+    /// ([`MockError::UnknownAddressSpace`]), a frame it does not have or
+    /// that is free ([`MockError::Frame`]).
+    pub fn map(&self, mm: &MmTlbState, va: u64, frame: Frame, writable: bool) -> Result<(), MockError> {
+        self.check_va(va)?;
+        let mut flags = PteFlags::PRESENT;
+        if writable {
+            flags |= PteFlags::WRITABLE;
+        }
+        flags |= if mm.is_kernel() {
+            PteFlags::GLOBAL
+        } else {
+            PteFlags::USER
+        };
+        self.set_pte(mm, va, Pte::new(frame, flags))
+    }
+
+    /// Allocates a frame and maps it at `va` in `mm`.
+    pub fn map_new(&self, mm: &MmTlbState, va: u64, writable: bool) -> Result<Frame, MockError> {
+        self.check_va(va)?;
+        self.known(mm)?;
+        let frame = self.alloc_frame()?;
+        self.map(mm, va, frame, writable)?;
+        Ok(frame)
+    }
+
+    /// Stores `pte` at `va` in `mm`.
+    /// The first PTE of a 512-page region takes a page-table frame. Errors:
+    /// as for [`map`](Self::map) (an entry that names a frame, present or a
+    /// migration or hwpoison entry, must name one the machine has, in use).
+    pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
+        self.check_va(va)?;
+        self.known(mm)?;
+        if pte.is_present() || pte.is_migration() || pte.is_hwpoison() {
+            match lock(&self.memory).state(pte.frame())? {
+                FrameState::Free => {
+                    return Err(MockError::Frame(FrameError::WrongState {
+                        frame: pte.frame(),
+                        state: FrameState::Free,
+                    }))
+                }
+                FrameState::InUse | FrameState::UnderIo => {}
+            }
+        }
+        let vpn = va >> PAGE_SHIFT;
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
+        let region = (mm.root(), vpn >> REGION_SHIFT);
+        if let std::collections::hash_map::Entry::Vacant(slot) = lock(&self.leaf_tables).entry(region) {
+            slot.insert(lock(&self.memory).alloc_table()?);
+        }
+        table
+            .entry(vpn)
+            .or_insert_with(|| AtomicU64::new(0))
+            .store(pte.0, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The PTE at `va` in `mm` (empty when nothing was ever mapped there).
+    pub fn pte(&self, mm: &MmTlbState, va: u64) -> Result<Pte, MockError> {
+        self.check_va(va)?;
+        self.known(mm)?;
+        Ok(self
+            .with_pte(mm.root(), va >> PAGE_SHIFT, |p| Pte(p.load(Ordering::SeqCst)))
+            .unwrap_or(Pte::EMPTY))
+    }
+
+    /// Atomically clears the PTE at `va` in `mm` and returns what it held,
+    /// with whatever accessed and dirty bits hardware set up to that
+    /// instant. Flushes nothing.
+    pub fn clear_pte(&self, mm: &MmTlbState, va: u64) -> Result<Pte, MockError> {
+        self.exchange_pte(mm, va, Pte::EMPTY)
+    }
+
+    /// Atomically replaces the PTE at `va` in `mm` with `new` and returns
+    /// the old value. Flushes nothing.
+    pub fn exchange_pte(&self, mm: &MmTlbState, va: u64, new: Pte) -> Result<Pte, MockError> {
+        self.check_va(va)?;
+        self.known(mm)?;
+        match self.with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
+            Pte(p.swap(new.0, Ordering::SeqCst))
+        }) {
+            Some(old) => Ok(old),
+            None => {
+                if new != Pte::EMPTY {
+                    self.set_pte(mm, va, new)?;
+                }
+                Ok(Pte::EMPTY)
+            }
+        }
+    }
+
+    /// Atomically clears the accessed bit of the PTE at `va` in `mm`;
+    /// returns whether it was set.
+    pub fn test_and_clear_accessed(&self, mm: &MmTlbState, va: u64) -> Result<bool, MockError> {
+        self.check_va(va)?;
+        self.known(mm)?;
+        let mask = PteFlags::ACCESSED.bits();
+        Ok(self
+            .with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
+                p.fetch_and(!mask, Ordering::SeqCst) & mask != 0
+            })
+            .unwrap_or(false))
+    }
+
+    /// `mm` as a [`PageTable`](crate::PageTable) for the reverse-map functions.
+    pub fn space(&self, mm: &Arc<MmTlbState>) -> MockSpace<'_, M> {
+        MockSpace {
+            machine: self,
+            mm: Arc::clone(mm),
+        }
+    }
+
+    /// Whether `mm` is an address space this machine created, with the
+    /// ASID it was created with: [`MockError::UnknownAddressSpace`]
+    /// otherwise (another machine's, or one built by hand).
+    pub(crate) fn known(&self, mm: &MmTlbState) -> Result<(), MockError> {
+        match lock(&self.roots).get(&mm.root()) {
+            Some(&asid) if asid == mm.asid() => Ok(()),
+            _ => Err(MockError::UnknownAddressSpace),
+        }
+    }
+
+    /// The first page of `range` whose entry in `mm` is not empty, if any:
+    /// what [`PageTable::next_populated`](crate::PageTable::next_populated) answers for a [`MockSpace`].
+    pub fn next_populated(&self, mm: &MmTlbState, range: PageRange) -> Option<u64> {
+        let last = range.last()?;
+        let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
+        let table = tables.get(&mm.root())?;
+        table
+            .range(range.start() >> PAGE_SHIFT..=last >> PAGE_SHIFT)
+            .find(|(_, pte)| pte.load(Ordering::SeqCst) != 0)
+            .map(|(vpn, _)| vpn << PAGE_SHIFT)
+    }
+}
+
+impl<M: Model> MockMachine<M> {
+    /// The frame of the leaf page table that maps `va` in `mm`, if any.
+    pub fn leaf_table(&self, mm: &MmTlbState, va: u64) -> Option<Frame> {
+        lock(&self.leaf_tables)
+            .get(&(mm.root(), (va >> PAGE_SHIFT) >> REGION_SHIFT))
+            .copied()
+    }
+
+    /// Detaches one leaf table of `mm` whose whole region lies inside
+    /// `range`, dropping its (cleared) entries; returns its frame and
+    /// region. The frame stays allocated: the caller frees it when safe.
+    pub fn detach_table(&self, mm: &MmTlbState, range: PageRange) -> Option<DetachedTable> {
+        let last = range.last()?;
+        let mut leaves = lock(&self.leaf_tables);
+        let key = leaves.keys().copied().find(|&(root, region)| {
+            let first = region << (REGION_SHIFT + PAGE_SHIFT);
+            let table_last = first + ((1u64 << (REGION_SHIFT + PAGE_SHIFT)) - PAGE_SIZE);
+            root == mm.root() && first >= range.start() && table_last <= last
+        })?;
+        let frame = leaves.remove(&key)?;
+        drop(leaves);
+        let first_vpn = key.1 << REGION_SHIFT;
+        let last_vpn = first_vpn + ((1 << REGION_SHIFT) - 1);
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(table) = tables.get_mut(&mm.root()) {
+            table.retain(|vpn, _| !(first_vpn..=last_vpn).contains(vpn));
+        }
+        Some(DetachedTable {
+            frame,
+            range: PageRange::new(first_vpn << PAGE_SHIFT, 1 << REGION_SHIFT).ok()?,
+        })
+    }
+}
