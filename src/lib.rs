@@ -173,7 +173,8 @@ pub use migrate::{
     MIGRATE_PASSES,
 };
 pub use mm::{
-    flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, switch_mm, MmTlbState,
+    flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, prepare_cpu_online, switch_mm,
+    MmTlbState,
 };
 pub use mprotect::change_protection;
 pub use percpu::TlbShootdown;

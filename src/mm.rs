@@ -182,6 +182,23 @@ pub unsafe fn switch_mm<A: Arch>(
     Ok(())
 }
 
+/// The hook for a CPU coming online: call it on that CPU, with interrupts
+/// off, *before* it joins [`Arch::online_cpus`].
+///
+/// While a CPU is offline it takes no flush IPIs, so it may still hold any
+/// entry it cached before, global kernel entries included, for pages that
+/// have since been unmapped and freed. This drops all of them
+/// ([`Arch::flush_local_all`] with global entries) and forgets which
+/// address space the CPU had loaded; only then may it be counted among the
+/// CPUs that shootdowns reach and skip. The CPU loads an address space with
+/// [`switch_mm`] afterwards, as usual.
+pub fn prepare_cpu_online<A: Arch>(arch: &A) {
+    let me = arch.current_cpu();
+    arch.flush_local_all(true);
+    arch.shootdown_state().clear_loaded_asid(me);
+    arch.shootdown_state().count(Counter::LocalFullFlushes, 1);
+}
+
 /// Contract rule 5: an operation about to change mappings of `mm`
 /// (mprotect, munmap, madvise, remap) calls this first, under the lock that
 /// serialises such changes. If a batch deferred flushes of `mm` that no

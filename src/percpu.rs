@@ -190,6 +190,12 @@ impl TlbShootdown {
         }
     }
 
+    pub(crate) fn clear_loaded_asid(&self, cpu: CpuId) {
+        self.cpus[cpu.index()]
+            .loaded_asid
+            .store(NO_ASID, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_loaded_asid(&self, cpu: CpuId, asid: Asid) {
         self.cpus[cpu.index()]
             .loaded_asid

@@ -351,3 +351,43 @@ fn munmap_flushes_a_pending_batched_flush_first() {
     batch.flush(&m.cpu(2).unwrap()).unwrap();
     assert_eq!(m.violations(), []);
 }
+
+/// A leaf table whose pages were all unmapped earlier still sits in the
+/// walk cache of a CPU that touched the range since (a walk that faults
+/// caches the pointer too). Tearing the range down frees the table: its
+/// whole range must be flushed first, although no page in it is present.
+#[test]
+fn a_table_with_nothing_mapped_is_flushed_before_it_is_freed() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 2, &[1, 2]);
+    let mm = rmap.spaces()[0].mm().clone();
+    let cpu0 = m.cpu(0).unwrap();
+    // Everything unmapped and flushed, the frames freed.
+    for (i, &f) in frames.iter().enumerate() {
+        m.clear_pte(&mm, va(i)).unwrap();
+        tlb_batch::flush_tlb_page(&cpu0, &mm, va(i)).unwrap();
+        rmap.remove_frame(f);
+        m.free_frame(f).unwrap();
+    }
+    // CPU 1 touches the range again: a fault, but its walk cache now
+    // points at the leaf table.
+    assert!(m.cpu(1).unwrap().read(va(0)).is_err());
+    let mut kernel = MockKernel::new(&rmap);
+    let (s, back) = tear_down::<_, 64>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(512),
+        true,
+        &mut TableFreePolicy::AfterFlush,
+    )
+    .unwrap();
+    assert!(back.is_empty());
+    assert_eq!((s.pages_unmapped, s.tables_freed), (0, 1));
+    assert_eq!(
+        m.violations(),
+        [],
+        "the table's range was flushed before it was freed"
+    );
+}

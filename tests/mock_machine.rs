@@ -8,7 +8,7 @@ use common::{asid, config, populate, va};
 use tlb_batch::arch::mock::{
     CostModel, Fault, FrameError, FrameState, MockConfig, MockError, MockMachine, NoRewalk, Violation,
 };
-use tlb_batch::{flush_tlb_page, Frame, PteFlags};
+use tlb_batch::{flush_tlb_mm, flush_tlb_page, Arch, Frame, PteFlags};
 
 #[test]
 fn accesses_fill_the_tlb_and_set_accessed_and_dirty_bits() {
@@ -231,4 +231,166 @@ fn the_cost_model_gives_exact_running_totals() {
     // A CPU the machine does not have is an error, not a panic.
     let foreign = tlb_batch::CpuId::new(200).unwrap();
     assert!(m.cpu_cycles(foreign).is_err() && m.interrupts_taken(foreign).is_err());
+}
+
+/// Flushing a page of the kernel's address space does what INVLPG does on
+/// a tagged TLB: the current ASID's entry and a global one, not another
+/// ASID's entry for the same address.
+#[test]
+fn a_kernel_page_flush_reaches_only_the_current_asid_and_global_entries() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(1, 16)
+    })
+    .unwrap();
+    let (a, b) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+    let fa = m.map_new(&a, va(0), true).unwrap();
+    let fb = m.map_new(&b, va(0), true).unwrap();
+    let cpu = m.cpu(0).unwrap();
+    cpu.switch_to(&a).unwrap();
+    cpu.read(va(0)).unwrap();
+    cpu.switch_to(&b).unwrap();
+    cpu.read(va(0)).unwrap();
+    cpu.flush_local_page(tlb_batch::Asid::KERNEL, va(0));
+    assert_eq!(m.cached_translations(fb), [], "the loaded ASID's entry goes");
+    assert_eq!(m.cached_translations(fa).len(), 1, "another ASID's entry stays");
+    // By ASID (INVPCID by address): that ASID's entry only.
+    cpu.flush_local_page(asid(1), va(0));
+    assert_eq!(m.cached_translations(fa), []);
+}
+
+/// An ASID reused for a new address space while the old one's entries are
+/// still cached lets the new process reach the old one's memory: the
+/// oracle sees it. Flushing the old address space first prevents it.
+#[test]
+fn an_asid_reused_without_a_flush_is_caught() {
+    for flush_first in [false, true] {
+        let m = MockMachine::new(MockConfig {
+            tagged_tlb: true,
+            ..config(2, 16)
+        })
+        .unwrap();
+        let old = m.new_mm(asid(5)).unwrap();
+        let secret = m.map_new(&old, va(0), true).unwrap();
+        let cpu1 = m.cpu(1).unwrap();
+        cpu1.switch_to(&old).unwrap();
+        cpu1.read(va(0)).unwrap();
+        cpu1.switch_to(&m.new_mm(asid(6)).unwrap()).unwrap();
+        if flush_first {
+            flush_tlb_mm(&m.cpu(0).unwrap(), &old).unwrap();
+        }
+        let new = m.new_mm(asid(5)).unwrap();
+        m.map_new(&new, va(0), true).unwrap();
+        cpu1.switch_to(&new).unwrap();
+        cpu1.read(va(0)).unwrap();
+        let foreign = m.violations().contains(&Violation::ForeignTranslation {
+            cpu: cpu1.id(),
+            va: va(0),
+            frame: secret,
+        });
+        assert_eq!(foreign, !flush_first);
+    }
+}
+
+/// The walk cache keeps pointers to leaf tables; a table frame freed while
+/// a CPU may still walk through such a pointer is a violation, and a walk
+/// through a pointer to a freed table is one too.
+#[test]
+fn a_table_freed_under_a_cached_walk_pointer_is_caught() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let f = m.map_new(&mm, va(0), true).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.read(va(0)).unwrap();
+    // Unmapped and flushed: the TLB entry and the pointer are gone...
+    m.clear_pte(&mm, va(0)).unwrap();
+    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    assert_eq!(m.stale_entries(), []);
+    // ...but a later walk (one that faults) caches the pointer again.
+    assert_eq!(cpu1.read(va(0)), Err(Fault::NotMapped { va: va(0) }));
+    let table = m.detach_table(&mm, common::pages(0, 512)).unwrap();
+    m.free_frame(f).unwrap();
+    m.free_frame(table.frame).unwrap();
+    assert_eq!(
+        m.violations(),
+        [Violation::TableFreedWhileCached {
+            frame: table.frame,
+            cpu: cpu1.id()
+        }]
+    );
+    assert_eq!(cpu1.read(va(1)), Err(Fault::NotMapped { va: va(1) }));
+    assert!(m.violations().contains(&Violation::WalkThroughFreedTable {
+        cpu: cpu1.id(),
+        table: table.frame,
+        va: va(1)
+    }));
+}
+
+/// A CPU that goes offline keeps what it cached; coming back through the
+/// kernel's online path drops it. Coming back without it, its old entry
+/// reaches a frame that was freed meanwhile.
+#[test]
+fn a_cpu_that_comes_back_online_must_flush_first() {
+    for proper in [true, false] {
+        let m = MockMachine::new(config(3, 16)).unwrap();
+        let (mm, frames) = populate(&m, 1, 1, &[1, 2], true);
+        let cpu1 = m.cpu(1).unwrap();
+        cpu1.go_offline();
+        assert_eq!(cpu1.read(va(0)), Err(Fault::CpuOffline));
+        // Unmapped and flushed while CPU 1 is away: it gets no IPI.
+        m.clear_pte(&mm, va(0)).unwrap();
+        let report = flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+        assert_eq!(report.ipis_sent, 1, "only CPU 2 is online to ask");
+        m.free_frame(frames[0]).unwrap();
+        assert_eq!(m.violations(), [], "an offline CPU's entries are dormant");
+        if proper {
+            cpu1.come_online();
+            cpu1.switch_to(&mm).unwrap();
+        } else {
+            m.set_online(1, true).unwrap();
+        }
+        let _ = cpu1.write(va(0), 1);
+        assert_eq!(m.violations().is_empty(), proper, "{:?}", m.violations());
+    }
+}
+
+/// A page table the kernel wrote itself: an entry naming a frame the
+/// machine does not have is refused by the walk and reported.
+#[test]
+fn a_kernel_table_entry_naming_no_frame_is_caught() {
+    use std::sync::atomic::AtomicU64;
+    struct One(AtomicU64);
+    impl tlb_batch::arch::mock::MmuTable for One {
+        fn entry(&self, va: u64) -> Option<&AtomicU64> {
+            (va == common::BASE).then_some(&self.0)
+        }
+    }
+    let m = MockMachine::new(config(1, 16)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let bogus = tlb_batch::Pte::new(Frame(1 << 30), PteFlags::PRESENT | PteFlags::USER);
+    m.attach_table(&mm, std::sync::Arc::new(One(AtomicU64::new(bogus.0))))
+        .unwrap();
+    let cpu = m.cpu(0).unwrap();
+    cpu.switch_to(&mm).unwrap();
+    assert_eq!(cpu.read(va(0)), Err(Fault::NotMapped { va: va(0) }));
+    assert_eq!(
+        m.violations(),
+        [Violation::MapsNoSuchFrame {
+            cpu: cpu.id(),
+            va: va(0),
+            frame: Frame(1 << 30)
+        }]
+    );
+    // The machine does not create entries in a kernel's table.
+    assert_eq!(
+        m.set_pte(&mm, va(1), tlb_batch::Pte::EMPTY),
+        Err(MockError::NoTable { va: va(1) })
+    );
+    let other = m.new_mm(asid(2)).unwrap();
+    m.map_new(&other, va(0), true).unwrap();
+    assert_eq!(
+        m.attach_table(&other, std::sync::Arc::new(One(AtomicU64::new(0)))),
+        Err(MockError::TableInUse)
+    );
 }

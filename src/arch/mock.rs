@@ -34,9 +34,11 @@ use crate::pte::PAGE_SHIFT;
 use crate::sim::{lock, BroadcastOp};
 use crate::stats::TraceEvent;
 
-// SAFETY: each MockCpu reports its own id; online CPUs are exactly the
-// machine's CPUs, all of which answer IPIs (synchronously or from their
-// threads); local flushes edit this CPU's modelled TLB before returning;
+// SAFETY: each MockCpu reports its own id; the online CPUs are the ones in
+// the machine's online set, all of which answer IPIs (synchronously or from
+// their threads), and a CPU joins it through `come_online`, which runs
+// `prepare_cpu_online` first (the raw `set_online` is the documented way to
+// model a kernel that does not); local flushes edit this CPU's modelled TLB before returning;
 // `send_flush_ipi` runs or queues `handle_flush_ipi` for each target; every
 // CPU of one machine returns the machine's single `TlbShootdown`; the
 // constants come from the model, which the simulated hardware obeys; the
@@ -51,8 +53,7 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     }
 
     fn online_cpus(&self) -> CpuSet {
-        // The machine was built with 1..=MAX_CPUS CPUs.
-        CpuSet::first(self.machine.cpus.len()).unwrap_or_default()
+        self.machine.online()
     }
 
     fn shootdown_state(&self) -> &TlbShootdown {
@@ -74,24 +75,42 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     fn flush_local_page(&self, asid: Asid, va: u64) {
         let m = self.machine;
         m.charge(self.id, CostKind::Invlpg, m.config.cost.invlpg);
-        lock(&self.state().tlb).flush_page(asid, va >> PAGE_SHIFT);
+        let vpn = va >> PAGE_SHIFT;
+        let current = lock(&self.state().loaded).map(|(a, _)| a);
+        let mut tlb = lock(&self.state().tlb);
+        if asid.is_kernel() {
+            // INVLPG: the current ASID's entry and a global one, nothing of
+            // the other ASIDs a tagged TLB keeps.
+            tlb.invalidate_va(current.unwrap_or(Asid::KERNEL), vpn, true);
+        } else if current == Some(asid) || !m.config.tagged_tlb {
+            tlb.invalidate_va(asid, vpn, true);
+        } else {
+            // INVPCID by address in an ASID that is not loaded: global
+            // entries stay.
+            tlb.invalidate_va(asid, vpn, false);
+        }
     }
 
     fn flush_local_asid(&self, asid: Asid) {
         let m = self.machine;
         m.charge(self.id, CostKind::FullFlush, m.config.cost.full_flush);
-        lock(&self.state().tlb).flush_asid(asid);
+        lock(&self.state().tlb).invalidate_asid(asid);
     }
 
     fn flush_local_all(&self, include_global: bool) {
         let m = self.machine;
         m.charge(self.id, CostKind::FullFlush, m.config.cost.full_flush);
-        lock(&self.state().tlb).flush_all(include_global);
+        lock(&self.state().tlb).invalidate_all(include_global);
     }
 
     fn send_flush_ipi(&self, targets: &CpuSet) {
         let m = self.machine;
         for t in targets.iter().filter(|t| t.index() < m.cpus.len()) {
+            if !m.is_online(t) {
+                // Nobody is there to take it.
+                m.ipis_lost.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             m.ipis_sent.fetch_add(1, Ordering::Relaxed);
             m.charge(self.id, CostKind::IpiSend, m.config.cost.ipi_send);
             let target = MockCpu { machine: m, id: t };
@@ -135,9 +154,12 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
             let mut tlb = lock(&cpu.state().tlb);
             for op in &mine {
                 match *op {
-                    BroadcastOp::Page(asid, vpn) => tlb.flush_page(asid, vpn),
-                    BroadcastOp::Asid(asid) => tlb.flush_asid(asid),
-                    BroadcastOp::All(g) => tlb.flush_all(g),
+                    // By ASID and address, global entries included (TLBI
+                    // VAE1IS); the kernel's pages in every ASID (VAAE1IS).
+                    BroadcastOp::Page(asid, vpn) if asid.is_kernel() => tlb.invalidate_va_all_asids(vpn),
+                    BroadcastOp::Page(asid, vpn) => tlb.invalidate_va(asid, vpn, true),
+                    BroadcastOp::Asid(asid) => tlb.invalidate_asid(asid),
+                    BroadcastOp::All(g) => tlb.invalidate_all(g),
                 }
             }
         }

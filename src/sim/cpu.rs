@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::{
     lock, BroadcastOp, CostKind, CpuState, Delivery, Fault, FrameState, MockError, MockMachine, Model, Tlb,
-    TlbEntry, Violation, X86Like,
+    TlbEntry, Violation, WalkEntry, X86Like, REGION_SHIFT,
 };
 use crate::arch::Asid;
 use crate::cpuset::CpuId;
@@ -63,6 +63,27 @@ impl<'m, M: Model> MockCpu<'m, M> {
         unsafe { switch_mm(self, current.as_deref(), next) }?;
         *current = Some(Arc::clone(next));
         Ok(())
+    }
+
+    /// Takes this CPU offline, the way a kernel's CPU-offline path does:
+    /// it first serves every request waiting in its inbox (an initiator may
+    /// be waiting for it), then leaves the online set. It keeps whatever its
+    /// TLB holds, takes no further IPIs, and runs nothing until
+    /// [`come_online`](Self::come_online).
+    pub fn go_offline(&self) {
+        self.machine.online.remove(self.id, Ordering::SeqCst);
+        handle_flush_ipi(self);
+    }
+
+    /// Brings this CPU back online the way a kernel must: it runs
+    /// [`prepare_cpu_online`](crate::prepare_cpu_online) (everything it
+    /// cached while away goes), then joins the online set; it runs no
+    /// address space until it switches to one.
+    pub fn come_online(&self) {
+        crate::mm::prepare_cpu_online(self);
+        *lock(&self.state().loaded) = None;
+        *lock(&self.state().mm) = None;
+        self.machine.online.insert(self.id, Ordering::SeqCst);
     }
 
     /// The address space this CPU runs, if any.
@@ -142,6 +163,9 @@ impl<'m, M: Model> MockCpu<'m, M> {
     }
 
     pub(crate) fn access(&self, va: u64, write: Option<u64>) -> Result<u64, Fault> {
+        if !self.machine.is_online(self.id) {
+            return Err(Fault::CpuOffline);
+        }
         self.poll_interrupts();
         let m = self.machine;
         let vpn = va >> PAGE_SHIFT;
@@ -151,7 +175,20 @@ impl<'m, M: Model> MockCpu<'m, M> {
         // interrupted half-way, so no flush can slip between translation
         // and the memory operation.
         let mut tlb = lock(&self.state().tlb);
-        let frame = match (tlb.lookup(asid, vpn), write.is_some()) {
+        let hit = tlb.lookup(asid, vpn);
+        if let (Some(e), Some((_, root))) = (hit, loaded) {
+            if !e.global && e.space != root {
+                // The hardware tells address spaces apart by ASID alone: an
+                // entry filled for another address space with this ASID
+                // (reused without a flush) serves this one.
+                m.record(Violation::ForeignTranslation {
+                    cpu: self.id,
+                    va,
+                    frame: e.frame,
+                });
+            }
+        }
+        let frame = match (hit, write.is_some()) {
             (Some(e), false) => e.frame,
             (Some(e), true) if !e.writable => {
                 tlb.remove(asid, vpn);
@@ -220,6 +257,67 @@ impl<'m, M: Model> MockCpu<'m, M> {
         });
     }
 
+    /// The hardware's walk of the page table that maps `vpn` under `root`:
+    /// through the walk cache's pointer to its leaf table when it holds one
+    /// (even one that is no longer linked), caching the pointer otherwise.
+    /// Returns the entry word's new value (`Ok`) or the value that made the
+    /// walk stop (`Err`); `None` when no table maps `vpn` under `root`.
+    fn walk_table(
+        &self,
+        tlb: &mut Tlb,
+        asid: Asid,
+        root: u64,
+        vpn: u64,
+        write: bool,
+    ) -> Option<Result<u64, u64>> {
+        let m = self.machine;
+        let region = vpn >> REGION_SHIFT;
+        let linked = m.leaf_table_of(root, region);
+        match tlb.walk_lookup(asid, root, region) {
+            Some(w) if Some(w.table) != linked => {
+                // A stale pointer: the walk reads a table that was unlinked.
+                // It must still hold what the teardown left (cleared
+                // entries) until the flush that drops the pointer; a table
+                // already freed or reused is a violation.
+                if !m.is_detached_table(w.table) {
+                    m.record(Violation::WalkThroughFreedTable {
+                        cpu: self.id,
+                        table: w.table,
+                        va: vpn << PAGE_SHIFT,
+                    });
+                }
+                return Some(Err(0));
+            }
+            Some(_) => {}
+            None => {
+                if let Some(table) = linked {
+                    tlb.walk_insert(WalkEntry {
+                        asid,
+                        space: root,
+                        region,
+                        table,
+                    });
+                }
+            }
+        }
+        m.with_pte(root, vpn, |p| {
+            // The hardware's locked update of the A/D bits: it acts on the
+            // PTE as it is at this instant, so it can never resurrect a
+            // cleared entry nor be lost to a concurrent clear.
+            p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                let pte = Pte(v);
+                if !pte.is_present() || (write && !pte.is_writable()) {
+                    return None;
+                }
+                let mut bits = v | PteFlags::ACCESSED.bits();
+                if write {
+                    bits |= PteFlags::DIRTY.bits();
+                }
+                Some(bits)
+            })
+        })
+    }
+
     pub(crate) fn walk_and_fill(
         &self,
         tlb: &mut Tlb,
@@ -230,33 +328,30 @@ impl<'m, M: Model> MockCpu<'m, M> {
         let m = self.machine;
         m.charge(self.id, CostKind::TlbRefill, m.config.cost.tlb_refill);
         let vpn = va >> PAGE_SHIFT;
-        let walk = |root: u64| {
-            m.with_pte(root, vpn, |p| {
-                // The hardware's locked update of the A/D bits: it acts on
-                // the PTE as it is at this instant, so it can never resurrect
-                // a cleared entry nor be lost to a concurrent clear.
-                p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
-                    let pte = Pte(v);
-                    if !pte.is_present() || (write && !pte.is_writable()) {
-                        return None;
-                    }
-                    let mut bits = v | PteFlags::ACCESSED.bits();
-                    if write {
-                        bits |= PteFlags::DIRTY.bits();
-                    }
-                    Some(bits)
-                })
-            })
-        };
-        let user = loaded.and_then(|(_, root)| walk(root));
-        let result = match user {
-            Some(Ok(v)) => Ok(v),
+        let asid = loaded.map_or(Asid::KERNEL, |(a, _)| a);
+        let user = loaded.and_then(|(_, root)| self.walk_table(tlb, asid, root, vpn, write));
+        let (result, space) = match (user, loaded) {
+            (Some(Ok(v)), Some((_, root))) => (Ok(v), root),
             // A non-empty user entry decides; an empty one falls through to
             // the kernel's half of the address space.
-            Some(Err(v)) if v != 0 => Err(v),
-            _ => walk(self.machine.kernel_root).unwrap_or(Err(0)),
+            (Some(Err(v)), Some((_, root))) if v != 0 => (Err(v), root),
+            _ => (
+                self.walk_table(tlb, asid, m.kernel_root, vpn, write)
+                    .unwrap_or(Err(0)),
+                m.kernel_root,
+            ),
         };
         let old = match result.map_err(Pte) {
+            Ok(v) if lock(&m.memory).state(Pte(v).frame()).is_err() => {
+                // Only a page table the kernel wrote itself can get here:
+                // the machine's own refuses such entries.
+                m.record(Violation::MapsNoSuchFrame {
+                    cpu: self.id,
+                    va,
+                    frame: Pte(v).frame(),
+                });
+                return Err(Fault::NotMapped { va });
+            }
             Ok(v) => Pte(v),
             Err(p) if p.is_present() => return Err(Fault::WriteProtected { va }),
             Err(p) if p.is_migration() => return Err(Fault::Migration { va }),
@@ -264,13 +359,9 @@ impl<'m, M: Model> MockCpu<'m, M> {
             Err(_) => return Err(Fault::NotMapped { va }),
         };
         let global = old.flags().contains(PteFlags::GLOBAL);
-        let asid = if global {
-            Asid::KERNEL
-        } else {
-            loaded.map_or(Asid::KERNEL, |(a, _)| a)
-        };
         tlb.insert(TlbEntry {
-            asid,
+            asid: if global { Asid::KERNEL } else { asid },
+            space,
             vpn,
             frame: old.frame(),
             writable: old.is_writable(),

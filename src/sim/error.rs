@@ -26,6 +26,8 @@ pub enum Fault {
         /// The faulting address.
         va: u64,
     },
+    /// The CPU is offline: it runs no code.
+    CpuOffline,
 }
 
 /// Why a machine-level operation was refused.
@@ -37,6 +39,16 @@ pub enum MockError {
     Input(Error),
     /// The address space was not created by this machine.
     UnknownAddressSpace,
+    /// A page table the kernel wrote itself has no entry for this address
+    /// (the machine does not create tables in it).
+    NoTable {
+        /// The address.
+        va: u64,
+    },
+    /// [`MockMachine::attach_table`](super::MockMachine::attach_table):
+    /// the machine's own table for the address space already maps
+    /// something.
+    TableInUse,
 }
 
 impl From<FrameError> for MockError {

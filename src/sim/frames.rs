@@ -17,14 +17,21 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Returns a frame to the free list. The oracle records a
-    /// [`Violation::FreedWhileCached`] for every CPU still caching it (only
-    /// when the free itself is accepted), and a [`Violation::FreedDuringIo`]
-    /// for a frame still being written out (which stays under I/O, and the
-    /// free is refused).
+    /// [`Violation::FreedWhileCached`] for every CPU still caching it and a
+    /// [`Violation::TableFreedWhileCached`] for every CPU whose walk cache
+    /// still points to it (only when the free itself is accepted), and a
+    /// [`Violation::FreedDuringIo`] for a frame still being written out
+    /// (which stays under I/O, and the free is refused).
     pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
         // TLBs are scanned before the memory lock is taken: accesses lock a
         // TLB and then memory, never the other way round.
-        let cached = self.cached_translations(frame);
+        let cached = self.live_translations(frame);
+        let walk_cached: Vec<CpuId> = self
+            .cpus()
+            .filter(|cpu| self.is_online(cpu.id()))
+            .filter(|cpu| lock(&cpu.state().tlb).walks().any(|w| w.table == frame))
+            .map(|cpu| cpu.id())
+            .collect();
         let walking: Vec<CpuId> = lock(&self.walkers)
             .values()
             .filter(|(_, t)| *t == frame)
@@ -41,6 +48,10 @@ impl<M: Model> MockMachine<M> {
             self.record(Violation::FreedDuringIo { frame });
         }
         freed?;
+        lock(&self.detached).remove(&frame);
+        for cpu in walk_cached {
+            self.record(Violation::TableFreedWhileCached { frame, cpu });
+        }
         for cpu in walking {
             self.record(Violation::TableFreedUnderWalker { frame, cpu });
         }
@@ -58,7 +69,7 @@ impl<M: Model> MockMachine<M> {
     /// [`Violation::IoWhileWritable`] for every CPU caching it writable
     /// (only when the frame could start I/O).
     pub fn start_io(&self, frame: Frame) -> Result<(), MockError> {
-        let cached = self.cached_translations(frame);
+        let cached = self.live_translations(frame);
         lock(&self.memory).start_io(frame)?;
         for (cpu, _) in cached.into_iter().filter(|(_, e)| e.writable) {
             self.record(Violation::IoWhileWritable { frame, cpu });
@@ -127,7 +138,20 @@ impl<M: Model> MockMachine<M> {
         lock(&self.violations).clone()
     }
 
-    /// Every (CPU, entry) pair caching a translation to `frame`.
+    /// What the oracle holds against a frame: the translations to it cached
+    /// by online CPUs. An offline CPU's entries are dormant: it runs
+    /// nothing, and must drop them before it comes back
+    /// ([`prepare_cpu_online`](crate::prepare_cpu_online)); if it does not,
+    /// the oracle sees what they reach when they are used.
+    fn live_translations(&self, frame: Frame) -> Vec<(CpuId, TlbEntry)> {
+        self.cached_translations(frame)
+            .into_iter()
+            .filter(|(cpu, _)| self.is_online(*cpu))
+            .collect()
+    }
+
+    /// Every (CPU, entry) pair caching a translation to `frame`, offline
+    /// CPUs included.
     pub fn cached_translations(&self, frame: Frame) -> Vec<(CpuId, TlbEntry)> {
         self.all_entries()
             .into_iter()
@@ -148,16 +172,10 @@ impl<M: Model> MockMachine<M> {
     /// came from is gone, maps another frame, or no longer allows a write
     /// the entry allows. These are what shootdowns exist to remove.
     pub fn stale_entries(&self) -> Vec<(CpuId, TlbEntry)> {
-        let roots = lock(&self.asid_roots).clone();
         self.all_entries()
             .into_iter()
             .filter(|(_, e)| {
-                let root = if e.global {
-                    Some(self.kernel_root)
-                } else {
-                    roots.get(&e.asid).copied()
-                };
-                let pte = root.and_then(|r| self.with_pte(r, e.vpn, |p| Pte(p.load(Ordering::SeqCst))));
+                let pte = self.with_pte(e.space, e.vpn, |p| Pte(p.load(Ordering::SeqCst)));
                 !pte.is_some_and(|p| {
                     p.is_present() && p.frame() == e.frame && (p.is_writable() || !e.writable)
                 })
@@ -174,6 +192,7 @@ impl<M: Model> MockMachine<M> {
         let stale: Vec<_> = self
             .stale_entries()
             .into_iter()
+            .filter(|(cpu, _)| self.is_online(*cpu))
             .filter(|(_, e)| {
                 (e.asid == mm.asid() || e.global && mm.is_kernel()) && range.contains(e.vpn << PAGE_SHIFT)
             })

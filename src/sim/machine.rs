@@ -2,15 +2,15 @@
 //! oracle records, and the handles to its CPUs.
 
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicBool, AtomicU64};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::boxed::Box;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::vec::Vec;
 
-use super::{cost, new_root, oracle, MockConfig, MockCpu, Model, Table, Tlb, Violation, X86Like};
+use super::{cost, new_root, oracle, MmuTable, MockConfig, MockCpu, Model, Table, Tlb, Violation, X86Like};
 use crate::arch::Asid;
-use crate::cpuset::{CpuId, MAX_CPUS};
+use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
 use crate::mm::MmTlbState;
 use crate::percpu::TlbShootdown;
 use crate::pte::Frame;
@@ -43,15 +43,23 @@ pub struct MockMachine<M: Model = X86Like> {
     pub(crate) tables: RwLock<HashMap<u64, Table>>,
     pub(crate) kernel_root: u64,
     pub(crate) kernel_mm: Arc<MmTlbState>,
-    pub(crate) asid_roots: Mutex<HashMap<Asid, u64>>,
     /// The ASID each root of this machine was created with.
     pub(crate) roots: Mutex<HashMap<u64, Asid>>,
     /// The frame holding each leaf table, by (root, region of 512 pages).
     pub(crate) leaf_tables: Mutex<HashMap<(u64, u64), Frame>>,
+    /// Page tables the kernel wrote itself, by root ([`MockMachine::attach_table`]).
+    pub(crate) own_tables: Mutex<HashMap<u64, Arc<dyn MmuTable>>>,
+    /// Leaf tables detached from their page table and not freed yet.
+    pub(crate) detached: Mutex<HashSet<Frame>>,
     /// Lockless walks in progress: id -> (CPU, table frame).
     pub(crate) walkers: Mutex<HashMap<u64, (CpuId, Frame)>>,
     pub(crate) next_walk: AtomicU64,
     pub(crate) violations: Mutex<Vec<Violation>>,
+    /// The CPUs that are up and take interrupts.
+    pub(crate) online: AtomicCpuSet,
+    /// IPIs sent to CPUs that were offline (dropped, as a sleeping CPU
+    /// would not answer them).
+    pub(crate) ipis_lost: AtomicU64,
     pub(crate) broadcast_queue: Mutex<Vec<(CpuId, BroadcastOp)>>,
     pub(crate) costs: cost::CostMeter,
     pub(crate) ipis_sent: AtomicU64,
@@ -106,12 +114,19 @@ impl<M: Model> MockMachine<M> {
             tables: RwLock::new(tables),
             kernel_root,
             kernel_mm: Arc::new(MmTlbState::kernel(kernel_root)),
-            asid_roots: Mutex::new(HashMap::new()),
             roots: Mutex::new(roots),
             leaf_tables: Mutex::new(HashMap::new()),
+            detached: Mutex::new(HashSet::new()),
+            own_tables: Mutex::new(HashMap::new()),
             walkers: Mutex::new(HashMap::new()),
             next_walk: AtomicU64::new(0),
             violations: Mutex::new(Vec::new()),
+            online: {
+                let online = AtomicCpuSet::new();
+                online.insert_all(&CpuSet::first(config.cpus)?, Ordering::SeqCst);
+                online
+            },
+            ipis_lost: AtomicU64::new(0),
             broadcast_queue: Mutex::new(Vec::new()),
             costs: cost::CostMeter::default(),
             ipis_sent: AtomicU64::new(0),
@@ -149,6 +164,37 @@ impl<M: Model> MockMachine<M> {
     /// Every CPU's view, in order.
     pub fn cpus(&self) -> impl Iterator<Item = MockCpu<'_, M>> + '_ {
         (0..self.cpus.len()).filter_map(move |i| self.cpu(i).ok())
+    }
+
+    /// The CPUs that are online (all of them until one goes offline).
+    pub fn online(&self) -> CpuSet {
+        self.online.load(Ordering::SeqCst)
+    }
+
+    /// Whether `cpu` is online.
+    pub(crate) fn is_online(&self, cpu: CpuId) -> bool {
+        self.online.contains(cpu, Ordering::SeqCst)
+    }
+
+    /// The raw switch behind [`MockCpu::go_offline`] and
+    /// [`MockCpu::come_online`]: puts `cpu` in or out of the online set and
+    /// nothing else. A kernel's online path runs
+    /// [`prepare_cpu_online`](crate::prepare_cpu_online) first; calling this
+    /// instead models a kernel that forgets to, and the oracle sees what
+    /// the CPU's old entries then reach. Errors: [`Error::CpuOutOfRange`].
+    pub fn set_online(&self, cpu: usize, online: bool) -> Result<(), Error> {
+        let id = self.cpu(cpu)?.id();
+        if online {
+            self.online.insert(id, Ordering::SeqCst);
+        } else {
+            self.online.remove(id, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// IPIs sent to CPUs that were offline at the time (dropped).
+    pub fn ipis_lost(&self) -> u64 {
+        self.ipis_lost.load(Ordering::Relaxed)
     }
 
     /// Only for ids this machine handed out (through a [`MockCpu`]), which

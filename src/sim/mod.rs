@@ -41,6 +41,7 @@ mod machine;
 mod model;
 pub mod ops;
 mod oracle;
+mod own_table;
 mod space;
 mod tables;
 mod threads;
@@ -58,12 +59,13 @@ pub use kernel::{IoMode, MockKernel, MockRmap};
 pub use machine::{IpiHook, MockMachine};
 pub use model::{BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Like};
 pub use oracle::{FrameError, FrameState, Violation};
+pub use own_table::MmuTable;
 pub use space::MockSpace;
-pub use tlb::TlbEntry;
+pub use tlb::{TlbEntry, WalkEntry};
 pub use walkers::LocklessWalk;
 
 pub(crate) use machine::{BroadcastOp, CpuState};
-pub(crate) use tables::{new_root, Table};
+pub(crate) use tables::{new_root, Table, REGION_SHIFT};
 pub(crate) use tlb::Tlb;
 
 /// Locks a mutex, carrying on past poisoning (a panicking test thread must

@@ -52,7 +52,7 @@ pub enum Delivery {
     /// The target's handler runs at once, on the sending thread (interrupt
     /// masking is not modelled). Deterministic; for counting tests.
     Synchronous,
-    /// The target CPU is a thread (see [`MockMachine::run_threaded`]) and
+    /// The target CPU is a thread (see [`MockMachine::run_threaded`](super::MockMachine::run_threaded)) and
     /// takes the interrupt at its next instruction boundary while its
     /// interrupts are enabled.
     Threaded,

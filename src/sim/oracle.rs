@@ -82,6 +82,46 @@ pub enum Violation {
         /// The CPU walking it.
         cpu: CpuId,
     },
+    /// A page-table frame was freed (or handed out again) while a CPU's
+    /// walk cache still pointed to it: that CPU's next walk reads whatever
+    /// the frame holds now (rule 6).
+    TableFreedWhileCached {
+        /// The page-table frame.
+        frame: Frame,
+        /// A CPU whose walk cache points to it.
+        cpu: CpuId,
+    },
+    /// A CPU walked through a cached pointer to a page-table frame that
+    /// was freed or reused (rule 6).
+    WalkThroughFreedTable {
+        /// The walking CPU.
+        cpu: CpuId,
+        /// The page-table frame.
+        table: Frame,
+        /// The address being translated.
+        va: u64,
+    },
+    /// A page-table entry named a frame the machine does not have: the
+    /// walk that met it faulted instead of reaching arbitrary memory.
+    MapsNoSuchFrame {
+        /// The walking CPU.
+        cpu: CpuId,
+        /// The address being translated.
+        va: u64,
+        /// The frame the entry named.
+        frame: Frame,
+    },
+    /// A CPU used a TLB entry filled for another address space that had
+    /// the same ASID: the ASID was reused without flushing it first, and
+    /// one process reaches another's memory.
+    ForeignTranslation {
+        /// The CPU.
+        cpu: CpuId,
+        /// The address used.
+        va: u64,
+        /// The frame the foreign entry named.
+        frame: Frame,
+    },
     /// After an operation changed a range of mappings and returned, a CPU
     /// still cached an entry there that disagrees with the page table
     /// (rule 5).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::{
-    lock, DetachedTable, FrameError, FrameState, MockCpu, MockError, MockMachine, MockSpace, Model,
+    lock, DetachedTable, FrameError, FrameState, MmuTable, MockCpu, MockError, MockMachine, MockSpace, Model,
     PoisonError,
 };
 use crate::arch::Asid;
@@ -34,11 +34,10 @@ impl<M: Model> MockMachine<M> {
     /// A new, empty user address space with this ASID. Give each live
     /// address space its own ASID: the model tells TLB entries apart by it.
     /// Errors: [`MockError::Input`] with [`Error::AsidOutOfRange`](crate::Error::AsidOutOfRange) for an
-    /// ASID wider than [`MockConfig::asid_bits`].
+    /// ASID wider than [`MockConfig::asid_bits`](super::MockConfig::asid_bits).
     pub fn new_mm(&self, asid: Asid) -> Result<Arc<MmTlbState>, MockError> {
         check_asid(&self.probe(), asid)?;
         let root = new_root();
-        lock(&self.asid_roots).insert(asid, root);
         lock(&self.roots).insert(root, asid);
         self.tables
             .write()
@@ -69,8 +68,39 @@ impl<M: Model> MockMachine<M> {
     }
 
     pub(crate) fn with_pte<R>(&self, root: u64, vpn: u64, f: impl FnOnce(&AtomicU64) -> R) -> Option<R> {
+        if let Some(own) = self.own_table(root) {
+            return own.entry(vpn << PAGE_SHIFT).map(f);
+        }
         let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
         tables.get(&root).and_then(|t| t.get(&vpn)).map(f)
+    }
+
+    /// The kernel-written page table attached to `root`, if any.
+    pub(crate) fn own_table(&self, root: u64) -> Option<Arc<dyn MmuTable>> {
+        lock(&self.own_tables).get(&root).cloned()
+    }
+
+    /// Lets the simulated MMU walk a page table the kernel wrote itself for
+    /// `mm` (an address space of this machine with nothing mapped yet):
+    /// from now on every access of `mm` translates through `table`'s entry
+    /// words, and the machine's own page-table functions ([`pte`](Self::pte),
+    /// [`set_pte`](Self::set_pte), ...) read and write them too. See
+    /// [`MmuTable`] for a worked example. Errors:
+    /// [`MockError::UnknownAddressSpace`] for an address space this machine
+    /// did not create (or the kernel's), [`MockError::TableInUse`] when the
+    /// machine's own table for `mm` already maps something.
+    pub fn attach_table(&self, mm: &MmTlbState, table: Arc<dyn MmuTable>) -> Result<(), MockError> {
+        self.known(mm)?;
+        if mm.is_kernel() {
+            return Err(MockError::UnknownAddressSpace);
+        }
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        if tables.get(&mm.root()).is_some_and(|t| !t.is_empty()) {
+            return Err(MockError::TableInUse);
+        }
+        tables.remove(&mm.root());
+        lock(&self.own_tables).insert(mm.root(), table);
+        Ok(())
     }
 
     /// Maps `frame` at `va` in `mm` (replacing any previous entry).
@@ -120,6 +150,12 @@ impl<M: Model> MockMachine<M> {
             }
         }
         let vpn = va >> PAGE_SHIFT;
+        if let Some(own) = self.own_table(mm.root()) {
+            // The kernel's own table: only its existing entries can be set.
+            let entry = own.entry(va).ok_or(MockError::NoTable { va })?;
+            entry.store(pte.0, Ordering::SeqCst);
+            return Ok(());
+        }
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
         let region = (mm.root(), vpn >> REGION_SHIFT);
@@ -214,9 +250,21 @@ impl<M: Model> MockMachine<M> {
 impl<M: Model> MockMachine<M> {
     /// The frame of the leaf page table that maps `va` in `mm`, if any.
     pub fn leaf_table(&self, mm: &MmTlbState, va: u64) -> Option<Frame> {
-        lock(&self.leaf_tables)
-            .get(&(mm.root(), (va >> PAGE_SHIFT) >> REGION_SHIFT))
-            .copied()
+        self.leaf_table_of(mm.root(), (va >> PAGE_SHIFT) >> REGION_SHIFT)
+    }
+
+    /// The leaf table linked for `region` under `root`.
+    pub(crate) fn leaf_table_of(&self, root: u64, region: u64) -> Option<Frame> {
+        if let Some(own) = self.own_table(root) {
+            return own.table_frame(region << (REGION_SHIFT + PAGE_SHIFT));
+        }
+        lock(&self.leaf_tables).get(&(root, region)).copied()
+    }
+
+    /// Whether `table` was detached from its page table and not freed yet
+    /// (a walk through a stale pointer to it reads cleared entries).
+    pub(crate) fn is_detached_table(&self, table: Frame) -> bool {
+        lock(&self.detached).contains(&table)
     }
 
     /// Detaches one leaf table of `mm` whose whole region lies inside
@@ -232,6 +280,7 @@ impl<M: Model> MockMachine<M> {
         })?;
         let frame = leaves.remove(&key)?;
         drop(leaves);
+        lock(&self.detached).insert(frame);
         let first_vpn = key.1 << REGION_SHIFT;
         let last_vpn = first_vpn + ((1 << REGION_SHIFT) - 1);
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);

@@ -8,7 +8,7 @@ impl<M: Model> MockMachine<M> {
     /// Runs `f` once on every CPU, each CPU a real thread, and returns when
     /// all are done. A thread whose `f` returned keeps taking interrupts
     /// until every other one returned, so late IPIs are still served. Use
-    /// with [`Delivery::Threaded`].
+    /// with [`Delivery::Threaded`](super::Delivery::Threaded).
     pub fn run_threaded<F>(&self, f: F)
     where
         F: Fn(MockCpu<'_, M>) + Sync,

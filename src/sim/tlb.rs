@@ -1,5 +1,24 @@
-//! One simulated CPU's TLB: bounded, least-recently-used eviction, tagged
-//! by ASID, with global entries and a cached dirty state per entry.
+//! One simulated CPU's translation caches: a bounded TLB (least recently
+//! used eviction, tagged by ASID, global entries kept apart) and a bounded
+//! paging-structure cache (the pointers to leaf page tables that walks
+//! cached, tagged by ASID).
+//!
+//! Invalidation is modelled as narrowly as real hardware guarantees it, so
+//! that a crate relying on more is caught:
+//!
+//! - [`invalidate_va`](Tlb::invalidate_va) is x86's `INVLPG` (the current
+//!   ASID's entry and a global one) or `INVPCID` by address (one ASID's
+//!   non-global entry); it drops the walk-cache entry for that address's
+//!   table in that ASID only (x86 may drop more, arm64 does not).
+//! - [`invalidate_asid`](Tlb::invalidate_asid) drops one ASID's non-global
+//!   entries and walk-cache entries.
+//! - [`invalidate_all`](Tlb::invalidate_all) drops every non-global entry
+//!   (and global ones when asked) and the whole walk cache.
+//!
+//! Each entry also remembers which address space (page-table root) it was
+//! filled from. The hardware cannot see that, and uses an entry by its
+//! ASID alone; the oracle uses it to catch an ASID reused for a new address
+//! space while another's entries are still cached.
 
 use std::vec::Vec;
 
@@ -9,8 +28,10 @@ use crate::pte::Frame;
 /// One cached translation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TlbEntry {
-    /// The address space it was filled for ([`Asid::KERNEL`] when global).
+    /// The ASID it was filled under ([`Asid::KERNEL`] when global).
     pub asid: Asid,
+    /// The page-table root of the address space it was filled from.
+    pub space: u64,
     /// Virtual page number (address >> 12).
     pub vpn: u64,
     /// The frame it translates to.
@@ -24,17 +45,50 @@ pub struct TlbEntry {
     pub global: bool,
 }
 
+/// One cached pointer to a leaf page table (a paging-structure-cache
+/// entry): walks under `asid` for addresses of `region` go straight to
+/// `table`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WalkEntry {
+    /// The ASID it was filled under.
+    pub asid: Asid,
+    /// The page-table root it was filled from.
+    pub space: u64,
+    /// The region of addresses the table maps (virtual page number >> 9).
+    pub region: u64,
+    /// The leaf page-table frame.
+    pub table: Frame,
+}
+
+/// Walk-cache entries per CPU (real ones hold a few dozen).
+const WALK_CAPACITY: usize = 16;
+
 #[derive(Debug)]
 pub(crate) struct Tlb {
     entries: Vec<(TlbEntry, u64)>,
+    walks: Vec<(WalkEntry, u64)>,
     capacity: usize,
     clock: u64,
+}
+
+fn evict_lru<T>(list: &mut Vec<(T, u64)>, capacity: usize) {
+    if list.len() >= capacity {
+        if let Some(lru) = list
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, (_, t))| *t)
+            .map(|(i, _)| i)
+        {
+            list.swap_remove(lru);
+        }
+    }
 }
 
 impl Tlb {
     pub(crate) fn new(capacity: usize) -> Self {
         Tlb {
             entries: Vec::with_capacity(capacity),
+            walks: Vec::with_capacity(WALK_CAPACITY),
             capacity: capacity.max(1),
             clock: 0,
         }
@@ -46,8 +100,8 @@ impl Tlb {
             .position(|(e, _)| e.vpn == vpn && (e.global || e.asid == asid))
     }
 
-    /// The entry translating `vpn` for `asid` (or a global one), marked as
-    /// most recently used.
+    /// The entry the hardware uses for `vpn` under `asid` (its own or a
+    /// global one), marked as most recently used.
     pub(crate) fn lookup(&mut self, asid: Asid, vpn: u64) -> Option<TlbEntry> {
         let i = self.position(asid, vpn)?;
         self.clock += 1;
@@ -71,41 +125,74 @@ impl Tlb {
     /// least recently used entry when full.
     pub(crate) fn insert(&mut self, entry: TlbEntry) {
         self.remove(entry.asid, entry.vpn);
-        if self.entries.len() >= self.capacity {
-            if let Some(lru) = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, (_, t))| *t)
-                .map(|(i, _)| i)
-            {
-                self.entries.swap_remove(lru);
-            }
-        }
+        evict_lru(&mut self.entries, self.capacity);
         self.clock += 1;
         self.entries.push((entry, self.clock));
     }
 
-    /// invlpg: drops the entry for `vpn` in `asid`, and a global one for
-    /// that page (x86 invlpg drops global entries too).
-    pub(crate) fn flush_page(&mut self, asid: Asid, vpn: u64) {
-        self.entries
-            .retain(|(e, _)| !(e.vpn == vpn && (e.global || e.asid == asid || asid.is_kernel())));
+    /// The cached pointer to the leaf table for `region` of the address
+    /// space `space` under `asid` (the simulated machine keeps the user and
+    /// the kernel half in two roots, so the root tells the halves apart).
+    pub(crate) fn walk_lookup(&mut self, asid: Asid, space: u64, region: u64) -> Option<WalkEntry> {
+        let i = self
+            .walks
+            .iter()
+            .position(|(w, _)| w.asid == asid && w.space == space && w.region == region)?;
+        self.clock += 1;
+        self.walks[i].1 = self.clock;
+        Some(self.walks[i].0)
     }
 
-    /// Drops the non-global entries of `asid`.
-    pub(crate) fn flush_asid(&mut self, asid: Asid) {
+    /// Caches a pointer to a leaf table.
+    pub(crate) fn walk_insert(&mut self, entry: WalkEntry) {
+        self.walks
+            .retain(|(w, _)| !(w.asid == entry.asid && w.space == entry.space && w.region == entry.region));
+        evict_lru(&mut self.walks, WALK_CAPACITY);
+        self.clock += 1;
+        self.walks.push((entry, self.clock));
+    }
+
+    /// Drops the entry for `vpn` filled under `asid`, a global one for it
+    /// too when `include_global`, and the walk-cache entry for its table
+    /// under `asid`.
+    pub(crate) fn invalidate_va(&mut self, asid: Asid, vpn: u64, include_global: bool) {
+        self.entries.retain(|(e, _)| {
+            !(e.vpn == vpn && ((e.global && include_global) || (!e.global && e.asid == asid)))
+        });
+        let region = vpn >> super::REGION_SHIFT;
+        self.walks
+            .retain(|(w, _)| !(w.asid == asid && w.region == region));
+    }
+
+    /// Drops every entry for `vpn`, of every ASID and global (arm64's
+    /// `TLBI VAAE1IS`), and the walk-cache entries for its table.
+    pub(crate) fn invalidate_va_all_asids(&mut self, vpn: u64) {
+        self.entries.retain(|(e, _)| e.vpn != vpn);
+        let region = vpn >> super::REGION_SHIFT;
+        self.walks.retain(|(w, _)| w.region != region);
+    }
+
+    /// Drops the non-global entries and the walk-cache entries of `asid`.
+    pub(crate) fn invalidate_asid(&mut self, asid: Asid) {
         self.entries.retain(|(e, _)| e.global || e.asid != asid);
+        self.walks.retain(|(w, _)| w.asid != asid);
     }
 
-    /// Drops every non-global entry, and global ones too when asked.
-    pub(crate) fn flush_all(&mut self, include_global: bool) {
+    /// Drops every non-global entry (and global ones too when asked) and
+    /// the whole walk cache.
+    pub(crate) fn invalidate_all(&mut self, include_global: bool) {
         self.entries.retain(|(e, _)| e.global && !include_global);
+        self.walks.clear();
     }
 
-    /// Every cached entry.
+    /// Every cached translation.
     pub(crate) fn entries(&self) -> impl Iterator<Item = &TlbEntry> {
         self.entries.iter().map(|(e, _)| e)
+    }
+
+    /// Every cached pointer to a leaf table.
+    pub(crate) fn walks(&self) -> impl Iterator<Item = &WalkEntry> {
+        self.walks.iter().map(|(w, _)| w)
     }
 }
 
@@ -120,6 +207,7 @@ mod tests {
             } else {
                 Asid::new(asid).unwrap()
             },
+            space: 1,
             vpn,
             frame: Frame(vpn + 100),
             writable: true,
@@ -128,28 +216,62 @@ mod tests {
         }
     }
 
+    fn a(v: u16) -> Asid {
+        Asid::new(v).unwrap()
+    }
+
     #[test]
     fn lru_eviction_and_tagged_lookup() {
         let mut t = Tlb::new(2);
         t.insert(entry(1, 10, false));
         t.insert(entry(1, 11, false));
-        assert!(t.lookup(Asid::new(1).unwrap(), 10).is_some());
+        assert!(t.lookup(a(1), 10).is_some());
         t.insert(entry(1, 12, false)); // evicts 11, the least recently used
-        assert!(t.lookup(Asid::new(1).unwrap(), 11).is_none());
-        assert!(t.lookup(Asid::new(2).unwrap(), 10).is_none());
-        assert!(t.lookup(Asid::new(1).unwrap(), 12).is_some());
+        assert!(t.lookup(a(1), 11).is_none());
+        assert!(t.lookup(a(2), 10).is_none());
+        assert!(t.lookup(a(1), 12).is_some());
     }
 
     #[test]
-    fn flushes_respect_global_entries() {
+    fn invalidation_is_as_narrow_as_the_hardware_promises() {
         let mut t = Tlb::new(8);
         t.insert(entry(1, 10, false));
+        t.insert(entry(2, 10, false));
+        t.insert(entry(0, 10, true));
+        // INVLPG in ASID 1: its own entry and the global one, not ASID 2's.
+        t.invalidate_va(a(1), 10, true);
+        assert_eq!(t.entries().map(|e| e.asid).collect::<Vec<_>>(), [a(2)]);
         t.insert(entry(0, 20, true));
-        t.flush_all(false);
+        // INVPCID by address in ASID 2: global entries stay.
+        t.invalidate_va(a(2), 10, false);
         assert_eq!(t.entries().count(), 1);
-        t.flush_asid(Asid::new(1).unwrap());
+        t.invalidate_all(false);
+        assert_eq!(t.entries().count(), 1, "global entries survive");
+        t.invalidate_asid(a(1));
         assert_eq!(t.entries().count(), 1);
-        t.flush_page(Asid::new(1).unwrap(), 20);
+        t.invalidate_all(true);
         assert_eq!(t.entries().count(), 0);
+    }
+
+    #[test]
+    fn walk_cache_entries_go_with_their_asid_and_region() {
+        let mut t = Tlb::new(8);
+        let w = |asid: u16, region: u64| WalkEntry {
+            asid: a(asid),
+            space: 1,
+            region,
+            table: Frame(region),
+        };
+        t.walk_insert(w(1, 0));
+        t.walk_insert(w(1, 1));
+        t.walk_insert(w(2, 0));
+        // A page of region 0 in ASID 1: only that pointer goes.
+        t.invalidate_va(a(1), 5, true);
+        assert!(t.walk_lookup(a(1), 1, 0).is_none());
+        assert!(t.walk_lookup(a(1), 1, 1).is_some() && t.walk_lookup(a(2), 1, 0).is_some());
+        t.invalidate_asid(a(2));
+        assert!(t.walk_lookup(a(2), 1, 0).is_none());
+        t.invalidate_all(false);
+        assert_eq!(t.walks().count(), 0);
     }
 }

@@ -1,0 +1,121 @@
+//! Page tables a kernel wrote itself, walked by the simulated MMU, so that
+//! the kernel's own page-table code is tested against the oracle.
+
+use core::sync::atomic::AtomicU64;
+
+use crate::pte::Frame;
+
+/// What the simulated MMU needs from a page table a kernel wrote itself:
+/// the 64-bit word of each entry, which the MMU reads and updates
+/// atomically as hardware does (accessed and dirty bits), and, optionally,
+/// which frame holds the leaf table of an address (for the walk cache).
+///
+/// Attach one to an address space with
+/// [`MockMachine::attach_table`](crate::arch::mock::MockMachine::attach_table):
+/// every access to that address space then translates through the
+/// kernel's entries. The kernel's [`PageTable`](crate::PageTable)
+/// implementation works on the same words, so the oracle judges the
+/// kernel's own code: a non-atomic clear that loses a dirty bit, a
+/// forgotten flush, a frame freed early.
+///
+/// # A worked example
+///
+/// A kernel's page table for 2 MiB of user space: one leaf table of 512
+/// entry words in a frame of its own. The same value is the MMU's view and
+/// the crate's [`PageTable`](crate::PageTable).
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+///
+/// use tlb_batch::arch::mock::{MmuTable, MockConfig, MockMachine};
+/// use tlb_batch::{change_protection, Asid, Frame, MmTlbState, PageRange, PageTable, Pte, PteFlags};
+///
+/// const BASE: u64 = 0x4000_0000;
+///
+/// struct LeafTable {
+///     mm: Arc<MmTlbState>,
+///     frame: Frame, // the page-table frame itself
+///     entries: [AtomicU64; 512],
+/// }
+///
+/// impl LeafTable {
+///     fn slot(&self, va: u64) -> Option<&AtomicU64> {
+///         let index = va.checked_sub(BASE)? >> 12;
+///         self.entries.get(usize::try_from(index).ok()?)
+///     }
+/// }
+///
+/// impl MmuTable for LeafTable {
+///     fn entry(&self, va: u64) -> Option<&AtomicU64> {
+///         self.slot(va)
+///     }
+///     fn table_frame(&self, va: u64) -> Option<Frame> {
+///         self.slot(va).map(|_| self.frame)
+///     }
+/// }
+///
+/// // SAFETY: every change is one atomic operation on the entry word the
+/// // MMU updates too; `tlb_state` is the address space this table serves.
+/// unsafe impl PageTable for LeafTable {
+///     fn tlb_state(&self) -> &MmTlbState {
+///         &self.mm
+///     }
+///     fn lookup(&self, va: u64) -> Pte {
+///         self.slot(va).map_or(Pte::EMPTY, |e| Pte(e.load(Ordering::SeqCst)))
+///     }
+///     fn exchange(&self, va: u64, new: Pte) -> Pte {
+///         self.slot(va).map_or(Pte::EMPTY, |e| Pte(e.swap(new.0, Ordering::SeqCst)))
+///     }
+///     fn test_and_clear_accessed(&self, va: u64) -> bool {
+///         let bit = PteFlags::ACCESSED.bits();
+///         self.slot(va).is_some_and(|e| e.fetch_and(!bit, Ordering::SeqCst) & bit != 0)
+///     }
+///     fn set(&self, va: u64, pte: Pte) {
+///         if let Some(e) = self.slot(va) {
+///             e.store(pte.0, Ordering::SeqCst);
+///         }
+///     }
+/// }
+///
+/// let machine = MockMachine::new(MockConfig::x86_like(2)).unwrap();
+/// let mm = machine.new_mm(Asid::new(1).unwrap()).unwrap();
+/// let table = Arc::new(LeafTable {
+///     mm: Arc::clone(&mm),
+///     frame: machine.alloc_frame().unwrap(),
+///     entries: [const { AtomicU64::new(0) }; 512],
+/// });
+/// machine.attach_table(&mm, table.clone()).unwrap();
+///
+/// // The kernel maps a frame through its own code; CPU 1 writes it.
+/// let data = machine.alloc_frame().unwrap();
+/// let flags = PteFlags::PRESENT | PteFlags::WRITABLE | PteFlags::USER;
+/// table.set(BASE, Pte::new(data, flags));
+/// let cpu1 = machine.cpu(1).unwrap();
+/// cpu1.switch_to(&mm).unwrap();
+/// cpu1.write(BASE, 7).unwrap();
+/// assert!(table.lookup(BASE).is_dirty(), "the MMU set the dirty bit in the kernel's word");
+///
+/// // The crate write-protects the page through the kernel's table: after
+/// // the call, no CPU can write it any more.
+/// let cpu0 = machine.cpu(0).unwrap();
+/// let page = PageRange::page(BASE).unwrap();
+/// change_protection(&cpu0, &*table, page, |p| Pte(p.0 & !PteFlags::WRITABLE.bits())).unwrap();
+/// assert!(cpu1.write(BASE, 8).is_err());
+/// assert_eq!(machine.check_coherent(&mm, page), 0);
+/// assert_eq!(machine.violations(), []);
+/// ```
+pub trait MmuTable: Send + Sync {
+    /// The entry word for `va`, or `None` when no table maps it (the walk
+    /// faults).
+    fn entry(&self, va: u64) -> Option<&AtomicU64>;
+
+    /// The frame holding the leaf table that maps `va`, if any. With it the
+    /// MMU caches a pointer to the table (the walk cache), and the oracle
+    /// flags the table frame freed while a CPU may still walk through it.
+    /// The default says nothing, and no walk through this table is cached.
+    fn table_frame(&self, va: u64) -> Option<Frame> {
+        let _ = va;
+        None
+    }
+}
