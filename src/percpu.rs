@@ -181,6 +181,20 @@ impl TlbShootdown {
         self.stats.add(which, n);
     }
 
+    /// Back to the state `new` gives, for the first `cpus` CPUs (the mock
+    /// machine's reset; nothing may be in flight).
+    #[cfg(feature = "mock")]
+    pub(crate) fn reset(&self, cpus: usize) {
+        for cpu in self.cpus.iter().take(cpus) {
+            cpu.inbox.take(Ordering::SeqCst);
+            cpu.ipi_pending.store(false, Ordering::SeqCst);
+            cpu.loaded_asid.store(NO_ASID, Ordering::SeqCst);
+            cpu.slot.busy.store(false, Ordering::SeqCst);
+            cpu.slot.remaining.store(0, Ordering::SeqCst);
+        }
+        self.stats.reset();
+    }
+
     /// The ASID `cpu` has loaded, as recorded by [`switch_mm`](crate::switch_mm).
     pub fn loaded_asid(&self, cpu: CpuId) -> Option<Asid> {
         match self.cpus[cpu.index()].loaded_asid.load(Ordering::Relaxed) {

@@ -124,6 +124,23 @@ impl TlbStats {
         }
     }
 
+    /// Sets every counter back to zero (the mock machine's reset).
+    #[cfg(feature = "mock")]
+    pub(crate) fn reset(&self) {
+        for c in [
+            Counter::Shootdowns,
+            Counter::IpisSent,
+            Counter::FlushesReceived,
+            Counter::LocalPageFlushes,
+            Counter::LocalFullFlushes,
+            Counter::PagesDeferred,
+            Counter::BatchesFlushed,
+            Counter::TaskSwitches,
+        ] {
+            self.counter(c).store(0, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn add(&self, which: Counter, n: u64) {
         self.counter(which).fetch_add(n, Ordering::Relaxed);
     }

@@ -90,6 +90,12 @@ impl CostMeter {
         self.by_kind[kind as usize].fetch_add(cycles, Ordering::Relaxed);
     }
 
+    pub(super) fn reset(&self) {
+        for k in &self.by_kind {
+            k.store(0, Ordering::Relaxed);
+        }
+    }
+
     pub(super) fn totals(&self) -> CostTotals {
         let get = |k: CostKind| self.by_kind[k as usize].load(Ordering::Relaxed);
         CostTotals {

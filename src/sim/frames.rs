@@ -133,6 +133,12 @@ impl<M: Model> MockMachine<M> {
         lock(&self.violations).push(v);
     }
 
+    /// How many violations the oracle recorded so far (without copying
+    /// them).
+    pub fn violation_count(&self) -> usize {
+        lock(&self.violations).len()
+    }
+
     /// Every violation the oracle recorded so far.
     pub fn violations(&self) -> Vec<Violation> {
         lock(&self.violations).clone()

@@ -5,10 +5,12 @@ use core::marker::PhantomData;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::boxed::Box;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::vec::Vec;
 
-use super::{cost, new_root, oracle, MmuTable, MockConfig, MockCpu, Model, Table, Tlb, Violation, X86Like};
+use super::{
+    cost, lock, new_root, oracle, MmuTable, MockConfig, MockCpu, Model, Table, Tlb, Violation, X86Like,
+};
 use crate::arch::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
 use crate::mm::MmTlbState;
@@ -135,6 +137,54 @@ impl<M: Model> MockMachine<M> {
             ipi_hook: Mutex::new(None),
             _model: PhantomData,
         })
+    }
+
+    /// Puts the machine back in the state [`with_model`](Self::with_model)
+    /// built it in: every frame free, every TLB empty, every CPU online
+    /// with no address space and interrupts on, no page table but the
+    /// kernel's (empty), no record in the oracle, counters and costs at
+    /// zero, no hook. Address spaces made before are forgotten (the
+    /// machine refuses them from now on). Much cheaper than building a new
+    /// machine: a fuzzer reuses one machine for every input. Nothing may be
+    /// running on the machine's CPUs.
+    pub fn reset(&self) {
+        for cpu in &self.cpus {
+            lock(&cpu.tlb).clear();
+            *lock(&cpu.loaded) = None;
+            *lock(&cpu.mm) = None;
+            cpu.irq_enabled.store(true, Ordering::SeqCst);
+            cpu.irq_pending.store(false, Ordering::SeqCst);
+            cpu.cycles.store(0, Ordering::Relaxed);
+            cpu.interrupts.store(0, Ordering::Relaxed);
+        }
+        self.shootdown.reset(self.cpus.len());
+        lock(&self.memory).reset();
+        {
+            let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+            tables.clear();
+            tables.insert(self.kernel_root, Table::new());
+        }
+        {
+            let mut roots = lock(&self.roots);
+            roots.clear();
+            roots.insert(self.kernel_root, Asid::KERNEL);
+        }
+        lock(&self.leaf_tables).clear();
+        lock(&self.detached).clear();
+        lock(&self.own_tables).clear();
+        lock(&self.walkers).clear();
+        lock(&self.violations).clear();
+        lock(&self.broadcast_queue).clear();
+        lock(&self.trace_log).clear();
+        *lock(&self.ipi_hook) = None;
+        self.online.take(Ordering::SeqCst);
+        if let Ok(all) = CpuSet::first(self.cpus.len()) {
+            self.online.insert_all(&all, Ordering::SeqCst);
+        }
+        self.ipis_lost.store(0, Ordering::Relaxed);
+        self.ipis_sent.store(0, Ordering::Relaxed);
+        self.tracing.store(false, Ordering::Relaxed);
+        self.costs.reset();
     }
 
     /// The configuration the machine was built with.

@@ -190,6 +190,23 @@ impl Memory {
         }
     }
 
+    /// Every frame free again, handed out in the same order as at first.
+    pub(crate) fn reset(&mut self) {
+        for info in &mut self.frames {
+            *info = FrameInfo {
+                state: FrameState::Free,
+                data: 0,
+                dirty: false,
+                poisoned: false,
+            };
+        }
+        let (count, total) = (self.data_frames, self.frames.len() as u64);
+        self.free_list.clear();
+        self.free_list.extend((0..count).rev());
+        self.table_free_list.clear();
+        self.table_free_list.extend((count..total).rev());
+    }
+
     fn info(&mut self, frame: Frame) -> Result<&mut FrameInfo, FrameError> {
         usize::try_from(frame.0)
             .ok()

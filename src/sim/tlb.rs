@@ -185,6 +185,13 @@ impl Tlb {
         self.walks.clear();
     }
 
+    /// Forgets everything.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.walks.clear();
+        self.clock = 0;
+    }
+
     /// Every cached translation.
     pub(crate) fn entries(&self) -> impl Iterator<Item = &TlbEntry> {
         self.entries.iter().map(|(e, _)| e)
