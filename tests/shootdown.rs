@@ -314,3 +314,66 @@ fn switching_keeps_the_cpu_set_exact() {
     assert_eq!(report, Default::default());
     assert_eq!(m.ipis_sent(), 0);
 }
+
+/// A shootdown returns only after every target has carried its request
+/// out: checked the moment `flush_tlb_page` returns, on real threads, with
+/// each remote flush slowed down so that a target acknowledging before it
+/// flushes would be caught still caching the entry.
+#[test]
+fn no_target_still_caches_the_entry_when_the_shootdown_returns() {
+    const ROUNDS: usize = if cfg!(miri) { 2 } else { 20 };
+    within(60, || {
+        let m = MockMachine::new(tlb_batch::arch::mock::MockConfig {
+            flush_delay_us: 2000,
+            ..config(3, 64).threaded()
+        })
+        .unwrap();
+        let mm = m.new_mm(asid(1)).unwrap();
+        let done = AtomicUsize::new(0);
+        let ready = AtomicUsize::new(0);
+        let round_no = AtomicUsize::new(0);
+        m.run_threaded(|cpu| {
+            if cpu.id().index() != 0 {
+                cpu.switch_to(&mm).unwrap();
+                // Each round: read the page (caching it), then keep taking
+                // interrupts until the initiator moves on.
+                // Round numbers start at 1: 0 means none has started.
+                let mut seen = 0;
+                while done.load(Ordering::SeqCst) == 0 {
+                    let round = round_no.load(Ordering::SeqCst);
+                    if round != seen {
+                        let _ = cpu.read(va((round - 1) % 4));
+                        seen = round;
+                        ready.fetch_add(1, Ordering::SeqCst);
+                    }
+                    cpu.poll_interrupts();
+                    std::thread::yield_now();
+                }
+                return;
+            }
+            cpu.switch_to(&mm).unwrap();
+            for round in 0..ROUNDS {
+                let page = va(round % 4);
+                let f = m.map_new(&mm, page, true).unwrap();
+                ready.store(0, Ordering::SeqCst);
+                round_no.store(round + 1, Ordering::SeqCst);
+                while ready.load(Ordering::SeqCst) < 2 {
+                    cpu.poll_interrupts();
+                    std::thread::yield_now();
+                }
+                assert_eq!(m.cached_translations(f).len(), 2, "both targets cached the page");
+                m.clear_pte(&mm, page).unwrap();
+                flush_tlb_page(&cpu, &mm, page).unwrap();
+                // The moment the shootdown returned:
+                assert_eq!(
+                    m.cached_translations(f),
+                    [],
+                    "a target still caches the entry after the shootdown returned"
+                );
+                m.free_frame(f).unwrap();
+            }
+            done.store(1, Ordering::SeqCst);
+        });
+        assert_eq!(m.violations(), []);
+    });
+}

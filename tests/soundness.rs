@@ -196,6 +196,28 @@ fn a_frame_whose_walk_failed_half_way_stays_until_the_flush() {
     assert_eq!(m.violations(), []);
 }
 
+/// An unmap whose immediate flush fails (the mapping was not deferred, and
+/// the shootdown could not start) hands the flush it owes to the batch: the
+/// caller's flush of the batch pays it before the frame is freed.
+#[test]
+fn a_failed_immediate_flush_leaves_its_debt_in_the_batch() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let rmap = rmap_of(&m, 1);
+    let frames = mapped(&m, &rmap, 1, true);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut batch = TlbFlushUnmapBatch::new();
+    let r = cpu0
+        .in_shootdown(|| try_to_unmap(&cpu0, &rmap, frames[0], TtuFlags::IGNORE_ACCESS, &mut batch))
+        .unwrap();
+    assert!(matches!(r, Err(Error::ShootdownReentered { .. })));
+    assert!(!m.pte(rmap.spaces()[0].mm(), va(0)).unwrap().is_present());
+    assert_eq!(batch.pending_pages(), 1, "the debt is in the batch");
+    batch.flush(&cpu0).unwrap();
+    rmap.remove_frame(frames[0]);
+    m.free_frame(frames[0]).unwrap();
+    assert_eq!(m.violations(), []);
+}
+
 /// A batch filled on one machine cannot be flushed with another machine's
 /// `Arch`: the frames it covers are cached on the first machine's CPUs.
 #[test]

@@ -75,6 +75,7 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     fn flush_local_page(&self, asid: Asid, va: u64) {
         let m = self.machine;
         m.charge(self.id, CostKind::Invlpg, m.config.cost.invlpg);
+        self.flush_delay();
         let vpn = va >> PAGE_SHIFT;
         let current = lock(&self.state().loaded).map(|(a, _)| a);
         let mut tlb = lock(&self.state().tlb);
@@ -94,12 +95,14 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     fn flush_local_asid(&self, asid: Asid) {
         let m = self.machine;
         m.charge(self.id, CostKind::FullFlush, m.config.cost.full_flush);
+        self.flush_delay();
         lock(&self.state().tlb).invalidate_asid(asid);
     }
 
     fn flush_local_all(&self, include_global: bool) {
         let m = self.machine;
         m.charge(self.id, CostKind::FullFlush, m.config.cost.full_flush);
+        self.flush_delay();
         lock(&self.state().tlb).invalidate_all(include_global);
     }
 

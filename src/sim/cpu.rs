@@ -371,6 +371,15 @@ impl<'m, M: Model> MockCpu<'m, M> {
         Ok(old.frame())
     }
 
+    /// Takes the configured time of a local flush
+    /// ([`MockConfig::flush_delay_us`](super::MockConfig::flush_delay_us)).
+    pub(crate) fn flush_delay(&self) {
+        let us = self.machine.config.flush_delay_us;
+        if us != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(u64::from(us)));
+        }
+    }
+
     pub(crate) fn broadcast(&self, op: BroadcastOp) {
         let m = self.machine;
         m.charge(self.id, CostKind::Broadcast, m.config.cost.broadcast_invalidate);

@@ -79,6 +79,11 @@ pub struct MockConfig {
     pub delivery: Delivery,
     /// Cycle charges.
     pub cost: CostModel,
+    /// How long each local flush takes in real time (threaded delivery):
+    /// zero by default. A slow flush widens the window in which a protocol
+    /// that acknowledged a request before carrying it out would let the
+    /// initiator go on while the target still caches the entry.
+    pub flush_delay_us: u32,
 }
 
 impl MockConfig {
@@ -95,6 +100,7 @@ impl MockConfig {
             asid_bits: 12,
             delivery: Delivery::Synchronous,
             cost: CostModel::default(),
+            flush_delay_us: 0,
         }
     }
 
