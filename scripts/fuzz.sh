@@ -7,7 +7,14 @@
 # A long run:   FUZZ_SECONDS=3600 scripts/fuzz.sh
 # One target:   cargo +nightly fuzz run ops fuzz/corpus/ops fuzz/seeds/ops
 # A crash is saved under fuzz/artifacts/<target>/; replay it with
-#               cargo +nightly fuzz run ops fuzz/artifacts/ops/<file>
+#               cargo +nightly fuzz run -s none ops fuzz/artifacts/ops/<file>
+#
+# The targets are built without AddressSanitizer (-s none): they are safe
+# Rust over the crate's few unsafe blocks, which Miri checks
+# (scripts/miri.sh), and what they look for is a breach of the safety
+# contract, which the mock machine's oracle reports. ASan's shadow memory
+# only slowed the simulator down (4,500 against 13,800 executions a second
+# of the ops target, measured side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-30}
@@ -15,6 +22,6 @@ command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
 for target in ops flush_request; do
     mkdir -p "fuzz/corpus/$target"
     echo "== fuzz $target for ${seconds}s"
-    cargo +nightly fuzz run "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
+    cargo +nightly fuzz run -s none "$target" "fuzz/corpus/$target" "fuzz/seeds/$target" -- \
         -max_total_time="$seconds" -print_final_stats=1 2>&1 | grep -E '^(#|Done|stat::number_of_executed_units|==)|ERROR|panicked' | tail -n 5
 done

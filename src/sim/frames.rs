@@ -82,6 +82,12 @@ impl<M: Model> MockMachine<M> {
         Ok(lock(&self.memory).end_io(frame)?)
     }
 
+    /// Every frame's state and dirty flag, in frame order (data frames,
+    /// then page-table frames), read at once.
+    pub fn frame_states(&self) -> Vec<(FrameState, bool)> {
+        lock(&self.memory).states()
+    }
+
     /// A frame's state.
     pub fn frame_state(&self, frame: Frame) -> Result<FrameState, MockError> {
         Ok(lock(&self.memory).state(frame)?)
@@ -167,7 +173,7 @@ impl<M: Model> MockMachine<M> {
 
     /// Every TLB entry of every CPU.
     pub fn all_entries(&self) -> Vec<(CpuId, TlbEntry)> {
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(self.cpus.len() * self.config.tlb_entries);
         for cpu in self.cpus() {
             out.extend(lock(&self.state(cpu.id).tlb).entries().map(|e| (cpu.id, *e)));
         }

@@ -3,7 +3,7 @@
 //! to make them fail.
 
 use core::ops::ControlFlow;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::vec::Vec;
 
@@ -22,7 +22,7 @@ type Entry = (usize, u64, MappingFlags);
 pub struct MockRmap<'m, M: Model = X86Like> {
     machine: &'m MockMachine<M>,
     spaces: Vec<MockSpace<'m, M>>,
-    map: Mutex<HashMap<Frame, Vec<Entry>>>,
+    map: Mutex<BTreeMap<Frame, Vec<Entry>>>,
 }
 
 impl<'m, M: Model> MockRmap<'m, M> {
@@ -32,7 +32,7 @@ impl<'m, M: Model> MockRmap<'m, M> {
         MockRmap {
             machine,
             spaces,
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -93,9 +93,18 @@ unsafe impl<'m, M: Model> Rmap for MockRmap<'m, M> {
         frame: Frame,
         visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
     ) -> ControlFlow<()> {
-        // Copied out so that `visit` may change the map (never under lock).
-        let entries = lock(&self.map).get(&frame).cloned().unwrap_or_default();
-        for (space, va, flags) in entries {
+        // Copied out so that `visit` may change the map (never under lock):
+        // on the stack for the usual handful of mappings.
+        let mut few: heapless::Vec<Entry, 8> = heapless::Vec::new();
+        let mut many: Vec<Entry> = Vec::new();
+        if let Some(entries) = lock(&self.map).get(&frame) {
+            if entries.len() <= few.capacity() {
+                few.extend(entries.iter().copied());
+            } else {
+                many.extend(entries.iter().copied());
+            }
+        }
+        for &(space, va, flags) in few.iter().chain(many.iter()) {
             if let Some(space) = self.spaces.get(space) {
                 visit(Mapping { space, va, flags })?;
             }

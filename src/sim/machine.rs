@@ -4,7 +4,7 @@
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::boxed::Box;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::vec::Vec;
 
@@ -42,19 +42,22 @@ pub struct MockMachine<M: Model = X86Like> {
     pub(crate) shootdown: Box<TlbShootdown>,
     pub(crate) cpus: Vec<CpuState>,
     pub(crate) memory: Mutex<oracle::Memory>,
-    pub(crate) tables: RwLock<HashMap<u64, Table>>,
+    pub(crate) tables: RwLock<BTreeMap<u64, Table>>,
     pub(crate) kernel_root: u64,
     pub(crate) kernel_mm: Arc<MmTlbState>,
     /// The ASID each root of this machine was created with.
-    pub(crate) roots: Mutex<HashMap<u64, Asid>>,
+    pub(crate) roots: Mutex<BTreeMap<u64, Asid>>,
     /// The frame holding each leaf table, by (root, region of 512 pages).
-    pub(crate) leaf_tables: Mutex<HashMap<(u64, u64), Frame>>,
+    pub(crate) leaf_tables: Mutex<BTreeMap<(u64, u64), Frame>>,
     /// Page tables the kernel wrote itself, by root ([`MockMachine::attach_table`]).
-    pub(crate) own_tables: Mutex<HashMap<u64, Arc<dyn MmuTable>>>,
+    pub(crate) own_tables: Mutex<BTreeMap<u64, Arc<dyn MmuTable>>>,
+    /// Whether `own_tables` holds anything (so that walks of the machine's
+    /// own tables need not look).
+    pub(crate) any_own_table: AtomicBool,
     /// Leaf tables detached from their page table and not freed yet.
-    pub(crate) detached: Mutex<HashSet<Frame>>,
+    pub(crate) detached: Mutex<BTreeSet<Frame>>,
     /// Lockless walks in progress: id -> (CPU, table frame).
-    pub(crate) walkers: Mutex<HashMap<u64, (CpuId, Frame)>>,
+    pub(crate) walkers: Mutex<BTreeMap<u64, (CpuId, Frame)>>,
     pub(crate) next_walk: AtomicU64,
     pub(crate) violations: Mutex<Vec<Violation>>,
     /// The CPUs that are up and take interrupts.
@@ -104,9 +107,9 @@ impl<M: Model> MockMachine<M> {
             })
             .collect();
         let kernel_root = new_root();
-        let mut tables = HashMap::new();
+        let mut tables = BTreeMap::new();
         tables.insert(kernel_root, Table::new());
-        let mut roots = HashMap::new();
+        let mut roots = BTreeMap::new();
         roots.insert(kernel_root, Asid::KERNEL);
         Ok(MockMachine {
             config,
@@ -117,10 +120,11 @@ impl<M: Model> MockMachine<M> {
             kernel_root,
             kernel_mm: Arc::new(MmTlbState::kernel(kernel_root)),
             roots: Mutex::new(roots),
-            leaf_tables: Mutex::new(HashMap::new()),
-            detached: Mutex::new(HashSet::new()),
-            own_tables: Mutex::new(HashMap::new()),
-            walkers: Mutex::new(HashMap::new()),
+            leaf_tables: Mutex::new(BTreeMap::new()),
+            detached: Mutex::new(BTreeSet::new()),
+            own_tables: Mutex::new(BTreeMap::new()),
+            any_own_table: AtomicBool::new(false),
+            walkers: Mutex::new(BTreeMap::new()),
             next_walk: AtomicU64::new(0),
             violations: Mutex::new(Vec::new()),
             online: {
@@ -172,6 +176,7 @@ impl<M: Model> MockMachine<M> {
         lock(&self.leaf_tables).clear();
         lock(&self.detached).clear();
         lock(&self.own_tables).clear();
+        self.any_own_table.store(false, Ordering::SeqCst);
         lock(&self.walkers).clear();
         lock(&self.violations).clear();
         lock(&self.broadcast_queue).clear();

@@ -207,6 +207,10 @@ impl Memory {
         self.table_free_list.extend((count..total).rev());
     }
 
+    pub(crate) fn states(&self) -> Vec<(FrameState, bool)> {
+        self.frames.iter().map(|f| (f.state, f.dirty)).collect()
+    }
+
     fn info(&mut self, frame: Frame) -> Result<&mut FrameInfo, FrameError> {
         usize::try_from(frame.0)
             .ok()

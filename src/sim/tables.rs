@@ -77,6 +77,10 @@ impl<M: Model> MockMachine<M> {
 
     /// The kernel-written page table attached to `root`, if any.
     pub(crate) fn own_table(&self, root: u64) -> Option<Arc<dyn MmuTable>> {
+        if !self.any_own_table.load(Ordering::Relaxed) {
+            // The common case, without a lock.
+            return None;
+        }
         lock(&self.own_tables).get(&root).cloned()
     }
 
@@ -100,6 +104,7 @@ impl<M: Model> MockMachine<M> {
         }
         tables.remove(&mm.root());
         lock(&self.own_tables).insert(mm.root(), table);
+        self.any_own_table.store(true, Ordering::SeqCst);
         Ok(())
     }
 
@@ -159,7 +164,7 @@ impl<M: Model> MockMachine<M> {
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
         let region = (mm.root(), vpn >> REGION_SHIFT);
-        if let std::collections::hash_map::Entry::Vacant(slot) = lock(&self.leaf_tables).entry(region) {
+        if let std::collections::btree_map::Entry::Vacant(slot) = lock(&self.leaf_tables).entry(region) {
             slot.insert(lock(&self.memory).alloc_table()?);
         }
         table

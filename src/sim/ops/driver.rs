@@ -27,6 +27,14 @@ use crate::sim::{FrameState, MockCpu, MockMachine, MockRmap, MockSpace, TlbEntry
 use crate::unmap::{OwnedFrame, Released, UnmapBatch, Unmapped};
 use crate::Error;
 
+/// What bad input must not change: every entry of every space, every TLB
+/// entry, every low-level batch's pending pages.
+type Snapshot = (
+    [[Pte; PAGES]; SPACES + 1],
+    Vec<(crate::cpuset::CpuId, TlbEntry)>,
+    [usize; BATCHES],
+);
+
 /// Frames a typed batch holds.
 const TYPED: usize = 4;
 
@@ -629,14 +637,14 @@ impl<'m> Driver<'m> {
         Ok(())
     }
 
-    /// What bad input must not change: every entry of every space, every
-    /// TLB entry, every batch's pending work.
-    fn snapshot(&self) -> (Vec<Pte>, Vec<(crate::cpuset::CpuId, TlbEntry)>, Vec<usize>) {
-        let ptes = (0..=SPACES)
-            .flat_map(|s| (0..PAGES).map(move |p| (s, p)))
-            .map(|(s, p)| self.space(s).lookup(va(s, p)))
-            .collect();
-        let pending = self.low.iter().map(TlbFlushUnmapBatch::pending_pages).collect();
+    fn snapshot(&self) -> Snapshot {
+        let mut ptes = [[Pte::EMPTY; PAGES]; SPACES + 1];
+        for (s, row) in ptes.iter_mut().enumerate() {
+            for (p, pte) in row.iter_mut().enumerate() {
+                *pte = self.space(s).lookup(va(s, p));
+            }
+        }
+        let pending = [self.low[0].pending_pages(), self.low[1].pending_pages()];
         (ptes, self.m.all_entries(), pending)
     }
 
@@ -747,15 +755,8 @@ impl<'m> Driver<'m> {
                 mappings.push(pte.is_present().then(|| (pte.frame(), pte.is_writable())));
             }
         }
-        let frames = (0..FRAMES as u64)
-            .map(|f| {
-                let frame = Frame(f);
-                Ok((
-                    self.m.frame_state(frame).map_err(|e| format!("{e:?}"))?,
-                    self.m.frame_dirty(frame).map_err(|e| format!("{e:?}"))?,
-                ))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        let mut frames = self.m.frame_states();
+        frames.truncate(FRAMES);
         Ok(EndState { mappings, frames })
     }
 }
