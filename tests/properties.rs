@@ -248,3 +248,39 @@ fn the_committed_fuzz_seeds_keep_the_contract() {
     }
     assert!(seen >= 4, "only {seen} seeds in {}", dir.display());
 }
+
+mod concurrent {
+    use proptest::prelude::*;
+    use tlb_batch::arch::mock::ops::concurrent::{run_concurrent, Step};
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (any::<u8>(), any::<bool>()).prop_map(|(page, write)| Step::Access { page, write }),
+            2 => any::<bool>().prop_map(|batched| Step::Remap { batched }),
+            1 => Just(Step::Protect),
+            1 => Just(Step::Migrate),
+            1 => Just(Step::InterruptsOff),
+            1 => Just(Step::InterruptsOn),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: if cfg!(miri) { 2 } else { 48 },
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Every CPU initiates at once (threaded delivery): shootdowns
+        /// cross, coalesce and meet CPUs that access the pages, with
+        /// interrupts on or off; the oracle sees nothing.
+        #[test]
+        fn concurrent_initiators_keep_the_contract(
+            plans in prop::collection::vec(prop::collection::vec(step(), 0..40), 3)
+        ) {
+            if let Err(f) = run_concurrent(&plans) {
+                return Err(TestCaseError::fail(format!("{f:?}")));
+            }
+        }
+    }
+}

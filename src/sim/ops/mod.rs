@@ -38,6 +38,7 @@
 //! so a fuzzer or a property test can make sequences from raw bytes.
 
 mod backing;
+pub mod concurrent;
 mod driver;
 
 use std::cell::RefCell;
