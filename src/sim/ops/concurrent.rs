@@ -70,6 +70,9 @@ pub fn run_concurrent(plans: &[Vec<Step>]) -> Result<(), Failure> {
     let m = MockMachine::new(MockConfig {
         frames: 64,
         tlb_entries: 16,
+        // Slow flushes widen the window a protocol that acknowledged before
+        // flushing would leave open.
+        flush_delay_us: 50,
         ..MockConfig::x86_like(CPUS).threaded()
     })
     .map_err(|e| fail(format!("{e}"), Vec::new()))?;
