@@ -108,9 +108,10 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
 
     fn send_flush_ipi(&self, targets: &CpuSet) {
         let m = self.machine;
-        for t in targets.iter().filter(|t| t.index() < m.cpus.len()) {
-            if !m.is_online(t) {
-                // Nobody is there to take it.
+        for t in targets.iter() {
+            if t.index() >= m.cpus.len() || !m.is_online(t) {
+                // A CPU the machine does not have, or one that is offline:
+                // nobody is there to take it.
                 m.ipis_lost.fetch_add(1, Ordering::Relaxed);
                 continue;
             }

@@ -247,7 +247,8 @@ impl<M: Model> MockMachine<M> {
         Ok(())
     }
 
-    /// IPIs sent to CPUs that were offline at the time (dropped).
+    /// IPIs sent to CPUs that were offline at the time, or that the machine
+    /// does not have (dropped).
     pub fn ipis_lost(&self) -> u64 {
         self.ipis_lost.load(Ordering::Relaxed)
     }
