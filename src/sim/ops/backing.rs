@@ -63,6 +63,28 @@ pub(super) struct OpsKernel<'d, 'r, 'm> {
     pub(super) no_memory: bool,
 }
 
+impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
+    pub(super) fn new(
+        m: &'m MockMachine,
+        rmap: &'r MockRmap<'m>,
+        holders: &'d mut Holders,
+        handles_are_holds: bool,
+        io: Io,
+        refuse_free: bool,
+        no_memory: bool,
+    ) -> Self {
+        OpsKernel {
+            m,
+            rmap,
+            holders,
+            handles_are_holds,
+            io,
+            refuse_free,
+            no_memory,
+        }
+    }
+}
+
 impl FreeFrames for OpsKernel<'_, '_, '_> {
     fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>) {
         if self.refuse_free {

@@ -440,15 +440,15 @@ impl<'m> Driver<'m> {
                 let mut back: Vec<(Frame, Verdict)> = Vec::new();
                 {
                     let rmap = &self.rmap;
-                    let mut kernel = OpsKernel {
-                        m,
-                        rmap,
-                        holders: &mut self.holders,
-                        handles_are_holds: true,
+                    let mut kernel = OpsKernel::new(
+                        self.m,
+                        &self.rmap,
+                        &mut self.holders,
+                        true,
                         io,
                         refuse_free,
-                        no_memory: false,
-                    };
+                        false,
+                    );
                     let mut handback = |f: OwnedFrame, v: Verdict| back.push((f.into_frame(), v));
                     let mut batch = UnmapBatch::<PAGES>::new();
                     let first = if fail {
@@ -496,15 +496,15 @@ impl<'m> Driver<'m> {
                 let mut outcomes = Vec::new();
                 {
                     let rmap = &self.rmap;
-                    let mut kernel = OpsKernel {
-                        m,
-                        rmap,
-                        holders: &mut self.holders,
-                        handles_are_holds: true,
-                        io: Io::Synchronous,
-                        refuse_free: false,
+                    let mut kernel = OpsKernel::new(
+                        self.m,
+                        &self.rmap,
+                        &mut self.holders,
+                        true,
+                        Io::Synchronous,
+                        false,
                         no_memory,
-                    };
+                    );
                     let mut report = |o: MigrateOutcome| outcomes.push(o);
                     let mut batch = UnmapBatch::<1>::new();
                     let first = if fail {
@@ -567,15 +567,15 @@ impl<'m> Driver<'m> {
                 };
                 let range = PageRange::new(va(s, 0), PAGES as u64).map_err(crate_error)?;
                 let space_ref = &self.rmap.spaces()[s];
-                let mut kernel = OpsKernel {
-                    m,
-                    rmap: &self.rmap,
-                    holders: &mut self.holders,
-                    handles_are_holds: false,
-                    io: Io::Synchronous,
-                    refuse_free: false,
-                    no_memory: false,
-                };
+                let mut kernel = OpsKernel::new(
+                    self.m,
+                    &self.rmap,
+                    &mut self.holders,
+                    false,
+                    Io::Synchronous,
+                    false,
+                    false,
+                );
                 let mut gather = MmuGather::<8>::new();
                 let mut policy = TableFreePolicy::AfterFlush;
                 // Frames still mapped elsewhere or held stay: the handle
@@ -661,15 +661,15 @@ impl<'m> Driver<'m> {
                 .and_then(|r| change_protection(c, self.space(0), r, |p| p))
                 .map(|_| ()),
             BadInput::Teardown => {
-                let mut kernel = OpsKernel {
-                    m: self.m,
-                    rmap: &self.rmap,
-                    holders: &mut self.holders,
-                    handles_are_holds: false,
-                    io: Io::Synchronous,
-                    refuse_free: false,
-                    no_memory: false,
-                };
+                let mut kernel = OpsKernel::new(
+                    self.m,
+                    &self.rmap,
+                    &mut self.holders,
+                    false,
+                    Io::Synchronous,
+                    false,
+                    false,
+                );
                 let mut gather = MmuGather::<8>::new();
                 match PageRange::new(hole, 1) {
                     Ok(r) => gather
