@@ -87,6 +87,8 @@ impl MmTlbState {
     /// pairs with the one in [`switch_mm`], so a CPU that switches in
     /// concurrently is either seen here or walks the already-cleared table.
     pub fn flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
+        // Store-buffering pair with `switch_mm`'s fence (loom: model (e)
+        // fails without either; (f) needs it to acquire a deferral).
         fence(Ordering::SeqCst);
         let online = arch.online_cpus();
         if self.is_kernel() {
@@ -108,6 +110,8 @@ impl MmTlbState {
     /// Records that a flush of this address space was deferred into a batch
     /// (called by [`TlbFlushUnmapBatch::add_pending`](crate::TlbFlushUnmapBatch::add_pending)).
     pub fn note_batched_pending(&self) {
+        // Releases the PTE clear to a flusher that reads `pending` (loom:
+        // model (f) fails when this is Relaxed).
         self.batch_pending.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -163,7 +167,8 @@ pub unsafe fn switch_mm<A: Arch>(
         next.cpus.insert(me, Ordering::SeqCst);
     }
     // Pairs with the fence in `flush_targets`: either a concurrent unmapper
-    // sees this CPU in the set, or this CPU's walks see the cleared PTEs.
+    // sees this CPU in the set, or this CPU's walks see the cleared PTEs
+    // (loom: model (e) fails without it).
     fence(Ordering::SeqCst);
     state.set_loaded_asid(me, next.asid);
     // SAFETY: the caller guarantees `next.root()` is a valid root.
@@ -214,13 +219,17 @@ pub fn prepare_cpu_online<A: Arch>(arch: &A) {
 /// another CPU's stale entry still sends its writes to the old frame, and
 /// the new mapping would never see them. The fuzzer found this sequence.
 pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<bool, Error> {
+    // `pending` acquires the deferrals it counts (with `flush_targets`'s
+    // fence: loom model (f)); `flushed` acquires the flush that covered
+    // them, which a caller that skips relies on (model (g)).
     let pending = mm.batch_pending.load(Ordering::SeqCst);
     if mm.batch_flushed.load(Ordering::SeqCst) >= pending {
         return Ok(false);
     }
     shootdown(arch, &mm.flush_targets(arch), &FlushRequest::for_asid(mm.asid))?;
     // Covers every deferral up to `pending`; a later one keeps the marker
-    // set, so it is flushed by the next call.
+    // set, so it is flushed by the next call. Releases this flush to the
+    // callers that skip (loom: model (g) fails when this is Relaxed).
     mm.batch_flushed.fetch_max(pending, Ordering::SeqCst);
     Ok(true)
 }

@@ -130,6 +130,9 @@ fn publish<A: Arch>(
     payload: Payload<'_>,
 ) -> Result<usize, Error> {
     let slot = &state.cpus[me.index()].slot;
+    // Only this CPU touches its own slot; the orderings keep the slot's
+    // writes after the claim (and the wait before the release) against an
+    // interrupt handler on this same CPU, which loom cannot model.
     if slot.busy.swap(true, Ordering::Acquire) {
         return Err(Error::ShootdownReentered { cpu: me.index() });
     }
@@ -139,7 +142,13 @@ fn publish<A: Arch>(
     let mut need_ipi = CpuSet::new();
     for t in remote {
         let target = &state.cpus[t.index()];
-        // Publishes the slot contents (release) to the handler's take.
+        // Both halves matter: the release publishes the slot's contents to
+        // the handler's take; the acquire (with the take's release) makes
+        // the `ipi_pending` handshake below sound, so that a request whose
+        // swap finds the flag set is surely seen by the handler that clears
+        // it (loom: models (a), (b), (c) fail when this is Relaxed; a lost
+        // IPI from weakening the handshake itself is beyond loom, which
+        // always reads the newest value in a read-modify-write).
         target.inbox.insert(me, Ordering::SeqCst);
         // Only one IPI per target is needed until its handler runs: the
         // handler clears `ipi_pending` before emptying the inbox, so a
@@ -187,6 +196,8 @@ pub(crate) fn with_slot_taken<A: Arch, R>(arch: &A, f: impl FnOnce() -> R) -> Re
 /// CPU's own inbox meanwhile, then frees the slot.
 fn wait_for_acks<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) {
     let slot = &state.cpus[me.index()].slot;
+    // Acquires the targets' flushes with their acknowledgements (loom:
+    // every model fails when this is Relaxed).
     while slot.remaining.load(Ordering::Acquire) != 0 {
         service_inbox(arch, state, me);
         arch.relax();
@@ -208,6 +219,8 @@ fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
     // Clear first: a request published after this store sends a new IPI or
     // is found by the take below.
     cpu.ipi_pending.store(false, Ordering::SeqCst);
+    // Acquires the requests' slots; its release half is the handler's side
+    // of the `ipi_pending` handshake (loom: models (a), (b), (c)).
     let initiators = cpu.inbox.take(Ordering::SeqCst);
     let mut served = 0;
     for from in &initiators {
@@ -219,7 +232,11 @@ fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
         // initiator that saw its request done sees it counted too.
         state.count(Counter::FlushesReceived, 1);
         // Acknowledge only after the flush; the initiator may reuse the
-        // slot as soon as the count reaches zero.
+        // slot as soon as the count reaches zero. The release carries the
+        // flush to the initiator's acquire (loom: every model fails when
+        // this is Relaxed; the threaded test
+        // `no_target_still_caches_the_entry_when_the_shootdown_returns`
+        // fails when the acknowledgement comes first).
         slot.remaining.fetch_sub(1, Ordering::Release);
         served += 1;
     }

@@ -31,7 +31,20 @@
 //!   runs `ipi_sync`, which must return, and not while CPU 1 is inside an
 //!   interrupts-off lockless page-table walk that began before it;
 //! - (d) one CPU shoots at another twice in a row, reusing its request
-//!   slot at once.
+//!   slot at once;
+//! - (e) a CPU switches to an address space (`switch_mm`) while another
+//!   clears one of its PTEs and computes the flush targets
+//!   (`flush_targets`): either the switcher is a target or its page-table
+//!   walk sees the cleared PTE (the fence pair of `switch_mm` and
+//!   `flush_targets`);
+//! - (f) a reclaimer clears a PTE and defers its flush
+//!   (`note_batched_pending`) while another CPU runs
+//!   `flush_tlb_batched_pending`: if that call saw the deferral, the CPU
+//!   caching the page has flushed it and cannot re-cache it from the
+//!   cleared PTE; if it did not, the deferral is still pending;
+//! - (g) two CPUs run `flush_tlb_batched_pending` for one deferral: one
+//!   flushes; the other, if it finds the deferral already covered and
+//!   skips, finds the stale entry gone too.
 //!
 //! Every model ends by checking that nothing was lost: every shootdown and
 //! sync returned, each target carried out each request exactly once, no
@@ -54,9 +67,10 @@ use std::sync::Arc as StdArc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
+use loom::sync::atomic::AtomicU64;
 use tlb_batch::{
-    handle_flush_ipi, ipi_sync, shootdown, Arch, Asid, CpuId, CpuSet, FlushRequest, ShootdownReport,
-    TlbShootdown, PAGE_SIZE,
+    flush_tlb_batched_pending, handle_flush_ipi, ipi_sync, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet,
+    FlushRequest, MmTlbState, ShootdownReport, TlbShootdown, PAGE_SIZE,
 };
 
 /// The most CPUs a model runs (loom allows 5 threads, the main one included).
@@ -85,6 +99,11 @@ const BASE: u64 = 0x40_0000;
 
 /// Pages the models use.
 const PAGES: usize = 4;
+
+/// The models' one page-table entry (models (e) to (g)): the PTE of page 0,
+/// `MAPPED` or `EMPTY`.
+const MAPPED: u64 = 1;
+const EMPTY: u64 = 0;
 
 fn asid() -> Asid {
     Asid::new(1).unwrap()
@@ -115,6 +134,13 @@ struct Machine {
     flushes: Vec<Vec<AtomicUsize>>,
     /// Flush IPIs the crate asked for, in all.
     ipis_sent: AtomicUsize,
+    /// The PTE of page 0 (models (e) to (g)); starts `MAPPED`.
+    pte: AtomicU64,
+    /// Per CPU: whether its TLB holds an entry for page 0 (models (e) to
+    /// (g)). Set by [`Cpu::walk`], cleared by a whole-ASID flush or an
+    /// address-space switch (the page flushes of models (a) to (d) leave it
+    /// alone, so that those models have no more states than before).
+    cached: Vec<AtomicBool>,
     /// CPUs done with their part of the model.
     done: AtomicUsize,
     /// Each CPU's loom thread, once it runs, so that an IPI or the last CPU
@@ -134,6 +160,8 @@ impl Machine {
                 .map(|_| (0..PAGES).map(|_| AtomicUsize::new(0)).collect())
                 .collect(),
             ipis_sent: AtomicUsize::new(0),
+            pte: AtomicU64::new(MAPPED),
+            cached: (0..cpus).map(|_| AtomicBool::new(false)).collect(),
             done: AtomicUsize::new(0),
             threads: std::sync::Mutex::new(vec![None; cpus]),
         })
@@ -164,6 +192,22 @@ struct Seen {
     served_while_waiting: StdAtomicUsize,
     /// One interrupt that carried out two requests.
     coalesced: StdAtomicUsize,
+    /// Models (e) to (g): executions that ended one way or the other (see
+    /// each model).
+    outcomes: [StdAtomicUsize; 2],
+}
+
+impl Seen {
+    fn outcome(&self, which: bool) {
+        self.outcomes[usize::from(which)].fetch_add(1, StdOrdering::Relaxed);
+    }
+
+    /// Asserts that some execution ended each way.
+    fn both_outcomes(&self, what: [&str; 2]) {
+        for (i, what) in what.iter().enumerate() {
+            assert!(self.outcomes[i].load(StdOrdering::Relaxed) > 0, "no execution where {what}");
+        }
+    }
 }
 
 /// One simulated CPU: its `Arch`. Interrupt state is the CPU's own, so it
@@ -179,12 +223,21 @@ struct Cpu {
     progressed: Cell<bool>,
     /// `relax` calls in a row without progress.
     fruitless: Cell<usize>,
+    /// Whether the CPU touches page 0 after each interrupt it takes
+    /// (models (f), (g)): a TLB miss walks the page table again.
+    walks_after_irq: Cell<bool>,
 }
 
 impl Cpu {
     /// CPU `index` of `m`; call it on the CPU's own loom thread.
     fn new(index: usize, m: &Arc<Machine>, seen: &StdArc<Seen>) -> Cpu {
         m.threads.lock().unwrap()[index] = Some(thread::current());
+        Cpu::detached(index, m, seen)
+    }
+
+    /// CPU `index` of `m` as seen from another thread, to set up its state
+    /// before the model's CPUs start (it is never woken).
+    fn detached(index: usize, m: &Arc<Machine>, seen: &StdArc<Seen>) -> Cpu {
         Cpu {
             index,
             m: m.clone(),
@@ -194,6 +247,7 @@ impl Cpu {
             irqs_taken: Cell::new(0),
             progressed: Cell::new(false),
             fruitless: Cell::new(0),
+            walks_after_irq: Cell::new(false),
         }
     }
 
@@ -213,7 +267,21 @@ impl Cpu {
             if served >= 2 {
                 self.seen.coalesced.fetch_add(1, StdOrdering::Relaxed);
             }
+            if self.walks_after_irq.get() {
+                self.walk();
+            }
         }
+    }
+
+    /// An access to page 0: on a TLB miss the hardware walks the page table
+    /// (a plain load: page walks take part in no ordering of their own) and
+    /// caches what it finds mapped. Returns whether the TLB now holds it.
+    fn walk(&self) -> bool {
+        let cached = &self.m.cached[self.index];
+        if !cached.load(Ordering::Relaxed) && self.m.pte.load(Ordering::Relaxed) == MAPPED {
+            cached.store(true, Ordering::Relaxed);
+        }
+        cached.load(Ordering::Relaxed)
     }
 
     fn disable_interrupts(&self) {
@@ -301,10 +369,11 @@ unsafe impl Arch for Cpu {
     }
 
     fn flush_local_asid(&self, asid: Asid) {
-        panic!(
-            "cpu{}: a whole-ASID flush of {asid:?}; the models send single pages",
-            self.index
-        );
+        // Only `flush_tlb_batched_pending` (models (f), (g)) flushes a
+        // whole ASID; page 0 is the only page the TLB model caches.
+        assert_eq!(asid, self::asid());
+        self.m.cached[self.index].store(false, Ordering::Relaxed);
+        self.progressed.set(true);
     }
 
     fn flush_local_all(&self, _include_global: bool) {
@@ -329,7 +398,8 @@ unsafe impl Arch for Cpu {
     }
 
     unsafe fn switch_address_space(&self, _asid: Asid, _root: u64) {
-        unreachable!("the models never switch address spaces");
+        // Untagged TLB: loading a root drops every non-global entry.
+        self.m.cached[self.index].store(false, Ordering::Relaxed);
     }
 
     fn relax(&self) {
@@ -561,4 +631,136 @@ fn d_back_to_back_shootdowns_reuse_the_slot() {
         let irqs = [h0.join().unwrap(), h1.join().unwrap()];
         nothing_lost(&m, &[&[1], &[1]], 0, &irqs);
     });
+}
+
+/// (e) CPU 1 switches to an address space (`switch_mm`) and then touches
+/// page 0, while CPU 0 clears page 0's PTE and computes the flush targets
+/// (`flush_targets`), as every unmap does. Either CPU 1 is a target, or
+/// its walk found the PTE cleared and cached nothing: the full fences in
+/// `switch_mm` (after adding the CPU to the set) and `flush_targets`
+/// (before reading it) pair up, as a store-buffering pattern needs.
+#[test]
+fn e_switch_mm_races_with_an_unmapper() {
+    let seen = check("(e) switch_mm vs flush_targets", 4, |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            // The unmap: an atomic exchange of the PTE, then the targets.
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            usize::from(mm0.flush_targets(&cpu).contains(cpu_id(1)))
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // SAFETY: a model: the root is never dereferenced.
+            unsafe { switch_mm(&cpu, None, &mm).unwrap() };
+            usize::from(cpu.walk())
+        });
+        let targeted = h0.join().unwrap() == 1;
+        let cached = h1.join().unwrap() == 1;
+        assert!(
+            targeted || !cached,
+            "cpu1 cached page 0 from the PTE cpu0 cleared, and cpu0's flush targets miss cpu1"
+        );
+        seen.outcome(targeted);
+    });
+    seen.both_outcomes(["cpu1 was no target", "cpu1 was a target"]);
+}
+
+/// Sets up model (f) and (g)'s CPU `index`: it runs `mm` and has page 0
+/// cached, before the model's CPUs start.
+fn cached_on(m: &Arc<Machine>, seen: &StdArc<Seen>, index: usize, mm: &MmTlbState) {
+    let cpu = Cpu::detached(index, m, seen);
+    // SAFETY: a model: the root is never dereferenced.
+    unsafe { switch_mm(&cpu, None, mm).unwrap() };
+    assert!(cpu.walk());
+}
+
+/// (f) CPU 1, a reclaimer, clears page 0's PTE and defers its flush
+/// (`note_batched_pending`) while CPU 0 runs `flush_tlb_batched_pending`;
+/// CPU 2 runs the address space with page 0 cached, and touches the page
+/// again after every interrupt. If CPU 0's call saw the deferral, it
+/// flushed CPU 2, and CPU 2 cannot cache page 0 again: its walk after the
+/// flush sees the cleared PTE (the deferral's fetch_add releases the clear,
+/// the flusher's load of `pending` acquires it, and the shootdown carries
+/// it on). If it did not, the deferral is still pending.
+#[test]
+fn f_batched_pending_flush_covers_the_deferred_clear() {
+    let seen = check("(f) deferral vs flush_tlb_batched_pending", 3, |seen| {
+        let m = Machine::new(3);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        cached_on(&m, seen, 2, &mm);
+
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            let flushed = flush_tlb_batched_pending(&cpu, &mm0).unwrap();
+            cpu.finish();
+            usize::from(flushed)
+        });
+        let mm1 = mm.clone();
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            mm1.note_batched_pending();
+            cpu.finish()
+        });
+        let h2 = spawn_cpu(&m, seen, 2, |cpu| {
+            cpu.walks_after_irq.set(true);
+            cpu.finish()
+        });
+        let flushed = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        h2.join().unwrap();
+        if flushed {
+            assert!(
+                !m.cached[2].load(Ordering::Relaxed),
+                "cpu0's flush_tlb_batched_pending saw the deferral, yet cpu2 still caches page 0"
+            );
+            assert!(!mm.batched_flush_pending());
+        } else {
+            assert!(mm.batched_flush_pending(), "a deferral no flush covered was lost");
+        }
+        seen.outcome(flushed);
+    });
+    seen.both_outcomes(["cpu0 missed the deferral", "cpu0 flushed the deferral"]);
+}
+
+/// (g) Page 0's PTE was cleared and its flush deferred; CPU 1 has it
+/// cached. CPU 0 and CPU 1 both run `flush_tlb_batched_pending`. CPU 1
+/// with targets {1} flushes locally, CPU 0 shoots at CPU 1, unless it finds
+/// the deferral already covered by CPU 1's flush and skips: then it must
+/// find CPU 1's entry gone (the flusher's `fetch_max` releases its flush,
+/// the skipper's load of `flushed` acquires it).
+#[test]
+fn g_skipped_batched_pending_flush_comes_after_the_flush() {
+    let seen = check("(g) flush_tlb_batched_pending twice", 4, |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        cached_on(&m, seen, 1, &mm);
+        m.pte.store(EMPTY, Ordering::Relaxed);
+        mm.note_batched_pending();
+
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            let flushed = flush_tlb_batched_pending(&cpu, &mm0).unwrap();
+            assert!(
+                !cpu.m.cached[1].load(Ordering::Relaxed),
+                "cpu0's flush_tlb_batched_pending returned Ok({flushed}) while cpu1 still caches page 0"
+            );
+            cpu.finish();
+            usize::from(flushed)
+        });
+        let mm1 = mm.clone();
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            flush_tlb_batched_pending(&cpu, &mm1).unwrap();
+            // Its own local flush: it never skips, since cpu0's shootdown
+            // completes only once cpu1 takes interrupts, in `finish`.
+            assert!(!cpu.m.cached[1].load(Ordering::Relaxed));
+            cpu.finish()
+        });
+        let cpu0_flushed = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        assert!(!m.cached[1].load(Ordering::Relaxed));
+        assert!(!mm.batched_flush_pending());
+        seen.outcome(cpu0_flushed);
+    });
+    seen.both_outcomes(["cpu0 skipped", "cpu0 flushed"]);
 }
