@@ -64,10 +64,10 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
 
+use loom::sync::atomic::AtomicU64;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use loom::sync::atomic::AtomicU64;
 use tlb_batch::{
     flush_tlb_batched_pending, handle_flush_ipi, ipi_sync, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet,
     FlushRequest, MmTlbState, ShootdownReport, TlbShootdown, PAGE_SIZE,
@@ -205,7 +205,10 @@ impl Seen {
     /// Asserts that some execution ended each way.
     fn both_outcomes(&self, what: [&str; 2]) {
         for (i, what) in what.iter().enumerate() {
-            assert!(self.outcomes[i].load(StdOrdering::Relaxed) > 0, "no execution where {what}");
+            assert!(
+                self.outcomes[i].load(StdOrdering::Relaxed) > 0,
+                "no execution where {what}"
+            );
         }
     }
 }
