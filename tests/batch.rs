@@ -335,3 +335,26 @@ fn bad_input_is_an_error_and_changes_nothing() {
     );
     assert_eq!(cpu0.online_cpus().len(), 2);
 }
+
+/// A deferred PTE that allowed writes counts as writable even when it was
+/// clean: `flush_dirty` must flush before the page goes to I/O.
+#[test]
+fn a_clean_writable_deferral_makes_the_batch_writable() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (mm, _) = populate(&m, 1, 2, &[0, 1], false);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut batch = TlbFlushUnmapBatch::new();
+    let clean_writable = tlb_batch::Pte::new(
+        tlb_batch::Frame(1),
+        tlb_batch::PteFlags::PRESENT | tlb_batch::PteFlags::WRITABLE,
+    );
+    let read_only = tlb_batch::Pte::new(tlb_batch::Frame(2), tlb_batch::PteFlags::PRESENT);
+    batch.add_pending(&cpu0, &mm, va(0), read_only).unwrap();
+    assert!(!batch.has_writable());
+    batch.add_pending(&cpu0, &mm, va(1), clean_writable).unwrap();
+    assert!(
+        batch.has_writable(),
+        "a clean writable entry may still take a write"
+    );
+    assert!(batch.flush_dirty(&cpu0).unwrap().is_some());
+}

@@ -391,3 +391,81 @@ fn a_table_with_nothing_mapped_is_flushed_before_it_is_freed() {
         "the table's range was flushed before it was freed"
     );
 }
+
+/// A page of Linux's size holds 510 frame pointers beside its header.
+#[test]
+fn a_page_batch_holds_what_fits_in_one_page() {
+    assert_eq!(tlb_batch::PAGE_BATCH, 510);
+}
+
+/// The IPI sync before freeing tables fails (it is started from an
+/// interrupt nested in a shootdown) after the range's flush went through
+/// (no CPU ran the address space, so it needed no IPI): the data frames are
+/// freed, the tables stay in the gather, which is not empty, and the
+/// address space owes no flush. `finish` frees the tables after its own
+/// sync.
+#[test]
+fn a_failed_ipi_sync_keeps_the_tables_and_owes_no_flush() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 2, &[]);
+    let mm = rmap.spaces()[0].mm().clone();
+    let mut kernel = MockKernel::new(&rmap);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut gather = MmuGather::<8>::new();
+    let first = cpu0
+        .in_shootdown(|| {
+            gather.unmap_range(
+                &cpu0,
+                &rmap.spaces()[0],
+                &mut kernel,
+                common::pages(0, 512),
+                true,
+                &mut TableFreePolicy::IpiSync,
+                &mut |_, _| panic!("nothing refused"),
+            )
+        })
+        .unwrap();
+    assert!(matches!(first, Err(Error::ShootdownReentered { .. })));
+    for &f in &frames {
+        assert_eq!(m.frame_state(f).unwrap(), FrameState::Free);
+    }
+    assert!(!gather.is_empty(), "the table waits for its sync");
+    assert!(!mm.batched_flush_pending(), "nothing cleared is left unflushed");
+    assert_eq!(kernel.table_free_calls, 0);
+    gather
+        .finish(
+            &cpu0,
+            &rmap.spaces()[0],
+            &mut kernel,
+            &mut TableFreePolicy::IpiSync,
+            &mut |_, _| panic!("nothing refused"),
+        )
+        .unwrap();
+    assert!(gather.is_empty());
+    assert_eq!(kernel.table_free_calls, 1);
+    assert_eq!(m.ipis_sent(), 2, "the sync interrupted both other CPUs");
+    assert_eq!(m.violations(), []);
+}
+
+/// The counts a teardown reports for its IPI sync.
+#[test]
+fn a_teardown_counts_its_sync_and_the_ipis_it_sent() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, _) = setup(&m, 0, 2, &[1]);
+    let mut kernel = MockKernel::new(&rmap);
+    let (s, back) = tear_down::<_, 8>(
+        &m,
+        &rmap,
+        &mut kernel,
+        va(0),
+        va(512),
+        true,
+        &mut TableFreePolicy::IpiSync,
+    )
+    .unwrap();
+    assert!(back.is_empty());
+    assert_eq!((s.flushes, s.syncs, s.tables_freed), (1, 1, 1));
+    // One IPI for the flush (CPU 1 ran the space), two for the sync.
+    assert_eq!(s.ipis_sent, 3);
+    assert_eq!(m.ipis_sent(), 3);
+}

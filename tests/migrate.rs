@@ -219,3 +219,55 @@ fn batched_migration_costs_fewer_ipis_than_page_by_page() {
     // Page by page: a shootdown per frame reaching both CPUs.
     assert_eq!(ipis, [32, 2]);
 }
+
+/// Mlocked mappings do not stop a migration (it keeps the page resident).
+#[test]
+fn an_mlocked_frame_is_migrated() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 2);
+    rmap.set_flags(frames[0], MappingFlags::LOCKED);
+    let mut kernel = MockKernel::new(&rmap);
+    let (summary, out) = outcomes::<_, 4>(&m, &rmap, &mut kernel, &frames);
+    assert_eq!((summary.migrated, summary.failed), (2, 0), "{out:?}");
+    assert_eq!(m.violations(), []);
+}
+
+/// When no other CPU runs the address spaces, every unmap flushes at once
+/// and owes nothing: a frame that is mapped again after each walk comes
+/// back from the unmap at once and is retried pass after pass, then
+/// reported busy with its mappings restored.
+#[test]
+fn busy_frames_that_owe_nothing_are_retried_pass_by_pass() {
+    for (refaults, migrated) in [(3, true), (usize::MAX, false)] {
+        let m = MockMachine::new(config(3, 64)).unwrap();
+        let (rmap, frames) = setup(&m, 1);
+        // CPUs 1 and 2 leave: nothing is cached elsewhere.
+        let idle = m.new_mm(asid(9)).unwrap();
+        for c in [1, 2] {
+            m.cpu(c).unwrap().switch_to(&idle).unwrap();
+        }
+        let busy = Busy {
+            inner: &rmap,
+            times: std::cell::Cell::new(refaults),
+        };
+        let mut kernel = MockKernel::new(&rmap);
+        let (summary, out) = outcomes::<_, 4>(&m, &busy, &mut kernel, &frames);
+        if migrated {
+            assert_eq!((summary.migrated, summary.passes), (1, 4), "{out:?}");
+        } else {
+            assert_eq!((summary.failed, summary.passes), (1, MIGRATE_PASSES), "{out:?}");
+            assert!(matches!(
+                out[..],
+                [MigrateOutcome::Failed {
+                    reason: MigrateFailure::Busy(_),
+                    ..
+                }]
+            ));
+            for s in 0..2 {
+                assert!(m.pte(rmap.spaces()[s].mm(), va(0)).unwrap().maps(frames[0]));
+            }
+        }
+        assert_eq!(m.stats().pages_deferred, 0, "every flush was immediate");
+        assert_eq!(m.violations(), []);
+    }
+}

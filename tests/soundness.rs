@@ -380,6 +380,11 @@ fn migration_retried_after_its_final_flush_failed_finishes_exactly_once() {
     let retry = first.expect_err("the final flush cannot run nested");
     assert!(matches!(retry.error(), Some(Error::ShootdownReentered { .. })));
     assert_eq!(retry.frames(), 3);
+    let shown = format!("{retry:?}");
+    assert!(
+        shown.contains("MigrateRetry") && shown.contains("ShootdownReentered"),
+        "{shown}"
+    );
     assert!(batch.is_empty(), "the retry value owns the work");
     // Two were copied before the flush point; the third had no target.
     assert_eq!(copies.get(), 2);
@@ -441,6 +446,12 @@ fn reclaim_retried_after_its_final_flush_failed_never_frees_a_frame_under_io() {
         .unwrap();
     let retry = first.expect_err("the final flush cannot run nested");
     assert_eq!(kernel.page_outs, 2, "written before the failed flush");
+    assert_eq!(retry.frames(), 4);
+    let shown = format!("{retry:?}");
+    assert!(
+        shown.contains("ReclaimRetry") && shown.contains("ShootdownReentered"),
+        "{shown}"
+    );
     let summary = retry
         .retry(&cpu0, &mut kernel, &mut |f, v| {
             back.insert(f.into_frame(), v);
@@ -491,6 +502,10 @@ fn a_gather_with_pending_work_refuses_another_address_space() {
         .unwrap();
     assert!(matches!(first, Err(Error::ShootdownReentered { .. })));
     assert!(!gather.is_empty());
+    assert!(
+        rmap.spaces()[0].mm().batched_flush_pending(),
+        "the cleared entries owe a flush, recorded in the address space"
+    );
     assert_eq!(
         gather.unmap_range(
             &cpu0,
