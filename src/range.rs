@@ -256,6 +256,19 @@ mod tests {
     }
 
     #[test]
+    fn ranges_list_their_pages_and_show_their_bounds() {
+        let r = PageRange::from_bounds(0x3000, 0x6000).unwrap();
+        assert_eq!(r.iter().collect::<std::vec::Vec<_>>(), [0x3000, 0x4000, 0x5000]);
+        assert_eq!(
+            PageRange::from_bounds(0x3000, 0x3000),
+            Ok(PageRange::new(0x3000, 0).unwrap())
+        );
+        assert!(PageRange::from_bounds(0x3000, 0x3000).unwrap().is_empty());
+        assert_eq!(std::format!("{:?}", r), "PageRange(0x3000..=0x5000, 3 pages)");
+        assert_eq!(std::format!("{:?}", PageRange::EMPTY), "PageRange(empty)");
+    }
+
+    #[test]
     fn canonical_form_is_sign_extension() {
         assert!(is_canonical(0x7fff_ffff_f000, 48));
         assert!(!is_canonical(0x8000_0000_0000, 48));
@@ -263,5 +276,7 @@ mod tests {
         assert!(!is_canonical(0xff00_0000_0000_0000, 48));
         assert!(is_canonical(0xff00_0000_0000_0000, 57));
         assert!(is_canonical(u64::MAX, 64));
+        // Zero bits: only address 0 exists.
+        assert!(is_canonical(0, 0) && !is_canonical(0x1000, 0));
     }
 }

@@ -394,3 +394,24 @@ fn a_kernel_table_entry_naming_no_frame_is_caught() {
         Err(MockError::TableInUse)
     );
 }
+
+/// A reset machine is the machine as it was built: no counts, no CPU
+/// with an address space loaded, every frame free.
+#[test]
+fn a_reset_machine_starts_from_scratch() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (mm, frames) = populate(&m, 1, 2, &[0, 1], true);
+    flush_tlb_mm(&m.cpu(0).unwrap(), &mm).unwrap();
+    assert!(m.stats().ipis_sent > 0);
+    m.reset();
+    assert_eq!(m.stats(), Default::default());
+    assert_eq!(m.ipis_sent(), 0);
+    let cpu0 = m.cpu(0).unwrap();
+    assert_eq!(cpu0.shootdown_state().loaded_asid(m.cpu(1).unwrap().id()), None);
+    assert_eq!(m.all_entries(), []);
+    assert_eq!(m.frame_state(frames[0]).unwrap(), FrameState::Free);
+    assert_eq!(m.pte(&mm, va(0)), Err(MockError::UnknownAddressSpace));
+    // And it runs like new.
+    let (_, again) = populate(&m, 1, 1, &[1], true);
+    assert_eq!(again[0], frames[0], "frames are handed out in the same order");
+}

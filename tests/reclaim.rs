@@ -63,6 +63,7 @@ fn run<M: Model, const N: usize>(
         frames.len(),
         "every frame is freed or handed back"
     );
+    assert_eq!(summary.handed_back, back.len());
     (summary, back)
 }
 
@@ -121,14 +122,18 @@ fn hot_mlocked_and_busy_frames_are_handed_back_with_their_verdicts() {
     cpu1.switch_to(&m.new_mm(asid(9)).unwrap()).unwrap();
     cpu1.switch_to(rmap.spaces()[0].mm()).unwrap();
     cpu1.read(va(0)).unwrap();
-    // Frame 1 is mlocked.
+    // Frame 1 is mlocked; frame 2 is mlocked and used again as well (the
+    // lock decides).
     rmap.set_flags(frames[1], MappingFlags::LOCKED);
+    rmap.set_flags(frames[2], MappingFlags::LOCKED);
+    cpu1.read(va(2)).unwrap();
     let mut kernel = MockKernel::new(&rmap);
     let (summary, back) = run::<_, 64>(&m, &mut kernel, &rmap, &frames);
     assert_eq!(back.get(&frames[0]), Some(&Verdict::Referenced));
     assert_eq!(back.get(&frames[1]), Some(&Verdict::Mlocked));
-    assert_eq!(back.len(), 2);
-    assert_eq!(summary.freed, frames.len() - 2);
+    assert_eq!(back.get(&frames[2]), Some(&Verdict::Mlocked));
+    assert_eq!(back.len(), 3);
+    assert_eq!(summary.freed, frames.len() - 3);
     // The kept frames are still mapped and usable.
     assert!(m.pte(rmap.spaces()[0].mm(), va(1)).unwrap().maps(frames[1]));
     assert_eq!(m.violations(), []);

@@ -377,3 +377,54 @@ fn no_target_still_caches_the_entry_when_the_shootdown_returns() {
         assert_eq!(m.violations(), []);
     });
 }
+
+/// The CPU-side bookkeeping of what each CPU has loaded: set by
+/// `switch_mm`, forgotten by `prepare_cpu_online`; and with it, a CPU of an
+/// untagged TLB skips the pages of an address space it does not run.
+#[test]
+fn each_cpu_flushes_only_the_address_space_it_runs() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (a, _) = populate(&m, 1, 1, &[1], true);
+    let (b, _) = populate(&m, 2, 1, &[2], true);
+    let cpu0 = m.cpu(0).unwrap();
+    let state = cpu0.shootdown_state();
+    let (c1, c2) = (m.cpu(1).unwrap().id(), m.cpu(2).unwrap().id());
+    assert_eq!(state.loaded_asid(c1), Some(a.asid()));
+    assert_eq!(state.loaded_asid(c2), Some(b.asid()));
+    // One request naming a page of each address space, to both CPUs.
+    let mut req = FlushRequest::new();
+    req.add_page(a.asid(), va(0), 33).unwrap();
+    req.add_page(b.asid(), va(0), 33).unwrap();
+    let before = m.stats();
+    shootdown(&m.cpu(0).unwrap(), &cpu_set(&[1, 2]), &req).unwrap();
+    // Each CPU invalidated only its own address space's page.
+    assert_eq!(m.stats().since(&before).local_page_flushes, 2);
+    m.cpu(2).unwrap().go_offline();
+    m.cpu(2).unwrap().come_online();
+    assert_eq!(state.loaded_asid(c2), None);
+}
+
+/// A flush of everything reaches global (kernel) entries exactly when the
+/// request asks for them.
+#[test]
+fn everything_means_global_entries_only_when_asked() {
+    for global in [false, true] {
+        let m = MockMachine::new(config(2, 64)).unwrap();
+        let kernel = m.kernel_mm().clone();
+        let kva = 0xffff_ffff_8000_0000;
+        let f = m.map_new(&kernel, kva, true).unwrap();
+        m.cpu(1).unwrap().read(kva).unwrap();
+        let mut req = FlushRequest::new();
+        if global {
+            req.add_everything();
+        } else {
+            // More address spaces than a request names: everything, but
+            // not the global entries.
+            for v in 1..=tlb_batch::MAX_FLUSH_ASIDS as u16 + 1 {
+                req.add_asid(asid(v));
+            }
+        }
+        shootdown(&m.cpu(0).unwrap(), &cpu_set(&[1]), &req).unwrap();
+        assert_eq!(m.cached_translations(f).is_empty(), global);
+    }
+}
