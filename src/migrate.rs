@@ -381,10 +381,9 @@ impl<const N: usize> MigrateRetry<N> {
                 (None, Stage::NoMemory) => MigrateFailure::NoMemory,
                 (None, Stage::Poisoned) => MigrateFailure::HwPoisoned,
                 (None, Stage::Moved) => {
-                    // At most N frames were held, so `release` has room.
-                    if let Err(frame) = release.push(held.frame) {
-                        report(MigrateOutcome::OldFrameRefused(frame));
-                    }
+                    // SAFETY: at most N frames were held, so `release` (of
+                    // capacity N) has room for each of them.
+                    unsafe { release.push_unchecked(held.frame) };
                     continue;
                 }
                 (None, Stage::Waiting) => {

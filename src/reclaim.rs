@@ -308,13 +308,9 @@ impl<const N: usize> ReclaimRetry<N> {
                     self.summary.handed_back += 1;
                     handback(held.frame, v);
                 }
-                // At most N frames were held, so `to_free` has room.
-                None => {
-                    if let Err(frame) = to_free.push(held.frame) {
-                        self.summary.handed_back += 1;
-                        handback(frame, Verdict::FreeRefused);
-                    }
-                }
+                // SAFETY: at most N frames were held, so `to_free` (of
+                // capacity N) has room for each of them.
+                None => unsafe { to_free.push_unchecked(held.frame) },
             }
         }
         if !to_free.is_empty() {

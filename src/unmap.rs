@@ -314,15 +314,8 @@ impl<const N: usize> UnmapBatch<N> {
 
     /// Tries again to unmap every held frame that is still mapped for a
     /// reason [`StillMapped::Busy`] (with `flags` and
-    /// [`TtuFlags::BATCH_FLUSH`]); returns how many are still mapped
-    /// afterwards. The migration driver's passes use it.
-    pub(crate) fn retry_mapped<A: Arch, R: Rmap + ?Sized>(
-        &mut self,
-        arch: &A,
-        rmap: &R,
-        flags: TtuFlags,
-    ) -> usize {
-        let mut still = 0;
+    /// [`TtuFlags::BATCH_FLUSH`]). The migration driver's passes use it.
+    pub(crate) fn retry_mapped<A: Arch, R: Rmap + ?Sized>(&mut self, arch: &A, rmap: &R, flags: TtuFlags) {
         for held in self.frames.iter_mut() {
             if !matches!(held.mapped, Some(StillMapped::Busy(_))) {
                 continue;
@@ -334,9 +327,7 @@ impl<const N: usize> UnmapBatch<N> {
                     Ok(r) => Some(StillMapped::Busy(r)),
                     Err(e) => Some(StillMapped::Failed(e)),
                 };
-            still += usize::from(held.mapped.is_some());
         }
-        still
     }
 
     /// The numbers of the frames held, in the order they were added (for

@@ -31,16 +31,16 @@ pub fn check_range<A: Arch + ?Sized>(arch: &A, range: PageRange) -> Result<(), E
         return Ok(());
     };
     check_va(arch, range.start())?;
+    let bits = arch.va_bits();
+    if bits >= 64 {
+        // Every address exists: there is no hole to cross.
+        return Ok(());
+    }
     // The start is canonical. From the upper half the range can only run
     // on in the upper half (it ends at the top at most); from the lower
     // half, the first address past it is the first non-canonical one.
-    let bits = arch.va_bits();
     if !is_canonical(last, bits) || (range.start() >> 63) != (last >> 63) {
-        let hole = if bits == 0 || bits >= 64 {
-            0
-        } else {
-            1u64 << (bits - 1)
-        };
+        let hole = if bits == 0 { 1 } else { 1u64 << (bits - 1) };
         return Err(Error::NonCanonical { addr: hole });
     }
     Ok(())

@@ -428,3 +428,44 @@ fn everything_means_global_entries_only_when_asked() {
         assert_eq!(m.cached_translations(f).is_empty(), global);
     }
 }
+
+/// An empty request interrupts nobody; one interrupt serves every request
+/// waiting in a CPU's inbox and says how many; the traced extent of a
+/// request is its page count; each CPU counts its own full flushes.
+#[test]
+fn the_protocol_counts_what_it_does() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (mm, _) = populate(&m, 1, 2, &[0, 1, 2], true);
+    let cpu0 = m.cpu(0).unwrap();
+    let report = shootdown(&cpu0, &cpu_set(&[1, 2]), &FlushRequest::new()).unwrap();
+    assert_eq!(report, tlb_batch::ShootdownReport::default());
+    assert_eq!(m.ipis_sent(), 0);
+    m.set_tracing(true);
+    let mut req = FlushRequest::new();
+    req.add_page(asid(1), va(0), 33).unwrap();
+    req.add_page(asid(1), va(1), 33).unwrap();
+    shootdown(&cpu0, &cpu_set(&[1]), &req).unwrap();
+    let send = m
+        .take_trace()
+        .into_iter()
+        .find(|e| e.reason == tlb_batch::FlushReason::RemoteSendIpi)
+        .unwrap();
+    assert_eq!(send.extent, tlb_batch::FlushExtent::Pages(2));
+    let before = m.stats();
+    tlb_batch::flush_tlb_mm(&cpu0, &mm).unwrap();
+    assert_eq!(m.stats().since(&before).local_full_flushes, 3, "one per CPU");
+}
+
+/// Broadcast invalidation reaches every page of a range, not only its
+/// first.
+#[test]
+fn broadcast_flushes_every_page_of_a_range() {
+    use tlb_batch::arch::mock::BroadcastTlbi;
+    let m = MockMachine::<BroadcastTlbi>::with_model(config(3, 64)).unwrap();
+    let (mm, frames) = populate(&m, 1, 3, &[1, 2], true);
+    tlb_batch::flush_tlb_range(&m.cpu(0).unwrap(), &mm, common::pages(0, 3)).unwrap();
+    for f in frames {
+        assert_eq!(m.cached_translations(f), [], "every page of the range went");
+    }
+    assert_eq!(m.ipis_sent(), 0);
+}
