@@ -336,4 +336,25 @@ mod tests {
         r.add_page(asid(2), 0, 33).unwrap();
         assert_eq!(r.pages(), 3);
     }
+
+    #[test]
+    fn full_says_whether_the_request_degraded() {
+        let mut r = FlushRequest::new();
+        assert!(!r.is_full());
+        r.add_page(asid(1), 0x10000, 2).unwrap();
+        r.add_page(asid(1), 0x20000, 2).unwrap();
+        assert!(!r.is_full(), "at the ceiling, not past it");
+        r.add_page(asid(1), 0x30000, 2).unwrap();
+        assert!(r.is_full());
+        assert_eq!(r.scope(), FlushScope::Asids(&[asid(1)]));
+        r.clear();
+        assert!(!r.is_full());
+        r.add_everything();
+        assert!(r.is_full() && !r.is_empty());
+        assert_eq!(r.scope(), FlushScope::Everything { include_global: true });
+        r.clear();
+        r.add_asid(asid(3));
+        assert!(r.is_full());
+        assert_eq!(r.scope(), FlushScope::Asids(&[asid(3)]));
+    }
 }

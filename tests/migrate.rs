@@ -194,6 +194,10 @@ fn busy_frames_are_retried_then_reported_with_mappings_restored() {
                 assert!(m.pte(rmap.spaces()[s].mm(), va(0)).unwrap().maps(frames[0]));
             }
         }
+        // Every pass defers its flushes to the batch: one shootdown at the
+        // end, one IPI to each of CPUs 1 and 2.
+        let stats = m.stats();
+        assert_eq!((stats.shootdowns, stats.ipis_sent), (1, 2));
         assert_ne!(m.cpu(1).unwrap().read(va(0)), Err(Fault::Migration { va: va(0) }));
         assert_eq!(m.violations(), []);
     }

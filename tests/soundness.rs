@@ -96,7 +96,18 @@ fn a_frame_that_lost_one_mapping_comes_back_only_after_that_flush() {
             assert_eq!(why, StillMapped::Busy(SwapResult::Fail));
             // Nothing to free or keep yet: the batch has it until the flush.
             assert_eq!(a.held_frames().collect::<Vec<_>>(), [f]);
-            let mut released = a.flush(&cpu0).unwrap().into_iter();
+            assert!(!a.is_empty());
+            // A frame still mapped is not lent for I/O, but the flush owed
+            // for the mapping that went is done.
+            let io = a.flush_dirty(&cpu0).unwrap();
+            assert_eq!(io.frames().count(), 0);
+            assert_eq!(io.report().map(|r| r.ipis_sent), Some(1));
+            assert!(!a.is_empty(), "nothing owed, but the frame is held");
+            let flushed = a.flush(&cpu0).unwrap();
+            assert_eq!((flushed.len(), flushed.is_empty()), (1, false));
+            assert_eq!(flushed.still_mapped().len(), 1);
+            assert_eq!(flushed.report().ipis_sent, 0, "flush_dirty did it");
+            let mut released = flushed.into_iter();
             match released.next() {
                 Some(Released::StillMapped(frame, StillMapped::Busy(SwapResult::Fail))) => frame,
                 other => panic!("{other:?}"),
