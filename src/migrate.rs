@@ -152,6 +152,9 @@ fn count_shootdown(summary: &mut MigrateSummary, report: ShootdownReport) {
 ///    pages are released in ONE [`FreeFrames::free_batch`] call.
 ///
 /// Every frame ends in exactly one [`MigrateOutcome`] given to `report`.
+/// Frames `batch` already held are migrated with this call's (a mapping an
+/// earlier unmap removed without [`TtuFlags::MIGRATION`] left no entry to
+/// point at the new frame: such a frame's contents move, nothing maps it).
 ///
 /// Errors: a failed flush ([`Error::ShootdownReentered`],
 /// [`Error::OtherMachine`]) stops the call with the held frames and how far
@@ -198,9 +201,9 @@ where
             break;
         }
         summary.passes = pass;
-        if pass > 1 {
-            batch.retry_mapped(arch, rmap, flags);
-        }
+        // Frames held still mapped (from the pass before, or from before
+        // the call) are tried again.
+        batch.retry_mapped(arch, rmap, flags);
         let mut busy: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
         for frame in core::mem::take(&mut pending) {
             match batch.try_to_unmap(arch, rmap, frame, flags) {

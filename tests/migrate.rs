@@ -275,3 +275,126 @@ fn busy_frames_that_owe_nothing_are_retried_pass_by_pass() {
         assert_eq!(m.violations(), []);
     }
 }
+
+/// A reverse map that answers, for each frame, every mapping of every frame
+/// in a list: the contract lets a walk report places that may map the
+/// frame and no longer do (or never did).
+struct Overreport<'a, 'm> {
+    inner: &'a MockRmap<'m>,
+    frames: Vec<Frame>,
+}
+
+// SAFETY: every mapping of a frame is reported (the mock rmap's), and the
+// extra ones are mappings of other frames, which the crate must check.
+unsafe impl<'m> Rmap for Overreport<'_, 'm> {
+    type Space = MockSpace<'m>;
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        self.inner.walk(frame, visit)?;
+        for &other in self.frames.iter().filter(|&&f| f != frame) {
+            self.inner.walk(other, visit)?;
+        }
+        ControlFlow::Continue(())
+    }
+    fn set_dirty(&self, frame: Frame) {
+        self.inner.set_dirty(frame)
+    }
+    fn is_hwpoisoned(&self, frame: Frame) -> bool {
+        self.inner.is_hwpoisoned(frame)
+    }
+}
+
+/// The mock kernel as a migration backing, which poisons `victim` when the
+/// first target frame is allocated (after every frame was unmapped, before
+/// any entry is restored).
+struct PoisonOnFirstAlloc<'k, 'r, 'm> {
+    kernel: MockKernel<'r, 'm>,
+    machine: &'k MockMachine,
+    victim: Option<Frame>,
+}
+
+impl tlb_batch::FreeFrames for PoisonOnFirstAlloc<'_, '_, '_> {
+    fn free_batch<const N: usize>(
+        &mut self,
+        frames: &mut tlb_batch::heapless::Vec<tlb_batch::OwnedFrame, N>,
+    ) {
+        self.kernel.free_batch(frames)
+    }
+}
+
+impl tlb_batch::MigrateBacking for PoisonOnFirstAlloc<'_, '_, '_> {
+    fn alloc_target(&mut self, old: Frame) -> Option<tlb_batch::OwnedFrame> {
+        if let Some(victim) = self.victim.take() {
+            self.machine.poison_frame(victim).unwrap();
+        }
+        self.kernel.alloc_target(old)
+    }
+    fn copy_frame(&mut self, from: tlb_batch::WritebackFrame<'_>, to: &tlb_batch::OwnedFrame) {
+        self.kernel.copy_frame(from, to)
+    }
+    fn move_mappings(&mut self, old: Frame, new: Frame) {
+        self.kernel.move_mappings(old, new)
+    }
+}
+
+/// Restoring and poisoning migration entries touch only the entries of the
+/// frame at hand, even when the reverse map also reports other frames'
+/// mappings that are migration entries too: frame 1 is found poisoned
+/// after the unmap, frames 0 and 2 move, and every address ends up with
+/// its own frame's entry.
+#[test]
+fn migration_entries_are_restored_or_poisoned_only_for_their_own_frame() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 3);
+    let over = Overreport {
+        inner: &rmap,
+        frames: frames.clone(),
+    };
+    let mut backing = PoisonOnFirstAlloc {
+        kernel: MockKernel::new(&rmap),
+        machine: &m,
+        victim: Some(frames[1]),
+    };
+    let mut out = Vec::new();
+    let mut batch = UnmapBatch::<4>::new();
+    let summary = migrate_pages(
+        &m.cpu(0).unwrap(),
+        &over,
+        &mut backing,
+        &mut batch,
+        frames.iter().map(|&f| common::owned(f)),
+        &mut |o| out.push(o),
+    )
+    .unwrap();
+    assert_eq!((summary.migrated, summary.failed), (2, 1), "{out:?}");
+    let mut new = Vec::new();
+    for o in &out {
+        match o {
+            MigrateOutcome::Migrated { old, new: to } => new.push((*old, to.frame())),
+            MigrateOutcome::Failed {
+                frame,
+                reason: MigrateFailure::HwPoisoned,
+            } => assert_eq!(frame.frame(), frames[1]),
+            other => panic!("{other:?}"),
+        }
+    }
+    new.sort();
+    assert_eq!(
+        new.iter().map(|n| n.0).collect::<Vec<_>>(),
+        [frames[0], frames[2]]
+    );
+    for s in 0..2 {
+        let mm = rmap.spaces()[s].mm();
+        assert!(m.pte(mm, va(0)).unwrap().maps(new[0].1), "space {s}, page 0");
+        let poisoned = m.pte(mm, va(1)).unwrap();
+        assert!(
+            poisoned.is_hwpoison() && poisoned.frame() == frames[1],
+            "space {s}: {poisoned:?}"
+        );
+        assert!(m.pte(mm, va(2)).unwrap().maps(new[1].1), "space {s}, page 2");
+    }
+    assert_eq!(m.violations(), []);
+}
