@@ -290,6 +290,30 @@ mod tests {
         assert_eq!(r.scope(), FlushScope::Asids(&[asid(1), asid(2)]));
     }
 
+    /// What a remote CPU rebuilds from the published parts is the request
+    /// that was published: the same scope, page count and address spaces.
+    #[test]
+    fn a_request_rebuilt_from_its_parts_is_the_same_request() {
+        let mut r = FlushRequest::new();
+        for i in 0..3 {
+            r.add_page(asid(1), 0x10000 + i * PAGE_SIZE, 33).unwrap();
+        }
+        r.add_page(asid(2), 0x40000, 33).unwrap();
+        r.add_page(asid(2), 0x80000, 33).unwrap();
+        let mut asids = FlushRequest::new();
+        asids.add_asid(asid(3));
+        asids.add_asid(Asid::KERNEL);
+        let mut everything = FlushRequest::new();
+        everything.add_everything();
+        assert_eq!(FlushRequest::from_parts(r.scope()).pages(), 5);
+        for req in [r, asids, everything] {
+            let rebuilt = FlushRequest::from_parts(req.scope());
+            assert_eq!(rebuilt.scope(), req.scope());
+            assert_eq!(rebuilt.pages(), req.pages());
+            assert_eq!(rebuilt.asids(), req.asids());
+        }
+    }
+
     #[test]
     fn many_asids_become_everything_and_kernel_means_global() {
         let mut r = FlushRequest::new();

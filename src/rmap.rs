@@ -425,7 +425,8 @@ struct Cleared {
 
 /// Removes one mapping. Every check that could fail runs before the PTE
 /// is exchanged; after it, the flush is either done or recorded in `batch`
-/// whatever happens.
+/// whatever happens. An error says whether its flush is owed by `batch`
+/// (`true` once the PTE is gone: the immediate flush failed).
 fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
@@ -434,11 +435,9 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     flags: TtuFlags,
     poisoned: bool,
     batch: &mut TlbFlushUnmapBatch,
-) -> Result<Cleared, (Cleared, Error)> {
+) -> Result<Cleared, (bool, Error)> {
     let mm = m.space.tlb_state();
-    let page = batch
-        .check_add(arch, mm, m.va)
-        .map_err(|e| (Cleared::default(), e))?;
+    let page = batch.check_add(arch, mm, m.va).map_err(|e| (false, e))?;
     let defer = TlbFlushUnmapBatch::should_defer(arch, mm, flags);
     let current = m.space.lookup(m.va);
     let replacement = if poisoned {
@@ -464,11 +463,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
         // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
         batch.record_pending(arch, mm, page, old);
-        let cleared = Cleared {
-            owed: true,
-            writable: old.is_writable() || old.is_dirty(),
-        };
-        Err((cleared, e))
+        Err((true, e))
     } else {
         Ok(Cleared::default())
     }
@@ -576,9 +571,9 @@ pub(crate) fn unmap_frame<A: Arch, R: Rmap + ?Sized>(
             verdict = Some(SwapResult::Fail);
             return Ok(ControlFlow::Break(()));
         }
-        let cleared = unmap_one(arch, rmap, m, frame, flags, poisoned, batch).map_err(|(cleared, e)| {
-            owed |= cleared.owed;
-            cached |= cleared.writable;
+        // After an error the result is the error: only the debt matters.
+        let cleared = unmap_one(arch, rmap, m, frame, flags, poisoned, batch).map_err(|(debt, e)| {
+            owed |= debt;
             e
         })?;
         owed |= cleared.owed;

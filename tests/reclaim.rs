@@ -139,6 +139,29 @@ fn hot_mlocked_and_busy_frames_are_handed_back_with_their_verdicts() {
     assert_eq!(m.violations(), []);
 }
 
+/// A frame locked in one address space is kept whole: the driver asks
+/// before unmapping, so its unlocked mapping elsewhere stays too (an unmap
+/// would stop at the lock only after removing the mappings walked first).
+#[test]
+fn a_frame_locked_in_one_space_keeps_its_mappings_in_every_space() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, _) = setup(&m, 1);
+    let f = m.alloc_frame().unwrap();
+    rmap.map(f, 0, va(5), true, MappingFlags::empty()).unwrap();
+    rmap.map(f, 1, va(5), true, MappingFlags::LOCKED).unwrap();
+    for s in 0..2 {
+        m.test_and_clear_accessed(rmap.spaces()[s].mm(), va(5)).unwrap();
+    }
+    let mut kernel = MockKernel::new(&rmap);
+    let (summary, back) = run::<_, 8>(&m, &mut kernel, &rmap, &[f]);
+    assert_eq!(back.get(&f), Some(&Verdict::Mlocked));
+    assert_eq!((summary.freed, summary.shootdowns), (0, 0));
+    for s in 0..2 {
+        assert!(m.pte(rmap.spaces()[s].mm(), va(5)).unwrap().maps(f), "space {s}");
+    }
+    assert_eq!(m.violations(), []);
+}
+
 #[test]
 fn queued_and_failed_writes_keep_their_frames() {
     for (io, verdict) in [

@@ -140,6 +140,38 @@ fn coalesced() {
     assert!(m.cached_translations(frames[1]).is_empty());
 }
 
+/// The handler says how many requests it carried out: both waiting ones
+/// in one call, none in the next.
+#[test]
+fn the_handler_reports_how_many_requests_it_served() {
+    within(60, || {
+        let m = MockMachine::new(config(3, 64).threaded()).unwrap();
+        let _ = populate(&m, 1, 2, &[2], true);
+        let target = cpu_set(&[2]);
+        let served = AtomicUsize::new(usize::MAX);
+        m.run_threaded(|cpu| match cpu.id().index() {
+            2 => {
+                cpu.disable_interrupts();
+                let state = cpu.shootdown_state();
+                while state.pending_requests(cpu.id()) < 2 {
+                    std::thread::yield_now();
+                }
+                // Asserted after the run: a panic here would leave the
+                // machine's threads waiting.
+                let first = handle_flush_ipi(&cpu);
+                let second = handle_flush_ipi(&cpu);
+                served.store(first * 10 + second, Ordering::SeqCst);
+                cpu.enable_interrupts();
+            }
+            i => {
+                shootdown(&cpu, &target, &one_page(1, i)).unwrap();
+            }
+        });
+        assert_eq!(served.load(Ordering::SeqCst), 20, "2 served, then 0");
+        assert_eq!(m.stats().flushes_received, 2);
+    });
+}
+
 #[test]
 fn the_initiator_flushes_itself_without_an_ipi() {
     let m = MockMachine::new(config(4, 64)).unwrap();
@@ -453,6 +485,13 @@ fn the_protocol_counts_what_it_does() {
     assert_eq!(send.extent, tlb_batch::FlushExtent::Pages(2));
     let before = m.stats();
     tlb_batch::flush_tlb_mm(&cpu0, &mm).unwrap();
+    assert_eq!(m.stats().since(&before).local_full_flushes, 3, "one per CPU");
+    // A kernel-wide flush by address space is a full flush on each target
+    // and on the initiator, each counted.
+    let mut kernel = FlushRequest::new();
+    kernel.add_asid(Asid::KERNEL);
+    let before = m.stats();
+    shootdown(&cpu0, &cpu_set(&[0, 1, 2]), &kernel).unwrap();
     assert_eq!(m.stats().since(&before).local_full_flushes, 3, "one per CPU");
 }
 

@@ -456,6 +456,7 @@ fn reclaim_retried_after_its_final_flush_failed_never_frees_a_frame_under_io() {
         })
         .unwrap();
     let retry = first.expect_err("the final flush cannot run nested");
+    assert!(matches!(retry.error(), Some(Error::ShootdownReentered { .. })));
     assert_eq!(kernel.page_outs, 2, "written before the failed flush");
     assert_eq!(retry.frames(), 4);
     let shown = format!("{retry:?}");
