@@ -507,6 +507,11 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// under [`TtuFlags::BATCH_FLUSH`] only says that no *writable* entry
 /// survives: read-only or clean entries may still be cached until the
 /// flush, and freeing the frame before it leaks its contents (rule 2).
+/// All of this is about the mappings *this* call removed: one an earlier
+/// call removed into another batch still owes that batch's flush. The
+/// caller must hold the frame alone (as Linux's page lock and LRU
+/// isolation make it), and flush every batch that may owe the frame a
+/// flush before writing or freeing it.
 ///
 /// The low-level form: nothing stops the caller from freeing the frame
 /// before the flush. [`UnmapBatch`](crate::UnmapBatch) is the form that

@@ -117,6 +117,18 @@ impl<'m> Driver<'m> {
         self.frame_at(s, p).filter(|f| !self.holders.contains_key(f))
     }
 
+    /// A frame mapped at (`space`, `page`) that the low-level unmaps may
+    /// pick: one nothing holds, or one only they hold (its pending entry's
+    /// claim). A frame a typed batch or a driver's retry value holds is
+    /// another path's, as a page under another reclaimer's lock is in a
+    /// kernel: it may still owe that holder's deferred flush, which the
+    /// low-level write-out and free below know nothing of.
+    fn low_level_frame_at(&self, s: usize, p: usize) -> Option<Frame> {
+        let f = self.frame_at(s, p)?;
+        let ours = u32::from(self.pending.iter().any(|q| q.frame == f));
+        (self.holders.get(&f).copied().unwrap_or(0) <= ours).then_some(f)
+    }
+
     fn hold(&mut self, frame: Frame) -> OwnedFrame {
         *self.holders.entry(frame).or_insert(0) += 1;
         // SAFETY: the driver counts every claim it hands out (`holders`),
@@ -261,7 +273,7 @@ impl<'m> Driver<'m> {
             } => {
                 let (s, p) = at(space, page);
                 let b = usize::from(batch) % BATCHES;
-                let (Some(c), Some(f)) = (self.cpu(cpu), self.frame_at(s, p)) else {
+                let (Some(c), Some(f)) = (self.cpu(cpu), self.low_level_frame_at(s, p)) else {
                     return Ok(());
                 };
                 let mut flags = TtuFlags::empty();
