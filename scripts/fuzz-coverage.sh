@@ -28,7 +28,8 @@ for target in "${targets[@]}"; do
     echo "== replaying fuzz/seeds/$target ($(ls "fuzz/seeds/$target" | wc -l) inputs)"
     cargo +nightly fuzz coverage -s none "$target" "fuzz/seeds/$target" >/dev/null 2>&1
     profiles+=("fuzz/coverage/$target/coverage.profdata")
-    binaries+=("fuzz/target/$host/coverage/$host/release/$target")
+    # cargo fuzz coverage builds into the crate's target directory.
+    binaries+=("target/$host/coverage/$host/release/$target")
 done
 
 merged=fuzz/coverage/merged.profdata
