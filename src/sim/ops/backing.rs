@@ -64,6 +64,12 @@ pub(super) struct OpsKernel<'d, 'r, 'm> {
 }
 
 impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
+    /// The kernel a teardown frees through: the handles it frees are the
+    /// mappings' own claims, written synchronously, every free accepted.
+    pub(super) fn for_teardown(m: &'m MockMachine, rmap: &'r MockRmap<'m>, holders: &'d mut Holders) -> Self {
+        Self::new(m, rmap, holders, false, Io::Synchronous, false, false)
+    }
+
     pub(super) fn new(
         m: &'m MockMachine,
         rmap: &'r MockRmap<'m>,

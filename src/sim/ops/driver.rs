@@ -10,30 +10,20 @@ use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
 
-use super::backing::{put, Holders, OpsKernel};
+mod drivers;
+mod hostile;
+
+use super::backing::{put, Holders};
 use super::{va, EndState, BATCHES};
-use super::{BadInput, Io, Op, CPUS, FRAMES, PAGES, SPACES};
+use super::{Op, CPUS, FRAMES, PAGES, SPACES};
 use crate::arch::Asid;
 use crate::batch::TlbFlushUnmapBatch;
-use crate::gather::{MmuGather, TableFreePolicy};
-use crate::migrate::{migrate_pages, MigrateOutcome};
-use crate::mm::{flush_tlb_batched_pending, flush_tlb_page, switch_mm, MmTlbState};
-use crate::mprotect::change_protection;
-use crate::pte::{Frame, Pte, PteFlags, PAGE_SIZE};
-use crate::range::PageRange;
-use crate::reclaim::{shrink_page_list, Verdict};
-use crate::rmap::{page_referenced, try_to_unmap, MappingFlags, PageTable, Rmap, TtuFlags};
-use crate::sim::{FrameState, MockCpu, MockMachine, MockRmap, MockSpace, TlbEntry};
+use crate::mm::{flush_tlb_batched_pending, MmTlbState};
+use crate::pte::{Frame, Pte};
+use crate::rmap::{page_referenced, try_to_unmap, MappingFlags, PageTable, TtuFlags};
+use crate::sim::{FrameState, MockCpu, MockMachine, MockRmap, MockSpace};
 use crate::unmap::{OwnedFrame, Released, UnmapBatch, Unmapped};
 use crate::Error;
-
-/// What bad input must not change: every entry of every space, every TLB
-/// entry, every low-level batch's pending pages.
-type Snapshot = (
-    [[Pte; PAGES]; SPACES + 1],
-    Vec<(crate::cpuset::CpuId, TlbEntry)>,
-    [usize; BATCHES],
-);
 
 /// Frames a typed batch holds.
 const TYPED: usize = 4;
@@ -56,6 +46,11 @@ pub(super) struct Driver<'m> {
     typed: [UnmapBatch<TYPED>; BATCHES],
     under_io: Vec<Frame>,
     batching: bool,
+}
+
+/// The (space, page) an operation's raw numbers name.
+fn at(space: u8, page: u8) -> (usize, usize) {
+    (usize::from(space) % (SPACES + 1), usize::from(page) % PAGES)
 }
 
 fn crate_error(e: Error) -> String {
@@ -199,7 +194,6 @@ impl<'m> Driver<'m> {
 
     pub(super) fn step(&mut self, step: usize, op: Op) -> Result<(), String> {
         let m = self.m;
-        let at = |space: u8, page: u8| (usize::from(space) % (SPACES + 1), usize::from(page) % PAGES);
         match op {
             Op::Map {
                 space,
@@ -437,55 +431,7 @@ impl<'m> Driver<'m> {
                 io,
                 refuse_free,
                 fail,
-            } => {
-                let s = usize::from(space) % (SPACES + 1);
-                let Some(c) = self.cpu(cpu) else {
-                    return Ok(());
-                };
-                let mut picked = Vec::new();
-                for p in (0..PAGES).filter(|p| pages & (1 << p) != 0) {
-                    if let Some(f) = self.free_to_take(s, p).filter(|f| !picked.contains(f)) {
-                        picked.push(f);
-                    }
-                }
-                let handles: Vec<OwnedFrame> = picked.iter().map(|&f| self.hold(f)).collect();
-                let mut back: Vec<(Frame, Verdict)> = Vec::new();
-                {
-                    let rmap = &self.rmap;
-                    let mut kernel = OpsKernel::new(
-                        self.m,
-                        &self.rmap,
-                        &mut self.holders,
-                        true,
-                        io,
-                        refuse_free,
-                        false,
-                    );
-                    let mut handback = |f: OwnedFrame, v: Verdict| back.push((f.into_frame(), v));
-                    let mut batch = UnmapBatch::<PAGES>::new();
-                    let first = if fail {
-                        c.in_shootdown(|| {
-                            shrink_page_list(&c, rmap, &mut kernel, &mut batch, handles, &mut handback)
-                        })
-                        .map_err(crate_error)?
-                    } else {
-                        shrink_page_list(&c, rmap, &mut kernel, &mut batch, handles, &mut handback)
-                    };
-                    if let Err(retry) = first {
-                        // The documented retry.
-                        retry
-                            .retry(&c, &mut kernel, &mut handback)
-                            .map_err(|r| format!("reclaim retry failed: {:?}", r.error()))?;
-                    }
-                }
-                for (f, verdict) in back {
-                    if verdict == Verdict::Writeback {
-                        self.under_io.push(f);
-                    } else {
-                        self.put(f);
-                    }
-                }
-            }
+            } => self.reclaim(cpu, space, pages, io, refuse_free, fail)?,
             Op::EndIo { index } => {
                 if !self.under_io.is_empty() {
                     let f = self.under_io.remove(usize::from(index) % self.under_io.len());
@@ -499,134 +445,15 @@ impl<'m> Driver<'m> {
                 page,
                 no_memory,
                 fail,
-            } => {
-                let (s, p) = at(space, page);
-                let (Some(c), Some(f)) = (self.cpu(cpu), self.free_to_take(s, p)) else {
-                    return Ok(());
-                };
-                let handle = self.hold(f);
-                let mut outcomes = Vec::new();
-                {
-                    let rmap = &self.rmap;
-                    let mut kernel = OpsKernel::new(
-                        self.m,
-                        &self.rmap,
-                        &mut self.holders,
-                        true,
-                        Io::Synchronous,
-                        false,
-                        no_memory,
-                    );
-                    let mut report = |o: MigrateOutcome| outcomes.push(o);
-                    let mut batch = UnmapBatch::<1>::new();
-                    let first = if fail {
-                        c.in_shootdown(|| {
-                            migrate_pages(&c, rmap, &mut kernel, &mut batch, [handle], &mut report)
-                        })
-                        .map_err(crate_error)?
-                    } else {
-                        migrate_pages(&c, rmap, &mut kernel, &mut batch, [handle], &mut report)
-                    };
-                    if let Err(retry) = first {
-                        retry
-                            .retry(&c, rmap, &mut kernel, &mut report)
-                            .map_err(|r| format!("migration retry failed: {:?}", r.error()))?;
-                    }
-                }
-                if outcomes.len() != 1 {
-                    return Err(format!("one frame, {} outcomes: {outcomes:?}", outcomes.len()));
-                }
-                for o in outcomes {
-                    match o {
-                        // The new frame's own claim goes: its mapping keeps it.
-                        MigrateOutcome::Migrated { new, .. } => {
-                            let _ = new.into_frame();
-                        }
-                        MigrateOutcome::Failed { frame, .. } | MigrateOutcome::OldFrameRefused(frame) => {
-                            self.put(frame.into_frame())
-                        }
-                    }
-                }
-            }
+            } => self.migrate(cpu, space, page, no_memory, fail)?,
             Op::Protect {
                 cpu,
                 space,
                 first,
                 count,
                 fail,
-            } => {
-                let (s, p) = at(space, first);
-                let n = (usize::from(count) % (PAGES + 1)).min(PAGES - p);
-                let Some(c) = self.cpu(cpu) else {
-                    return Ok(());
-                };
-                let range = PageRange::new(va(s, p), n as u64).map_err(crate_error)?;
-                let ro = |pte: Pte| Pte(pte.0 & !PteFlags::WRITABLE.bits());
-                if fail {
-                    // Its result does not matter: the retry must finish it.
-                    let _ = c
-                        .in_shootdown(|| change_protection(&c, self.space(s), range, ro))
-                        .map_err(crate_error)?;
-                }
-                change_protection(&c, self.space(s), range, ro).map_err(crate_error)?;
-                // No CPU may keep a stale entry in the range once it returned.
-                m.check_coherent(self.mm(s), range);
-            }
-            Op::Teardown { cpu, space, fail } => {
-                let s = usize::from(space) % (SPACES + 1);
-                let Some(c) = self.cpu(cpu) else {
-                    return Ok(());
-                };
-                let range = PageRange::new(va(s, 0), PAGES as u64).map_err(crate_error)?;
-                let space_ref = &self.rmap.spaces()[s];
-                let mut kernel = OpsKernel::new(
-                    self.m,
-                    &self.rmap,
-                    &mut self.holders,
-                    false,
-                    Io::Synchronous,
-                    false,
-                    false,
-                );
-                let mut gather = MmuGather::<8>::new();
-                let mut policy = TableFreePolicy::AfterFlush;
-                // Frames still mapped elsewhere or held stay: the handle
-                // was the mapping's own claim.
-                let mut handback = |_: OwnedFrame, _| {};
-                if fail {
-                    let first = c
-                        .in_shootdown(|| {
-                            gather.unmap_range(
-                                &c,
-                                space_ref,
-                                &mut kernel,
-                                range,
-                                true,
-                                &mut policy,
-                                &mut handback,
-                            )
-                        })
-                        .map_err(crate_error)?;
-                    if first.is_err() {
-                        // The documented way back: finish what is pending.
-                        gather
-                            .finish(&c, space_ref, &mut kernel, &mut policy, &mut handback)
-                            .map_err(crate_error)?;
-                    }
-                }
-                gather
-                    .unmap_range(
-                        &c,
-                        space_ref,
-                        &mut kernel,
-                        range,
-                        true,
-                        &mut policy,
-                        &mut handback,
-                    )
-                    .map_err(crate_error)?;
-                m.check_coherent(self.mm(s), range);
-            }
+            } => self.protect(cpu, space, first, count, fail)?,
+            Op::Teardown { cpu, space, fail } => self.teardown(cpu, space, fail)?,
             Op::Offline { cpu } => {
                 if let Some(c) = self.cpu(cpu) {
                     if m.online().len() > 1 {
@@ -645,92 +472,6 @@ impl<'m> Driver<'m> {
                     self.hostile(&c, kind)?;
                 }
             }
-        }
-        Ok(())
-    }
-
-    fn snapshot(&self) -> Snapshot {
-        let mut ptes = [[Pte::EMPTY; PAGES]; SPACES + 1];
-        for (s, row) in ptes.iter_mut().enumerate() {
-            for (p, pte) in row.iter_mut().enumerate() {
-                *pte = self.space(s).lookup(va(s, p));
-            }
-        }
-        let pending = [self.low[0].pending_pages(), self.low[1].pending_pages()];
-        (ptes, self.m.all_entries(), pending)
-    }
-
-    fn hostile(&mut self, c: &MockCpu<'m>, kind: BadInput) -> Result<(), String> {
-        let hole = 1u64 << 47;
-        let before = self.snapshot();
-        let result = match kind {
-            BadInput::AddPending => {
-                let mm = Arc::clone(self.mm(0));
-                self.low[0].add_pending(c, &mm, hole, Pte::EMPTY)
-            }
-            BadInput::FlushPage => flush_tlb_page(c, self.mm(0), hole).map(|_| ()),
-            BadInput::Protect => PageRange::new(hole - PAGE_SIZE, 2)
-                .and_then(|r| change_protection(c, self.space(0), r, |p| p))
-                .map(|_| ()),
-            BadInput::Teardown => {
-                let mut kernel = OpsKernel::new(
-                    self.m,
-                    &self.rmap,
-                    &mut self.holders,
-                    false,
-                    Io::Synchronous,
-                    false,
-                    false,
-                );
-                let mut gather = MmuGather::<8>::new();
-                match PageRange::new(hole, 1) {
-                    Ok(r) => gather
-                        .unmap_range(
-                            c,
-                            &self.rmap.spaces()[0],
-                            &mut kernel,
-                            r,
-                            true,
-                            &mut TableFreePolicy::AfterFlush,
-                            &mut |_, _| {},
-                        )
-                        .map(|_| ()),
-                    Err(e) => Err(e),
-                }
-            }
-            BadInput::RmapAddress => {
-                // A frame mapped somewhere, reported with a bad address
-                // after its good one.
-                let found = (0..=SPACES)
-                    .flat_map(|s| (0..PAGES).map(move |p| (s, p)))
-                    .find_map(|(s, p)| self.frame_at(s, p).map(|f| (s, p, f)));
-                match found {
-                    Some((s, p, f)) => {
-                        let bad = BadRmap {
-                            inner: &self.rmap,
-                            good: (s, va(s, p)),
-                            bad: hole,
-                        };
-                        try_to_unmap(c, &bad, f, TtuFlags::IGNORE_ACCESS, &mut self.low[0]).map(|_| ())
-                    }
-                    None => Err(Error::NonCanonical { addr: hole }),
-                }
-            }
-            BadInput::WideAsid => {
-                let asid = Asid::new(1 << 12).map_err(crate_error)?;
-                let mm = MmTlbState::new(asid, 0);
-                // SAFETY: refused before anything is loaded.
-                unsafe { switch_mm(c, None, &mm) }
-            }
-            BadInput::PastTheTop => PageRange::new(va(SPACES, PAGES - 1), 2).map(|_| ()),
-        };
-        match result {
-            Ok(()) => return Err(format!("{kind:?} was accepted")),
-            Err(Error::NonCanonical { .. } | Error::AsidOutOfRange { .. } | Error::RangeOverflow { .. }) => {}
-            Err(e) => return Err(format!("{kind:?} refused with the wrong error: {e}")),
-        }
-        if self.snapshot() != before {
-            return Err(format!("{kind:?} was refused but changed something"));
         }
         Ok(())
     }
@@ -770,40 +511,5 @@ impl<'m> Driver<'m> {
         let mut frames = self.m.frame_states();
         frames.truncate(FRAMES);
         Ok(EndState { mappings, frames })
-    }
-}
-
-/// A reverse map that reports one good mapping of a frame and then one at
-/// a non-canonical address.
-struct BadRmap<'a, 'm> {
-    inner: &'a MockRmap<'m>,
-    good: (usize, u64),
-    bad: u64,
-}
-
-// SAFETY: the good mapping is a real one of the mock rmap; the bad one is
-// an address no PTE can have, which the crate must refuse before it
-// changes anything.
-unsafe impl<'m> Rmap for BadRmap<'_, 'm> {
-    type Space = MockSpace<'m>;
-
-    fn walk(
-        &self,
-        _frame: Frame,
-        visit: &mut dyn FnMut(crate::rmap::Mapping<'_, Self::Space>) -> core::ops::ControlFlow<()>,
-    ) -> core::ops::ControlFlow<()> {
-        let space = &self.inner.spaces()[self.good.0];
-        for va in [self.good.1, self.bad] {
-            visit(crate::rmap::Mapping {
-                space,
-                va,
-                flags: MappingFlags::empty(),
-            })?;
-        }
-        core::ops::ControlFlow::Continue(())
-    }
-
-    fn set_dirty(&self, frame: Frame) {
-        self.inner.set_dirty(frame);
     }
 }

@@ -1,0 +1,201 @@
+//! The operation model's steps that run the crate's drivers (reclaim,
+//! migration, mprotect, teardown), each with an injected failure and the
+//! documented retry when the operation asks for one.
+
+use std::format;
+use std::string::String;
+use std::vec::Vec;
+
+use super::super::backing::OpsKernel;
+use super::super::{va, Io, PAGES, SPACES};
+use super::{at, crate_error, Driver};
+use crate::gather::{MmuGather, TableFreePolicy};
+use crate::migrate::{migrate_pages, MigrateOutcome};
+use crate::mprotect::change_protection;
+use crate::pte::{Frame, Pte, PteFlags};
+use crate::range::PageRange;
+use crate::reclaim::{shrink_page_list, Verdict};
+use crate::unmap::{OwnedFrame, UnmapBatch};
+
+impl<'m> Driver<'m> {
+    /// `Op::Reclaim`: the reclaim driver over the frames picked, with its
+    /// documented retry after an injected failure.
+    pub(super) fn reclaim(
+        &mut self,
+        cpu: u8,
+        space: u8,
+        pages: u8,
+        io: Io,
+        refuse_free: bool,
+        fail: bool,
+    ) -> Result<(), String> {
+        let s = usize::from(space) % (SPACES + 1);
+        let Some(c) = self.cpu(cpu) else {
+            return Ok(());
+        };
+        let mut picked = Vec::new();
+        for p in (0..PAGES).filter(|p| pages & (1 << p) != 0) {
+            if let Some(f) = self.free_to_take(s, p).filter(|f| !picked.contains(f)) {
+                picked.push(f);
+            }
+        }
+        let handles: Vec<OwnedFrame> = picked.iter().map(|&f| self.hold(f)).collect();
+        let mut back: Vec<(Frame, Verdict)> = Vec::new();
+        {
+            let rmap = &self.rmap;
+            let mut kernel = OpsKernel::new(
+                self.m,
+                &self.rmap,
+                &mut self.holders,
+                true,
+                io,
+                refuse_free,
+                false,
+            );
+            let mut handback = |f: OwnedFrame, v: Verdict| back.push((f.into_frame(), v));
+            let mut batch = UnmapBatch::<PAGES>::new();
+            let first = if fail {
+                c.in_shootdown(|| shrink_page_list(&c, rmap, &mut kernel, &mut batch, handles, &mut handback))
+                    .map_err(crate_error)?
+            } else {
+                shrink_page_list(&c, rmap, &mut kernel, &mut batch, handles, &mut handback)
+            };
+            if let Err(retry) = first {
+                // The documented retry.
+                retry
+                    .retry(&c, &mut kernel, &mut handback)
+                    .map_err(|r| format!("reclaim retry failed: {:?}", r.error()))?;
+            }
+        }
+        for (f, verdict) in back {
+            if verdict == Verdict::Writeback {
+                self.under_io.push(f);
+            } else {
+                self.put(f);
+            }
+        }
+        Ok(())
+    }
+
+    /// `Op::Migrate`: one frame through the migration driver, with its
+    /// documented retry.
+    pub(super) fn migrate(
+        &mut self,
+        cpu: u8,
+        space: u8,
+        page: u8,
+        no_memory: bool,
+        fail: bool,
+    ) -> Result<(), String> {
+        let (s, p) = at(space, page);
+        let (Some(c), Some(f)) = (self.cpu(cpu), self.free_to_take(s, p)) else {
+            return Ok(());
+        };
+        let handle = self.hold(f);
+        let mut outcomes = Vec::new();
+        {
+            let rmap = &self.rmap;
+            let mut kernel = OpsKernel::new(
+                self.m,
+                &self.rmap,
+                &mut self.holders,
+                true,
+                Io::Synchronous,
+                false,
+                no_memory,
+            );
+            let mut report = |o: MigrateOutcome| outcomes.push(o);
+            let mut batch = UnmapBatch::<1>::new();
+            let first = if fail {
+                c.in_shootdown(|| migrate_pages(&c, rmap, &mut kernel, &mut batch, [handle], &mut report))
+                    .map_err(crate_error)?
+            } else {
+                migrate_pages(&c, rmap, &mut kernel, &mut batch, [handle], &mut report)
+            };
+            if let Err(retry) = first {
+                retry
+                    .retry(&c, rmap, &mut kernel, &mut report)
+                    .map_err(|r| format!("migration retry failed: {:?}", r.error()))?;
+            }
+        }
+        if outcomes.len() != 1 {
+            return Err(format!("one frame, {} outcomes: {outcomes:?}", outcomes.len()));
+        }
+        for o in outcomes {
+            match o {
+                // The new frame's own claim goes: its mapping keeps it.
+                MigrateOutcome::Migrated { new, .. } => {
+                    let _ = new.into_frame();
+                }
+                MigrateOutcome::Failed { frame, .. } | MigrateOutcome::OldFrameRefused(frame) => {
+                    self.put(frame.into_frame())
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `Op::Protect`: a range made read-only, retried after an injected
+    /// failure; no stale entry may survive.
+    pub(super) fn protect(
+        &mut self,
+        cpu: u8,
+        space: u8,
+        first: u8,
+        count: u8,
+        fail: bool,
+    ) -> Result<(), String> {
+        let m = self.m;
+        let (s, p) = at(space, first);
+        let n = (usize::from(count) % (PAGES + 1)).min(PAGES - p);
+        let Some(c) = self.cpu(cpu) else {
+            return Ok(());
+        };
+        let range = PageRange::new(va(s, p), n as u64).map_err(crate_error)?;
+        let ro = |pte: Pte| Pte(pte.0 & !PteFlags::WRITABLE.bits());
+        if fail {
+            // Its result does not matter: the retry must finish it.
+            let _ = c
+                .in_shootdown(|| change_protection(&c, self.space(s), range, ro))
+                .map_err(crate_error)?;
+        }
+        change_protection(&c, self.space(s), range, ro).map_err(crate_error)?;
+        // No CPU may keep a stale entry in the range once it returned.
+        m.check_coherent(self.mm(s), range);
+        Ok(())
+    }
+
+    /// `Op::Teardown`: a whole address space unmapped with its tables
+    /// freed, finished after an injected failure.
+    pub(super) fn teardown(&mut self, cpu: u8, space: u8, fail: bool) -> Result<(), String> {
+        let m = self.m;
+        let s = usize::from(space) % (SPACES + 1);
+        let Some(c) = self.cpu(cpu) else {
+            return Ok(());
+        };
+        let range = PageRange::new(va(s, 0), PAGES as u64).map_err(crate_error)?;
+        let space_ref = &self.rmap.spaces()[s];
+        let mut kernel = OpsKernel::for_teardown(self.m, &self.rmap, &mut self.holders);
+        let mut gather = MmuGather::<8>::new();
+        let mut policy = TableFreePolicy::AfterFlush;
+        // Frames still mapped elsewhere or held stay: the handle was the
+        // mapping's own claim.
+        let unmap_all = |gather: &mut MmuGather<8>, kernel: &mut OpsKernel<'_, '_, 'm>, policy: &mut _| {
+            gather.unmap_range(&c, space_ref, kernel, range, true, policy, &mut |_, _| {})
+        };
+        if fail {
+            let first = c
+                .in_shootdown(|| unmap_all(&mut gather, &mut kernel, &mut policy))
+                .map_err(crate_error)?;
+            if first.is_err() {
+                // The documented way back: finish what is pending.
+                gather
+                    .finish(&c, space_ref, &mut kernel, &mut policy, &mut |_, _| {})
+                    .map_err(crate_error)?;
+            }
+        }
+        unmap_all(&mut gather, &mut kernel, &mut policy).map_err(crate_error)?;
+        m.check_coherent(self.mm(s), range);
+        Ok(())
+    }
+}
