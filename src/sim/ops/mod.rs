@@ -278,9 +278,12 @@ pub enum Op {
         /// Inject a failed flush first, then retry.
         fail: bool,
     },
-    /// Tear down every page of `space` (munmap), freeing its tables.
+    /// Tear down the leaf table that holds `space`'s pages (a munmap of its
+    /// whole span): every page unmapped, the table detached and freed after
+    /// its flush, with [`TableFreePolicy::IpiSync`](crate::TableFreePolicy)
+    /// when `cpu / CPUS` is odd and `AfterFlush` otherwise.
     Teardown {
-        /// Initiating CPU.
+        /// Initiating CPU (`cpu % CPUS`; the quotient picks the policy).
         cpu: u8,
         /// Address space.
         space: u8,

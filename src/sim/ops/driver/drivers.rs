@@ -7,13 +7,13 @@ use std::string::String;
 use std::vec::Vec;
 
 use super::super::backing::OpsKernel;
-use super::super::{va, Io, PAGES, SPACES};
+use super::super::{va, Io, CPUS, PAGES, SPACES};
 use super::{at, crate_error, Driver};
 use crate::gather::{MmuGather, TableFreePolicy};
 use crate::migrate::{migrate_pages, MigrateOutcome};
 use crate::mprotect::change_protection;
 use crate::pte::{Frame, Pte, PteFlags};
-use crate::range::PageRange;
+use crate::range::{PageRange, TABLE_PAGES, TABLE_SPAN};
 use crate::reclaim::{shrink_page_list, Verdict};
 use crate::unmap::{OwnedFrame, UnmapBatch};
 
@@ -173,11 +173,20 @@ impl<'m> Driver<'m> {
         let Some(c) = self.cpu(cpu) else {
             return Ok(());
         };
-        let range = PageRange::new(va(s, 0), PAGES as u64).map_err(crate_error)?;
+        // The whole leaf table that holds the space's pages (the kernel's
+        // ends at the last page of the address space), so that the table
+        // itself is detached and freed after its flush.
+        let range = PageRange::new(va(s, 0) & !(TABLE_SPAN - 1), TABLE_PAGES).map_err(crate_error)?;
         let space_ref = &self.rmap.spaces()[s];
         let mut kernel = OpsKernel::for_teardown(self.m, &self.rmap, &mut self.holders);
         let mut gather = MmuGather::<8>::new();
-        let mut policy = TableFreePolicy::AfterFlush;
+        // The CPU number's upper part picks the policy (its remainder picks
+        // the CPU), so that both run without changing the input format.
+        let mut policy = if usize::from(cpu) / CPUS % 2 == 1 {
+            TableFreePolicy::IpiSync
+        } else {
+            TableFreePolicy::AfterFlush
+        };
         // Frames still mapped elsewhere or held stay: the handle was the
         // mapping's own claim.
         let unmap_all = |gather: &mut MmuGather<8>, kernel: &mut OpsKernel<'_, '_, 'm>, policy: &mut _| {
