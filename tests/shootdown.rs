@@ -112,17 +112,23 @@ fn one_interrupt_serves_coalesced_requests_and_loses_none() {
     within(60, coalesced);
 }
 
+/// Disables interrupts on `cpu` and waits until `n` requests wait in its
+/// inbox (their IPIs latched, none taken).
+fn wait_with_interrupts_off_for_requests(cpu: &MockCpu<'_>, n: usize) {
+    cpu.disable_interrupts();
+    let state = cpu.shootdown_state();
+    while state.pending_requests(cpu.id()) < n {
+        std::thread::yield_now();
+    }
+}
+
 fn coalesced() {
     let m = MockMachine::new(config(3, 64).threaded()).unwrap();
     let (_, frames) = populate(&m, 1, 2, &[2], true);
     let target = cpu_set(&[2]);
     m.run_threaded(|cpu| match cpu.id().index() {
         2 => {
-            cpu.disable_interrupts();
-            let state = cpu.shootdown_state();
-            while state.pending_requests(cpu.id()) < 2 {
-                std::thread::yield_now();
-            }
+            wait_with_interrupts_off_for_requests(&cpu, 2);
             // Both requests wait; one interrupt must carry out both.
             assert!(!cpu.poll_interrupts());
             cpu.enable_interrupts();
@@ -151,11 +157,7 @@ fn the_handler_reports_how_many_requests_it_served() {
         let served = AtomicUsize::new(usize::MAX);
         m.run_threaded(|cpu| match cpu.id().index() {
             2 => {
-                cpu.disable_interrupts();
-                let state = cpu.shootdown_state();
-                while state.pending_requests(cpu.id()) < 2 {
-                    std::thread::yield_now();
-                }
+                wait_with_interrupts_off_for_requests(&cpu, 2);
                 // Asserted after the run: a panic here would leave the
                 // machine's threads waiting.
                 let first = handle_flush_ipi(&cpu);

@@ -64,6 +64,29 @@ pub(super) struct OpsKernel<'d, 'r, 'm> {
 }
 
 impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
+    /// The kernel a reclaim runs with: the handles are holds, write-out as
+    /// `io` says, frees refused when `refuse_free`.
+    pub(super) fn for_reclaim(
+        m: &'m MockMachine,
+        rmap: &'r MockRmap<'m>,
+        holders: &'d mut Holders,
+        io: Io,
+        refuse_free: bool,
+    ) -> Self {
+        Self::new(m, rmap, holders, true, io, refuse_free, false)
+    }
+
+    /// The kernel a migration runs with: the handles are holds, target
+    /// frames refused when `no_memory`.
+    pub(super) fn for_migration(
+        m: &'m MockMachine,
+        rmap: &'r MockRmap<'m>,
+        holders: &'d mut Holders,
+        no_memory: bool,
+    ) -> Self {
+        Self::new(m, rmap, holders, true, Io::Synchronous, false, no_memory)
+    }
+
     /// The kernel a teardown frees through: the handles it frees are the
     /// mappings' own claims, written synchronously, every free accepted.
     pub(super) fn for_teardown(m: &'m MockMachine, rmap: &'r MockRmap<'m>, holders: &'d mut Holders) -> Self {

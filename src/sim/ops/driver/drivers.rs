@@ -43,15 +43,7 @@ impl<'m> Driver<'m> {
         let mut back: Vec<(Frame, Verdict)> = Vec::new();
         {
             let rmap = &self.rmap;
-            let mut kernel = OpsKernel::new(
-                self.m,
-                &self.rmap,
-                &mut self.holders,
-                true,
-                io,
-                refuse_free,
-                false,
-            );
+            let mut kernel = OpsKernel::for_reclaim(self.m, &self.rmap, &mut self.holders, io, refuse_free);
             let mut handback = |f: OwnedFrame, v: Verdict| back.push((f.into_frame(), v));
             let mut batch = UnmapBatch::<PAGES>::new();
             let first = if fail {
@@ -95,15 +87,7 @@ impl<'m> Driver<'m> {
         let mut outcomes = Vec::new();
         {
             let rmap = &self.rmap;
-            let mut kernel = OpsKernel::new(
-                self.m,
-                &self.rmap,
-                &mut self.holders,
-                true,
-                Io::Synchronous,
-                false,
-                no_memory,
-            );
+            let mut kernel = OpsKernel::for_migration(self.m, &self.rmap, &mut self.holders, no_memory);
             let mut report = |o: MigrateOutcome| outcomes.push(o);
             let mut batch = UnmapBatch::<1>::new();
             let first = if fail {
