@@ -55,6 +55,13 @@ if ! grep -q 'scenario one-page shootdown: FAIL' "$log"; then
     echo "qemu negative control failed for another reason than a stale read"
 fi
 run "timed, xapic, 4 cpus" $PASS 4 qemu64 "timing"
+# A CPU started without being registered must stop the run when it comes
+# up (Error::UnregisteredCpu), not act as another CPU.
+run "unregistered CPU (must stop)" $FAIL 4 qemu64 "unregistered"
+if ! grep -q 'refused to come online: the running CPU (hardware id 0x3) was never registered' "$log"; then
+    failed=$((failed + 1))
+    echo "qemu unregistered CPU: not stopped by bring_online's error"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

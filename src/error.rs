@@ -79,6 +79,27 @@ pub enum Error {
         /// The CPU that tried to start a second shootdown.
         cpu: usize,
     },
+    /// A hardware CPU identifier (x86: APIC ID) that a CPU table cannot
+    /// record: the value the table reserves for "none" (x86: `0xFFFF_FFFF`,
+    /// which is also the x2APIC broadcast destination), or one already
+    /// registered for another CPU index. Nothing was recorded.
+    InvalidHardwareId {
+        /// The identifier that was given.
+        hw_id: u32,
+    },
+    /// A CPU index that is already registered with another hardware
+    /// identifier. Nothing was recorded.
+    CpuAlreadyRegistered {
+        /// The CPU index.
+        cpu: usize,
+    },
+    /// The running CPU's hardware identifier (x86: APIC ID) is not in the
+    /// CPU table: the CPU was never registered, so the crate cannot tell
+    /// which CPU it is. Nothing changed; register it first.
+    UnregisteredCpu {
+        /// The running CPU's hardware identifier.
+        hw_id: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -109,6 +130,15 @@ impl fmt::Display for Error {
             Error::RmapFull { capacity } => write!(f, "the reverse map is full ({capacity} mappings)"),
             Error::ShootdownReentered { cpu } => {
                 write!(f, "CPU {cpu} re-entered a TLB shootdown while one was in flight")
+            }
+            Error::InvalidHardwareId { hw_id } => {
+                write!(f, "hardware CPU id {hw_id:#x} is reserved or already registered")
+            }
+            Error::CpuAlreadyRegistered { cpu } => {
+                write!(f, "CPU {cpu} is already registered with another hardware id")
+            }
+            Error::UnregisteredCpu { hw_id } => {
+                write!(f, "the running CPU (hardware id {hw_id:#x}) was never registered")
             }
         }
     }

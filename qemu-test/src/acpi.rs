@@ -5,6 +5,8 @@
 pub struct Cpus {
     pub ids: [u32; 64],
     pub count: usize,
+    /// Every enabled processor the MADT lists, including those past `ids`.
+    pub listed: usize,
 }
 
 unsafe fn read<T: Copy>(addr: u64) -> T {
@@ -63,11 +65,12 @@ pub fn cpus() -> Option<Cpus> {
     let mut out = Cpus {
         ids: [0; 64],
         count: 0,
+        listed: 0,
     };
     // SAFETY: the MADT header's length field.
     let length = unsafe { read::<u32>(madt + 4) } as u64;
     let mut p = madt + 44;
-    while p + 2 <= madt + length && out.count < out.ids.len() {
+    while p + 2 <= madt + length {
         // SAFETY: MADT entries: type, length, then type-specific fields.
         let (kind, len) = unsafe { (read::<u8>(p), read::<u8>(p + 1)) };
         if len < 2 {
@@ -83,8 +86,11 @@ pub fn cpus() -> Option<Cpus> {
         };
         if let Some(id) = cpu {
             if !out.ids[..out.count].contains(&id) {
-                out.ids[out.count] = id;
-                out.count += 1;
+                out.listed += 1;
+                if out.count < out.ids.len() {
+                    out.ids[out.count] = id;
+                    out.count += 1;
+                }
             }
         }
         p += u64::from(len);

@@ -13,7 +13,10 @@
 //! lacks it), `pcid` (use PCIDs when the CPU has PCID and INVPCID),
 //! `negative` (the negative control: remote CPUs acknowledge flush requests
 //! without flushing, so the scenarios must fail), `timing` (also time N
-//! single-page shootdowns against one batched shootdown of N pages).
+//! single-page shootdowns against one batched shootdown of N pages),
+//! `unregistered` (the last AP is started without being registered in the
+//! CPU table: it must stop the run when it tries to come online, never run
+//! as another CPU).
 
 #![no_std]
 #![no_main]
@@ -50,6 +53,7 @@ static CPUS: CpuTable = CpuTable::new();
 static USE_X2APIC: AtomicBool = AtomicBool::new(false);
 static USE_PCID: AtomicBool = AtomicBool::new(false);
 static NEGATIVE: AtomicBool = AtomicBool::new(false);
+static SKIP_LAST_REGISTRATION: AtomicBool = AtomicBool::new(false);
 static FEATURES: AtomicU32 = AtomicU32::new(0);
 static ONLINE: AtomicUsize = AtomicUsize::new(1);
 
@@ -95,6 +99,8 @@ fn features() -> Features {
         pge: bits & 8 != 0,
         // The test kernel runs 4-level paging.
         la57: false,
+        // The boot page tables map the kernel without the global bit.
+        kernel_global: false,
     }
 }
 
@@ -261,8 +267,14 @@ fn cpu_init(cpu: usize) {
         x86::write_cr4(cr4);
         apic().enable(SPURIOUS_VECTOR);
     }
-    let id = CpuId::new(cpu).unwrap_or(CpuId::BOOT);
-    CPUS.set_online(id);
+    match arch().bring_online() {
+        Ok(id) if id.index() == cpu => {}
+        Ok(_) => fatal("a CPU came up under another index than it was registered with"),
+        Err(e) => {
+            say!("CPU {cpu} refused to come online: {e}\n");
+            hw::exit(hw::EXIT_FAIL)
+        }
+    }
     // SAFETY: the address space's root is the boot page table, which maps
     // this kernel; this CPU had no address space loaded before.
     if unsafe { switch_mm(&arch(), None, mm()) }.is_err() {
@@ -526,6 +538,10 @@ fn start_aps(boot_apic: u32) {
     let Some(list) = acpi::cpus() else {
         fatal("no ACPI MADT");
     };
+    // Every processor the MADT lists; the all-but-self shorthand is used
+    // only once all of them are online (and never if there are more than
+    // this kernel starts).
+    CPUS.set_present(list.listed);
     // SAFETY: the trampoline blob is copied to 0x8000 (free low memory,
     // identity-mapped) and its data words patched before each STARTUP.
     unsafe {
@@ -545,7 +561,9 @@ fn start_aps(boot_apic: u32) {
             if apic_id == boot_apic || next >= MAX_CPUS {
                 continue;
             }
-            if CPUS.register(next, apic_id).is_err() {
+            let last = next + 1 == list.count.min(MAX_CPUS);
+            let skip = last && SKIP_LAST_REGISTRATION.load(Ordering::Relaxed);
+            if !skip && CPUS.register(next, apic_id).is_err() {
                 fatal("CPU table full");
             }
             let stack = core::ptr::addr_of_mut!(AP_STACKS.0[next]) as u64 + 16384;
@@ -582,6 +600,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
         Ordering::Relaxed,
     );
     NEGATIVE.store(has_word(line, b"negative"), Ordering::Relaxed);
+    SKIP_LAST_REGISTRATION.store(has_word(line, b"unregistered"), Ordering::Relaxed);
     if has_word(line, b"x2apic") {
         if !f.x2apic {
             fatal("x2APIC requested but the CPU does not report it");
@@ -636,7 +655,15 @@ extern "C" fn kernel_main(info: u32) -> ! {
     hw::sti();
     start_aps(boot_apic);
     let n = ONLINE.load(Ordering::SeqCst);
-    say!("{n} CPUs online\n");
+    say!(
+        "{n} CPUs online, {} present: flush IPIs to all others {}\n",
+        CPUS.present(),
+        if CPUS.online().len() == CPUS.present() && n > 2 {
+            "use the all-but-self shorthand"
+        } else {
+            "name each destination"
+        }
+    );
     if n < 2 {
         fatal("the scenarios need at least 2 CPUs (-smp)");
     }

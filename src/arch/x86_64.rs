@@ -2,10 +2,24 @@
 //! flushes, PCID-tagged address spaces, and flush IPIs through the local
 //! APIC in xAPIC (MMIO) or x2APIC (MSR) mode.
 //!
-//! A kernel sets up one [`CpuTable`] and one [`TlbShootdown`] in statics,
-//! registers each CPU's APIC ID as it comes up, and builds an [`X86_64`]
-//! value per CPU (or one shared value: it holds nothing per CPU). Its
-//! flush-IPI vector handler calls [`X86_64::flush_ipi_entry`].
+//! A kernel sets up one [`CpuTable`] and one [`TlbShootdown`] in statics
+//! and builds an [`X86_64`] value per CPU (or one shared value: it holds
+//! nothing per CPU). Bring-up, in order:
+//!
+//! 1. the boot CPU [registers](CpuTable::register) every CPU's index and
+//!    APIC ID before starting it (a duplicate or reserved ID is refused),
+//!    and records how many processors the firmware lists
+//!    ([`CpuTable::set_present`]);
+//! 2. each CPU, itself, with interrupts off and its IDT routing the flush
+//!    vector to a handler that calls [`X86_64::flush_ipi_entry`], calls
+//!    [`X86_64::bring_online`]: it flushes its whole TLB and joins the set
+//!    of CPUs that shootdowns reach. An unregistered CPU is refused there
+//!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
+//!    rather than act as another CPU.
+//!
+//! Flush IPIs name each destination, except when the targets are every
+//! other CPU and every present CPU is online: then one all-but-self IPI
+//! reaches exactly them.
 //!
 //! The instruction wrappers are small `unsafe fn`s, one instruction each;
 //! they are public so that a kernel can use the same, documented ones.
@@ -163,6 +177,33 @@ pub fn pause() {
     core::hint::spin_loop();
 }
 
+/// RFLAGS.IF: maskable interrupts are enabled.
+const RFLAGS_IF: u64 = 1 << 9;
+
+/// Runs `f` with maskable interrupts disabled, then restores the interrupt
+/// flag to what it was (enabled again only if it was enabled before).
+///
+/// # Safety
+///
+/// Ring 0 only (`cli` faults elsewhere); `f` must not rely on taking
+/// interrupts.
+#[inline]
+unsafe fn without_interrupts<R>(f: impl FnOnce() -> R) -> R {
+    let rflags: u64;
+    // SAFETY: reading RFLAGS through the stack has no other effect; no
+    // `nomem`, so the compiler keeps memory accesses on their side of it.
+    unsafe { asm!("pushfq", "pop {}", out(reg) rflags, options(preserves_flags)) };
+    // SAFETY: ring 0 (the caller's guarantee); `cli` only masks interrupts.
+    unsafe { asm!("cli", options(nostack)) };
+    let result = f();
+    if rflags & RFLAGS_IF != 0 {
+        // SAFETY: ring 0; interrupts were enabled on entry, so enabling
+        // them again restores the caller's state.
+        unsafe { asm!("sti", options(nostack)) };
+    }
+    result
+}
+
 /// `CPUID` leaf `leaf`, subleaf `subleaf`: (eax, ebx, ecx, edx).
 #[inline]
 pub fn cpuid(leaf: u32, subleaf: u32) -> (u32, u32, u32, u32) {
@@ -189,6 +230,15 @@ pub struct Features {
     /// instead of 48. [`detect`](Self::detect) leaves it false; a kernel
     /// that enables LA57 sets it.
     pub la57: bool,
+    /// The kernel promises that every kernel mapping has its global bit set
+    /// and that CR4.PGE is on. With PCIDs, flushing a kernel page is then
+    /// one `invlpg` (it drops a global entry whatever PCID is loaded);
+    /// without the promise a kernel page may sit, non-global, in every
+    /// PCID's entries, and each kernel-page flush also drops every
+    /// non-global entry of every PCID (`INVPCID` all-contexts), which is
+    /// correct but costs every address space its TLB. [`detect`](Self::detect)
+    /// leaves it false, the safe choice.
+    pub kernel_global: bool,
 }
 
 impl Features {
@@ -203,6 +253,7 @@ impl Features {
             x2apic: ecx1 & (1 << 21) != 0,
             pge: edx1 & (1 << 13) != 0,
             la57: false,
+            kernel_global: false,
         }
     }
 }
@@ -258,7 +309,8 @@ impl LocalApic {
     /// # Safety
     ///
     /// `base` must map the local APIC's 4 KiB register page for as long as
-    /// the value is used, and nothing else may treat that page as memory.
+    /// the value is used, and nothing else may treat that page as memory;
+    /// the value is used in ring 0 only.
     pub const unsafe fn xapic(base: usize) -> Self {
         LocalApic {
             mode: ApicMode::XApic { base },
@@ -270,7 +322,7 @@ impl LocalApic {
     /// # Safety
     ///
     /// The CPUs that use the value run in x2APIC mode (see
-    /// [`enable`](Self::enable)).
+    /// [`enable`](Self::enable)), in ring 0.
     pub const unsafe fn x2apic() -> Self {
         LocalApic {
             mode: ApicMode::X2Apic,
@@ -341,18 +393,43 @@ impl LocalApic {
     fn command(&self, dest: u32, low: u32) {
         match self.mode {
             ApicMode::XApic { base } => {
-                // The high half (destination) first: writing the low half
-                // sends.
-                self.reg(base, XAPIC_ICR_HIGH).write(dest << 24);
-                self.reg(base, XAPIC_ICR_LOW).write(low);
-                while self.reg(base, XAPIC_ICR_LOW).read() & ICR_DELIVERY_PENDING != 0 {
-                    pause();
-                }
+                // The xAPIC's ICR is two registers: the high half holds the
+                // destination and writing the low half sends. An interrupt
+                // taken between the two writes whose handler sends an IPI
+                // of its own would leave its destination in the high half,
+                // and our write of the low half would send our vector to
+                // the handler's target. So the pair (and the wait for the
+                // APIC to accept it) runs with interrupts masked, and the
+                // caller's interrupt flag is restored afterwards.
+                let send = || {
+                    self.reg(base, XAPIC_ICR_HIGH).write(dest << 24);
+                    self.reg(base, XAPIC_ICR_LOW).write(low);
+                    while self.reg(base, XAPIC_ICR_LOW).read() & ICR_DELIVERY_PENDING != 0 {
+                        pause();
+                    }
+                };
+                // SAFETY: ring 0 (every constructor's contract); `send`
+                // takes no interrupts.
+                unsafe { without_interrupts(send) };
             }
             ApicMode::X2Apic => {
-                // WRMSR to the x2APIC ICR is not serializing: make the
-                // request's stores visible before the interrupt can land.
-                fence(Ordering::SeqCst);
+                // WRMSR to the x2APIC ICR is not serializing, and unlike
+                // an xAPIC MMIO write it is not ordered after earlier
+                // stores: the interrupt could reach the target before the
+                // request we published (inbox entry, `ipi_pending` flag)
+                // is visible to it. The target would find an empty inbox
+                // and return, its pending flag would stay set with no IPI
+                // in flight, later initiators would skip sending to it,
+                // and the waiting initiator would spin forever. MFENCE
+                // drains our stores; LFENCE keeps the WRMSR from
+                // executing before the MFENCE completes (the sequence the
+                // SDM gives for x2APIC ICR writes). A Rust fence alone may
+                // compile to a locked instruction, which does not order
+                // the WRMSR.
+                // SAFETY: MFENCE and LFENCE exist on every x86_64 CPU and
+                // only order memory accesses; no `nomem`, so the compiler
+                // keeps earlier stores before them.
+                unsafe { asm!("mfence", "lfence", options(nostack, preserves_flags)) };
                 // SAFETY: x2APIC mode (the constructor's contract); a write
                 // of the ICR MSR sends one IPI, destination in bits 63:32.
                 unsafe { wrmsr(X2APIC_ICR, (u64::from(dest) << 32) | u64::from(low)) };
@@ -384,11 +461,21 @@ impl LocalApic {
 
 /// APIC IDs of the machine's CPUs and which of them are online: a `static`
 /// the kernel fills during bring-up.
+///
+/// A CPU is [registered](Self::register) (index and APIC ID) by the CPU that
+/// starts it, and joins the online set only through
+/// [`X86_64::bring_online`], run on the CPU itself, which flushes its TLB
+/// first: nothing else can mark a CPU online.
 pub struct CpuTable {
     apic_ids: [AtomicU32; MAX_CPUS],
     count: AtomicUsize,
+    present: AtomicUsize,
     online: AtomicCpuSet,
 }
+
+/// The value of an unused slot, and the x2APIC broadcast destination: no
+/// CPU has it.
+const NO_APIC_ID: u32 = u32::MAX;
 
 impl Default for CpuTable {
     fn default() -> Self {
@@ -400,24 +487,58 @@ impl CpuTable {
     /// An empty table, usable in a `static`.
     pub const fn new() -> Self {
         CpuTable {
-            apic_ids: [const { AtomicU32::new(u32::MAX) }; MAX_CPUS],
+            apic_ids: [const { AtomicU32::new(NO_APIC_ID) }; MAX_CPUS],
             count: AtomicUsize::new(0),
+            present: AtomicUsize::new(0),
             online: AtomicCpuSet::new(),
         }
     }
 
     /// Records that CPU `cpu` has APIC ID `apic_id` (not yet online).
-    /// Errors: [`Error::CpuOutOfRange`].
+    /// Registering the same pair again is harmless. Register CPUs from one
+    /// CPU at a time (bring-up is serial on the boot CPU).
+    ///
+    /// Errors, with nothing recorded: [`Error::CpuOutOfRange`];
+    /// [`Error::InvalidHardwareId`] for `0xFFFF_FFFF` (the broadcast
+    /// destination) or an APIC ID another index already has (two indices
+    /// for one CPU would let one of them be skipped as "self" while the
+    /// other is flushed); [`Error::CpuAlreadyRegistered`] when `cpu` has
+    /// another APIC ID.
     pub fn register(&self, cpu: usize, apic_id: u32) -> Result<CpuId, Error> {
         let id = CpuId::new(cpu)?;
-        self.apic_ids[cpu].store(apic_id, Ordering::Release);
+        if apic_id == NO_APIC_ID {
+            return Err(Error::InvalidHardwareId { hw_id: apic_id });
+        }
+        match self.cpu_of(apic_id) {
+            Some(other) if other != id => return Err(Error::InvalidHardwareId { hw_id: apic_id }),
+            _ => {}
+        }
+        match self.apic_ids[cpu].compare_exchange(
+            NO_APIC_ID,
+            apic_id,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {}
+            Err(existing) if existing == apic_id => {}
+            Err(_) => return Err(Error::CpuAlreadyRegistered { cpu }),
+        }
         self.count.fetch_max(cpu + 1, Ordering::AcqRel);
         Ok(id)
     }
 
-    /// Marks `cpu` online: it takes flush IPIs from now on.
-    pub fn set_online(&self, cpu: CpuId) {
-        self.online.insert(cpu, Ordering::SeqCst);
+    /// Records how many CPUs the machine has: every processor the firmware
+    /// lists as usable (ACPI MADT), started or not. Only when that many
+    /// CPUs are online does [`X86_64`] send a flush IPI with the APIC's
+    /// all-but-self shorthand, which reaches every processor of the
+    /// machine; until it is set, every IPI names its destination.
+    pub fn set_present(&self, cpus: usize) {
+        self.present.store(cpus, Ordering::SeqCst);
+    }
+
+    /// The count given to [`set_present`](Self::set_present) (0 if never).
+    pub fn present(&self) -> usize {
+        self.present.load(Ordering::SeqCst)
     }
 
     /// The online CPUs.
@@ -428,17 +549,70 @@ impl CpuTable {
     /// The APIC ID of `cpu`, if registered.
     pub fn apic_id(&self, cpu: CpuId) -> Option<u32> {
         match self.apic_ids[cpu.index()].load(Ordering::Acquire) {
-            u32::MAX => None,
+            NO_APIC_ID => None,
             id => Some(id),
         }
     }
 
     /// The CPU whose APIC ID is `apic_id`, if registered.
     pub fn cpu_of(&self, apic_id: u32) -> Option<CpuId> {
+        if apic_id == NO_APIC_ID {
+            return None;
+        }
         let count = self.count.load(Ordering::Acquire).min(MAX_CPUS);
         (0..count)
             .find(|&i| self.apic_ids[i].load(Ordering::Acquire) == apic_id)
             .and_then(|i| CpuId::new(i).ok())
+    }
+}
+
+/// Whether one all-but-self IPI reaches exactly `targets`: they are every
+/// online CPU but `me`, and every CPU the machine has (`present`) is
+/// online, so no offline, unregistered or not-yet-started processor takes
+/// an interrupt it has no business with. A single target gets a directed
+/// IPI either way.
+fn shorthand_reaches_exactly(targets: &CpuSet, online: &CpuSet, me: CpuId, present: usize) -> bool {
+    targets.len() > 1
+        && online.len() == present
+        && online.contains(me)
+        && *targets == online.difference(&CpuSet::single(me))
+}
+
+/// How [`X86_64::flush_local_page`](Arch::flush_local_page) drops one page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PageFlush {
+    /// `invlpg`: the loaded PCID's entry and any global entry.
+    Invlpg,
+    /// `INVPCID` individual-address in a PCID that is not loaded.
+    InvpcidAddress(u16),
+    /// A kernel page that may be cached non-global under any PCID:
+    /// `invlpg` for a global entry, then `INVPCID` all-contexts (non-global)
+    /// for the copies other PCIDs may hold.
+    EveryPcid,
+}
+
+/// Chooses the invalidation for a page of `asid` on a CPU whose loaded
+/// PCID is `current_pcid`.
+fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16) -> PageFlush {
+    if !pcid_on {
+        // One untagged context: `invlpg` reaches every entry for the page.
+        return PageFlush::Invlpg;
+    }
+    if asid.is_kernel() {
+        // `invlpg` reaches only the loaded PCID's non-global entry; a
+        // non-global kernel entry cached while another PCID was loaded
+        // survives it and is used again after a no-flush CR3 switch.
+        return if kernel_global {
+            PageFlush::Invlpg
+        } else {
+            PageFlush::EveryPcid
+        };
+    }
+    let pcid = X86_64::pcid_of(asid);
+    if pcid == current_pcid {
+        PageFlush::Invlpg
+    } else {
+        PageFlush::InvpcidAddress(pcid)
     }
 }
 
@@ -448,10 +622,27 @@ impl CpuTable {
 ///
 /// PCIDs are used only when the CPU has both PCID and INVPCID (flushing a
 /// page of an address space that is not loaded needs INVPCID) and CR4.PCIDE
-/// is set; an ASID's PCID is its value, and the crate refuses ASIDs wider
-/// than [`PCID_BITS`], so a kernel keeps at most 4095 live user ASIDs (PCID
-/// 0 is the kernel's). Addresses are checked to be canonical (48 bits, or
-/// 57 with [`Features::la57`]) before any reaches `invlpg` or `INVPCID`.
+/// is set. An ASID's PCID is its value: [`Arch::asid_bits`] is
+/// [`PCID_BITS`], so every entry point refuses a wider ASID
+/// ([`Error::AsidOutOfRange`]) and two ASIDs the crate accepts never share
+/// a PCID; PCID 0 is the kernel's. A kernel keeps at most 4095 live user
+/// address spaces, each with its own ASID, and before it gives a retired
+/// address space's ASID to a new one it flushes that ASID everywhere
+/// ([`flush_tlb_mm`](crate::flush_tlb_mm) on the old address space, after
+/// its last mapping is gone): with PCIDs a CPU keeps the old entries
+/// tagged with it, which the new address space would otherwise use.
+/// Addresses are checked to be canonical (48 bits, or 57 with
+/// [`Features::la57`]) before any reaches `invlpg` or `INVPCID`.
+///
+/// # Panics
+///
+/// [`current_cpu`](Arch::current_cpu) (and so every crate function run with
+/// this `Arch`) panics on a CPU whose APIC ID is not registered in the
+/// [`CpuTable`]: that breaks [`new`](Self::new)'s contract, and any answer
+/// would name another CPU, whose flushes this one would then acknowledge
+/// without doing them. [`bring_online`](Self::bring_online) reports the
+/// same mistake as [`Error::UnregisteredCpu`] when the CPU comes up, before
+/// anything can use it.
 pub struct X86_64 {
     apic: LocalApic,
     vector: u8,
@@ -461,6 +652,7 @@ pub struct X86_64 {
     invpcid: bool,
     pge: bool,
     la57: bool,
+    kernel_global: bool,
 }
 
 /// The width of a PCID: ASIDs 1 to 4095 are user address spaces, PCID 0 is
@@ -472,11 +664,15 @@ impl X86_64 {
     ///
     /// # Safety
     ///
-    /// Every CPU that may hold TLB entries is registered in `cpus` and
-    /// marked online once its IDT routes `vector` to a handler that calls
-    /// [`flush_ipi_entry`](Self::flush_ipi_entry); `apic` is valid on every CPU; the value is
-    /// used in ring 0 only. When `features` says PCID and INVPCID, CR4.PCIDE
-    /// is set on every CPU and CR3 carries the loaded ASID's PCID.
+    /// Every CPU that runs crate code or may hold TLB entries is registered
+    /// in `cpus`, and calls [`bring_online`](Self::bring_online) only once
+    /// its IDT routes `vector` to a handler that calls
+    /// [`flush_ipi_entry`](Self::flush_ipi_entry); `apic` is valid on every
+    /// CPU; the value is used in ring 0 only. When `features` says PCID and
+    /// INVPCID, CR4.PCIDE is set on every CPU and CR3 carries the loaded
+    /// ASID's PCID. `features` is true of the CPUs (in particular
+    /// [`Features::kernel_global`] only when every kernel mapping is global
+    /// and CR4.PGE is on).
     pub const unsafe fn new(
         apic: LocalApic,
         vector: u8,
@@ -493,7 +689,42 @@ impl X86_64 {
             invpcid: features.invpcid,
             pge: features.pge,
             la57: features.la57,
+            kernel_global: features.kernel_global && features.pge,
         }
+    }
+
+    /// Brings the running CPU into the online set, the set that shootdowns
+    /// reach: call it once on each CPU as it comes up (and again when it
+    /// comes back after going offline), with interrupts disabled, after it
+    /// was [registered](CpuTable::register) and its IDT routes the flush
+    /// vector. This is the only way a CPU joins the online set.
+    ///
+    /// A CPU outside the online set gets no flush IPIs, so it may hold
+    /// stale entries of any kind (global kernel ones included, and with
+    /// PCIDs, entries of any address space). It flushes everything
+    /// ([`prepare_cpu_online`](crate::prepare_cpu_online)) before joining,
+    /// as [`Arch`]'s contract requires, and once more right after: the
+    /// processor may cache translations speculatively at any time, so an
+    /// entry cached between the first flush and the join, for a page whose
+    /// shootdown read the online set just before the join, would otherwise
+    /// escape both that shootdown and this flush. After the second flush
+    /// every shootdown either reaches this CPU or cleared its entries
+    /// before the flush.
+    ///
+    /// Errors: [`Error::UnregisteredCpu`] when this CPU's APIC ID is not in
+    /// the table; nothing changes, and the CPU must not run crate code.
+    pub fn bring_online(&self) -> Result<CpuId, Error> {
+        let apic_id = self.apic.id();
+        let cpu = self
+            .cpus
+            .cpu_of(apic_id)
+            .ok_or(Error::UnregisteredCpu { hw_id: apic_id })?;
+        crate::prepare_cpu_online(self);
+        self.cpus.online.insert(cpu, Ordering::SeqCst);
+        // The join is visible (SeqCst) before the second flush starts.
+        fence(Ordering::SeqCst);
+        self.flush_local_all(true);
+        Ok(cpu)
     }
 
     /// The flush-IPI entry point: call it from the interrupt handler of the
@@ -535,6 +766,17 @@ impl X86_64 {
     }
 }
 
+/// The answer to a CPU that was never registered: there is no right CPU
+/// index to give, and a wrong one corrupts the shootdown protocol.
+#[cold]
+#[inline(never)]
+fn unregistered(apic_id: u32) -> ! {
+    panic!(
+        "tlb-batch: CPU with APIC ID {apic_id:#x} runs crate code without being registered \
+         in the CpuTable (X86_64::new's contract; CpuTable::register it before it starts)"
+    )
+}
+
 // SAFETY: the constructor's contract registers every CPU that may cache
 // translations and routes the vector to the crate's handler; the flushes
 // below complete before returning (invlpg/INVPCID/CR3/CR4 writes are
@@ -547,9 +789,11 @@ unsafe impl Arch for X86_64 {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
 
     fn current_cpu(&self) -> CpuId {
-        // A CPU that runs this code was registered (constructor contract);
-        // CPU 0 is the defined answer for a breach.
-        self.cpus.cpu_of(self.apic.id()).unwrap_or(CpuId::BOOT)
+        let apic_id = self.apic.id();
+        match self.cpus.cpu_of(apic_id) {
+            Some(cpu) => cpu,
+            None => unregistered(apic_id),
+        }
     }
 
     fn online_cpus(&self) -> CpuSet {
@@ -579,14 +823,18 @@ unsafe impl Arch for X86_64 {
     }
 
     fn flush_local_page(&self, asid: Asid, va: u64) {
-        let pcid = Self::pcid_of(asid);
-        if asid.is_kernel() || !self.pcid || pcid == self.current_pcid() {
+        let current = if self.pcid { self.current_pcid() } else { 0 };
+        match page_flush(asid, self.pcid, self.kernel_global, current) {
             // SAFETY: ring 0 (constructor contract).
-            unsafe { invlpg(va) };
-        } else {
+            PageFlush::Invlpg => unsafe { invlpg(va) },
             // SAFETY: ring 0, INVPCID present (PCIDs are used only then),
             // pcid < 4096, and `va` is the canonical address given to us.
-            unsafe { invpcid(InvpcidKind::Address, pcid, va) };
+            PageFlush::InvpcidAddress(pcid) => unsafe { invpcid(InvpcidKind::Address, pcid, va) },
+            // SAFETY: as above; the all-contexts kind ignores its operands.
+            PageFlush::EveryPcid => unsafe {
+                invlpg(va);
+                invpcid(InvpcidKind::AllExcludingGlobal, 0, 0);
+            },
         }
     }
 
@@ -629,8 +877,7 @@ unsafe impl Arch for X86_64 {
 
     fn send_flush_ipi(&self, targets: &CpuSet) {
         let me = self.current_cpu();
-        let others = self.cpus.online().difference(&CpuSet::single(me));
-        if *targets == others && others.len() > 1 {
+        if shorthand_reaches_exactly(targets, &self.cpus.online(), me, self.cpus.present()) {
             self.apic.send_ipi_all_but_self(self.vector);
             return;
         }
@@ -655,5 +902,101 @@ unsafe impl Arch for X86_64 {
 
     fn relax(&self) {
         pause();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The decisions of the x86_64 `Arch` that run without ring 0: CPU
+    //! registration, when the all-but-self shorthand is allowed, and which
+    //! instruction drops a page. The instructions themselves run in the
+    //! QEMU and Bochs test kernels (`qemu-test/`).
+    use super::*;
+
+    fn cpu(i: usize) -> CpuId {
+        CpuId::new(i).unwrap()
+    }
+
+    fn set(cpus: &[usize]) -> CpuSet {
+        cpus.iter().map(|&i| cpu(i)).collect()
+    }
+
+    #[test]
+    fn registration_refuses_what_would_confuse_two_cpus() {
+        let t = CpuTable::new();
+        assert_eq!(t.register(0, 7), Ok(cpu(0)));
+        // Same pair again: harmless.
+        assert_eq!(t.register(0, 7), Ok(cpu(0)));
+        // One APIC ID for two indices: one of them would be skipped as
+        // "self" while the other is the one flushed.
+        assert_eq!(t.register(1, 7), Err(Error::InvalidHardwareId { hw_id: 7 }));
+        // An index that already has another APIC ID.
+        assert_eq!(t.register(0, 8), Err(Error::CpuAlreadyRegistered { cpu: 0 }));
+        // The broadcast destination is no CPU's.
+        assert_eq!(
+            t.register(2, u32::MAX),
+            Err(Error::InvalidHardwareId { hw_id: u32::MAX })
+        );
+        assert_eq!(
+            t.register(MAX_CPUS, 9),
+            Err(Error::CpuOutOfRange {
+                cpu: MAX_CPUS,
+                limit: MAX_CPUS
+            })
+        );
+        // Nothing of the refused calls was recorded.
+        assert_eq!(t.apic_id(cpu(0)), Some(7));
+        assert_eq!(t.apic_id(cpu(1)), None);
+        assert_eq!(t.apic_id(cpu(2)), None);
+        assert_eq!(t.cpu_of(8), None);
+        assert_eq!(t.cpu_of(u32::MAX), None);
+        assert_eq!(t.register(1, 8), Ok(cpu(1)));
+        assert_eq!(t.cpu_of(8), Some(cpu(1)));
+        // Registration alone puts no CPU online.
+        assert!(t.online().is_empty());
+    }
+
+    #[test]
+    fn the_shorthand_is_used_only_when_it_reaches_exactly_the_targets() {
+        let online = set(&[0, 1, 2, 3]);
+        let others = set(&[1, 2, 3]);
+        // Every present CPU online, targets all the others: one IPI.
+        assert!(shorthand_reaches_exactly(&others, &online, cpu(0), 4));
+        // Present count never given (0), or a present CPU offline or never
+        // started: the shorthand would interrupt it.
+        assert!(!shorthand_reaches_exactly(&others, &online, cpu(0), 0));
+        assert!(!shorthand_reaches_exactly(&others, &online, cpu(0), 5));
+        let three = set(&[0, 1, 2]);
+        assert!(!shorthand_reaches_exactly(&set(&[1, 2]), &three, cpu(0), 4));
+        // Targets short of all the others.
+        assert!(!shorthand_reaches_exactly(&set(&[1, 2]), &online, cpu(0), 4));
+        // A sender outside the online set (bringing itself up).
+        assert!(!shorthand_reaches_exactly(&set(&[1, 2, 3]), &set(&[1, 2, 3]), cpu(0), 3));
+        // One target: a directed IPI costs the same.
+        assert!(!shorthand_reaches_exactly(&set(&[1]), &set(&[0, 1]), cpu(0), 2));
+    }
+
+    #[test]
+    fn a_page_flush_reaches_every_pcid_that_may_hold_the_page() {
+        let user = Asid::new(5).unwrap();
+        // Without PCIDs: one context, `invlpg` whatever the ASID.
+        assert_eq!(page_flush(user, false, false, 0), PageFlush::Invlpg);
+        assert_eq!(page_flush(Asid::KERNEL, false, false, 0), PageFlush::Invlpg);
+        // A user page of the loaded PCID, or of another one.
+        assert_eq!(page_flush(user, true, false, 5), PageFlush::Invlpg);
+        assert_eq!(page_flush(user, true, true, 9), PageFlush::InvpcidAddress(5));
+        // A kernel page: global entries are dropped by `invlpg` in any
+        // PCID; a kernel that cannot promise global mappings gets every
+        // PCID flushed, whatever is loaded.
+        assert_eq!(page_flush(Asid::KERNEL, true, true, 5), PageFlush::Invlpg);
+        assert_eq!(page_flush(Asid::KERNEL, true, false, 5), PageFlush::EveryPcid);
+        assert_eq!(page_flush(Asid::KERNEL, true, false, 0), PageFlush::EveryPcid);
+    }
+
+    #[test]
+    fn pcids_are_the_asids_and_the_kernel_has_zero() {
+        assert_eq!(X86_64::pcid_of(Asid::KERNEL), 0);
+        assert_eq!(X86_64::pcid_of(Asid::new(1).unwrap()), 1);
+        assert_eq!(X86_64::pcid_of(Asid::new(4095).unwrap()), 4095);
     }
 }
