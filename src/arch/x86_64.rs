@@ -513,12 +513,7 @@ impl CpuTable {
             Some(other) if other != id => return Err(Error::InvalidHardwareId { hw_id: apic_id }),
             _ => {}
         }
-        match self.apic_ids[cpu].compare_exchange(
-            NO_APIC_ID,
-            apic_id,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
+        match self.apic_ids[cpu].compare_exchange(NO_APIC_ID, apic_id, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {}
             Err(existing) if existing == apic_id => {}
             Err(_) => return Err(Error::CpuAlreadyRegistered { cpu }),
@@ -608,11 +603,12 @@ fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16)
             PageFlush::EveryPcid
         };
     }
-    let pcid = X86_64::pcid_of(asid);
-    if pcid == current_pcid {
-        PageFlush::Invlpg
-    } else {
-        PageFlush::InvpcidAddress(pcid)
+    match X86_64::pcid_of(asid) {
+        Some(pcid) if pcid == current_pcid => PageFlush::Invlpg,
+        Some(pcid) => PageFlush::InvpcidAddress(pcid),
+        // Wider than a PCID (refused by every entry point; only a direct
+        // call gets here): drop the page wherever it may be.
+        None => PageFlush::EveryPcid,
     }
 }
 
@@ -724,6 +720,7 @@ impl X86_64 {
         // The join is visible (SeqCst) before the second flush starts.
         fence(Ordering::SeqCst);
         self.flush_local_all(true);
+        self.state.count(crate::stats::Counter::LocalFullFlushes, 1);
         Ok(cpu)
     }
 
@@ -749,14 +746,17 @@ impl X86_64 {
         self.pcid
     }
 
-    /// The PCID of an ASID: its value, which the crate's entry points have
-    /// checked to fit [`PCID_BITS`] (so no two live ASIDs share a PCID and
-    /// none is the kernel's 0); the kernel's ASID has PCID 0.
-    pub fn pcid_of(asid: Asid) -> u16 {
+    /// The PCID of an ASID: its value, so no two ASIDs share one; the
+    /// kernel's ASID has PCID 0. `None` for an ASID wider than
+    /// [`PCID_BITS`], which every entry point of the crate refuses
+    /// ([`Error::AsidOutOfRange`]): the `Arch` methods, reachable directly,
+    /// then act on every PCID rather than on another address space's.
+    pub fn pcid_of(asid: Asid) -> Option<u16> {
         if asid.is_kernel() {
-            0
+            Some(0)
         } else {
-            asid.value() & ((1 << PCID_BITS) - 1)
+            let value = asid.value();
+            (u32::from(value) < (1 << PCID_BITS)).then_some(value)
         }
     }
 
@@ -840,8 +840,14 @@ unsafe impl Arch for X86_64 {
 
     fn flush_local_asid(&self, asid: Asid) {
         if self.pcid {
-            // SAFETY: ring 0 and INVPCID present (as above).
-            unsafe { invpcid(InvpcidKind::SingleContext, Self::pcid_of(asid), 0) };
+            match Self::pcid_of(asid) {
+                // SAFETY: ring 0 and INVPCID present (PCIDs are used only
+                // then); the PCID fits 12 bits.
+                Some(pcid) => unsafe { invpcid(InvpcidKind::SingleContext, pcid, 0) },
+                // An ASID wider than a PCID (see `pcid_of`): every PCID.
+                // SAFETY: as above; this kind ignores its operands.
+                None => unsafe { invpcid(InvpcidKind::AllExcludingGlobal, 0, 0) },
+            }
         } else {
             // Without PCIDs only the loaded address space has entries;
             // reloading CR3 drops every non-global one.
@@ -889,12 +895,16 @@ unsafe impl Arch for X86_64 {
     }
 
     unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
-        let value = if self.pcid {
-            // Entries of this PCID were kept exact by shootdowns while it
+        let value = match Self::pcid_of(asid) {
+            _ if !self.pcid => root,
+            // Entries of a user PCID were kept exact by shootdowns while it
             // was not loaded (INVPCID), so no flush is needed.
-            root | u64::from(Self::pcid_of(asid)) | CR3_NOFLUSH
-        } else {
-            root
+            Some(pcid) if pcid != 0 => root | u64::from(pcid) | CR3_NOFLUSH,
+            // The kernel's address space, and an ASID wider than a PCID
+            // (which `switch_mm` refuses; only a direct call gets here):
+            // PCID 0, with its non-global entries dropped at the load, so
+            // it never reuses what another address space left under it.
+            _ => root,
         };
         // SAFETY: the caller guarantees `root` maps the running code.
         unsafe { write_cr3(value) };
@@ -971,7 +981,12 @@ mod tests {
         // Targets short of all the others.
         assert!(!shorthand_reaches_exactly(&set(&[1, 2]), &online, cpu(0), 4));
         // A sender outside the online set (bringing itself up).
-        assert!(!shorthand_reaches_exactly(&set(&[1, 2, 3]), &set(&[1, 2, 3]), cpu(0), 3));
+        assert!(!shorthand_reaches_exactly(
+            &set(&[1, 2, 3]),
+            &set(&[1, 2, 3]),
+            cpu(0),
+            3
+        ));
         // One target: a directed IPI costs the same.
         assert!(!shorthand_reaches_exactly(&set(&[1]), &set(&[0, 1]), cpu(0), 2));
     }
@@ -991,12 +1006,19 @@ mod tests {
         assert_eq!(page_flush(Asid::KERNEL, true, true, 5), PageFlush::Invlpg);
         assert_eq!(page_flush(Asid::KERNEL, true, false, 5), PageFlush::EveryPcid);
         assert_eq!(page_flush(Asid::KERNEL, true, false, 0), PageFlush::EveryPcid);
+        // An ASID wider than a PCID (only by a direct call): every PCID,
+        // never the PCID its low bits would name.
+        let wide = Asid::new(4096 + 5).unwrap();
+        assert_eq!(page_flush(wide, true, true, 5), PageFlush::EveryPcid);
     }
 
     #[test]
     fn pcids_are_the_asids_and_the_kernel_has_zero() {
-        assert_eq!(X86_64::pcid_of(Asid::KERNEL), 0);
-        assert_eq!(X86_64::pcid_of(Asid::new(1).unwrap()), 1);
-        assert_eq!(X86_64::pcid_of(Asid::new(4095).unwrap()), 4095);
+        assert_eq!(X86_64::pcid_of(Asid::KERNEL), Some(0));
+        assert_eq!(X86_64::pcid_of(Asid::new(1).unwrap()), Some(1));
+        assert_eq!(X86_64::pcid_of(Asid::new(4095).unwrap()), Some(4095));
+        // Wider than 12 bits: no PCID, never another address space's.
+        assert_eq!(X86_64::pcid_of(Asid::new(4096).unwrap()), None);
+        assert_eq!(X86_64::pcid_of(Asid::new(4096 + 5).unwrap()), None);
     }
 }
