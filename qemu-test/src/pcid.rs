@@ -274,7 +274,32 @@ fn skip(name: &str, why: core::fmt::Arguments<'_>) {
     crate::say(format_args!("scenario {name}: SKIP ({why})\n"));
 }
 
-/// Scenario 2: the crate's local flushes of a PCID that is not loaded
+/// Scenario 2a: the crate's flush of a whole ASID while it is loaded
+/// (INVPCID single-context on the current PCID; `flush_tlb_mm` sends the
+/// same to remote CPUs) removes its entries.
+fn flush_loaded_asid() -> bool {
+    map_user(0, 4);
+    switch(mm(), a());
+    let warm = reads(user_va(4), user_pattern(0, 4));
+    TABLES[0].pt.0[4].store(0, Ordering::SeqCst);
+    let stale_before = probe(user_va(4)).is_some();
+    if !NEGATIVE.load(Ordering::Relaxed) {
+        arch().flush_local_asid(a().asid());
+    }
+    let stale = probe(user_va(4)).is_some();
+    arch().flush_local_asid(a().asid());
+    switch(a(), mm());
+    report(
+        "pcid single-context flush of the loaded PCID",
+        warm && stale_before && !stale,
+        format_args!(
+            "warmed: {warm}, readable after the unmap before the flush: {stale_before}, \
+             after INVPCID single-context: {stale}"
+        ),
+    )
+}
+
+/// Scenario 2b: the crate's local flushes of a PCID that is not loaded
 /// (INVPCID individual address, then single context) remove its entries.
 fn flush_unloaded(tagged: bool) -> Option<bool> {
     let x = arch();
@@ -465,12 +490,14 @@ pub fn run(line: &[u8]) -> (usize, usize) {
     FORGET.store(crate::has_word(line, b"pcid-forget"), Ordering::Relaxed);
     setup();
     let (first, tagged) = tagged_switch();
-    let mut results = [None; 5];
-    results[0] = first;
-    results[1] = flush_unloaded(tagged);
-    results[2] = Some(remote_unloaded(tagged));
-    results[3] = Some(kernel_global());
-    results[4] = kernel_not_global(tagged);
+    let results = [
+        first,
+        Some(flush_loaded_asid()),
+        flush_unloaded(tagged),
+        Some(remote_unloaded(tagged)),
+        Some(kernel_global()),
+        kernel_not_global(tagged),
+    ];
     let passed = results.iter().filter(|r| **r == Some(true)).count();
     let failed = results.iter().filter(|r| **r == Some(false)).count();
     (passed, failed)
