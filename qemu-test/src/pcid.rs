@@ -12,9 +12,11 @@
 //! still readable after switching away and back. The first scenario checks
 //! that this is observable here; the ones that need it are skipped, with
 //! the reason printed, when it is not (Bochs 2.7 accepts PCIDs and INVPCID
-//! but flushes every non-global entry on each CR3 write). The scenarios
-//! that rest on global entries, and the bookkeeping of which CPUs may hold
-//! an address space, run everywhere.
+//! but flushes every non-global entry on each CR3 write). The others run
+//! everywhere: a single-context flush of the loaded PCID, the bookkeeping
+//! of which CPUs may hold an address space (a shootdown reaches a CPU that
+//! switched away), and global kernel pages flushed whichever PCID is
+//! loaded.
 //!
 //! Negative controls: `negative` (remote CPUs acknowledge without
 //! flushing, and these scenarios skip their own local flushes) and
