@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every test:
-#   1. the x86_64 code on an emulated SMP machine (scripts/qemu-test.sh);
+# Every test, after installing what they need (scripts/setup.sh):
+#   1. the x86_64 code on an emulated SMP machine: QEMU (scripts/qemu-test.sh)
+#      and Bochs, whose CPU model has PCIDs (scripts/bochs-test.sh);
 #   2. loom models of the shootdown protocol (scripts/loom.sh);
 #   3. with a nightly toolchain: Miri over the protocol, batch and mock
 #      machine tests (scripts/miri.sh) and a short run of each fuzz target
@@ -8,7 +9,9 @@
 #   4. every host test, property tests included (cargo test), last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/setup.sh
 scripts/qemu-test.sh
+scripts/bochs-test.sh
 scripts/loom.sh
 if cargo +nightly --version >/dev/null 2>&1; then
     scripts/miri.sh

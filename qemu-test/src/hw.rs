@@ -1,8 +1,9 @@
-//! Port I/O, the serial console, QEMU's exit device, the IDT and interrupt
+//! Port I/O, the serial console, QEMU's and Bochs's exit ports, the IDT and interrupt
 //! control for the test kernel.
 
 use core::arch::asm;
 use core::fmt;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::boot::isr_table;
 
@@ -33,8 +34,30 @@ const COM1: u16 = 0x3f8;
 /// The first serial port, for `write!`.
 pub struct Serial;
 
+static SERIAL_READY: AtomicBool = AtomicBool::new(false);
+
+/// Sets COM1 to 8 data bits, no parity, one stop bit, 115200 baud, FIFOs
+/// on. QEMU ignores the line settings, but Bochs honours them, and the
+/// firmware or boot loader may leave fewer data bits (Bochs then drops the
+/// top bits of every character).
+fn serial_init() {
+    // SAFETY: COM1's registers on a PC: divisor latch (LCR bit 7), divisor
+    // 1, then 8N1 and the FIFO control register.
+    unsafe {
+        outb(COM1 + 1, 0x00);
+        outb(COM1 + 3, 0x80);
+        outb(COM1, 0x01);
+        outb(COM1 + 1, 0x00);
+        outb(COM1 + 3, 0x03);
+        outb(COM1 + 2, 0x07);
+    }
+}
+
 impl fmt::Write for Serial {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        if !SERIAL_READY.swap(true, Ordering::SeqCst) {
+            serial_init();
+        }
         for b in s.bytes() {
             // SAFETY: COM1's line status and data registers on a PC.
             unsafe {
@@ -46,12 +69,25 @@ impl fmt::Write for Serial {
     }
 }
 
-/// Ends the run through QEMU's isa-debug-exit device (iobase 0xf4): QEMU
-/// exits with `(code << 1) | 1`.
+/// Ends the run. Under QEMU, through its isa-debug-exit device (iobase
+/// 0xf4): QEMU exits with `(code << 1) | 1`. Bochs has no such device and
+/// ignores that write; the string "Shutdown" written to port 0x8900 (the
+/// Bochs BIOS's power-off port) makes it stop, so the verdict there is the
+/// serial log's last line, printed before this is called.
 pub fn exit(code: u32) -> ! {
-    // SAFETY: the device is configured on QEMU's command line; a write
-    // ends the emulation.
+    // SAFETY: under QEMU the device is configured on its command line and a
+    // write ends the emulation; elsewhere port 0xf4 is unassigned and the
+    // write is dropped.
     unsafe { asm!("out dx, eax", in("dx") 0xf4u16, in("eax") code, options(nomem, nostack)) };
+    // SAFETY: COM1's line status register: wait until the transmitter is
+    // empty (bit 6), so that Bochs has written the last line out before it
+    // stops.
+    unsafe { while inb(COM1 + 5) & 0x40 == 0 {} }
+    for b in b"Shutdown" {
+        // SAFETY: port 0x8900 is Bochs's shutdown port and unassigned on
+        // QEMU's PC; writing it has no other effect.
+        unsafe { outb(0x8900, *b) };
+    }
     loop {
         // SAFETY: halting with interrupts off parks the CPU for good.
         unsafe { asm!("cli; hlt", options(nomem, nostack)) };

@@ -24,6 +24,7 @@
 mod acpi;
 mod boot;
 mod hw;
+mod pcid;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -310,6 +311,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
                 RESULT[cpu].store(ok, Ordering::SeqCst);
                 COMMAND[cpu].store(IDLE, Ordering::SeqCst);
             }
+            pcid::AP_STEP => pcid::ap_step(cpu),
             BUSY => {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
@@ -679,11 +681,9 @@ extern "C" fn kernel_main(info: u32) -> ! {
         timing(32);
         timing(512);
     }
-    let passed = results.iter().filter(|&&r| r).count();
-    say!("{passed} passed, {} failed\n", results.len() - passed);
-    hw::exit(if passed == results.len() {
-        hw::EXIT_PASS
-    } else {
-        hw::EXIT_FAIL
-    })
+    let (pcid_passed, pcid_failed) = pcid::run(line);
+    let passed = results.iter().filter(|&&r| r).count() + pcid_passed;
+    let failed = results.len() + pcid_passed + pcid_failed - passed;
+    say!("{passed} passed, {failed} failed\n");
+    hw::exit(if failed == 0 { hw::EXIT_PASS } else { hw::EXIT_FAIL })
 }

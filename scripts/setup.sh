@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs what scripts/test.sh needs, when it is missing, on Debian 12
+# (bookworm) with rustup; on a machine that has everything it only checks,
+# in about a second. Safe to run again.
+#
+#   packages:  qemu-system-x86 10 (from bookworm-backports: TCG emulates
+#              x2APIC from 10 on), bochs with its BIOS, VGA BIOS and
+#              terminal display plugin, grub-pc-bin, xorriso and mtools
+#              (the ISO for Bochs), binutils (objcopy)
+#   rustup:    the x86_64-unknown-none target, a nightly toolchain with
+#              miri and rust-src (Miri, cargo-fuzz)
+#   cargo:     cargo-fuzz
+#
+# Uses sudo for apt-get when not run as root.
+set -euo pipefail
+
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+fi
+
+installed() {
+    [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
+}
+
+qemu_major() {
+    qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
+}
+
+# Debian packages.
+missing=()
+for pkg in bochs bochsbios vgabios bochs-term grub-pc-bin xorriso mtools binutils; do
+    installed "$pkg" || missing+=("$pkg")
+done
+need_qemu=false
+major=$(qemu_major)
+if [ -z "$major" ] || [ "$major" -lt 10 ]; then
+    need_qemu=true
+fi
+wanted=("${missing[@]}")
+if $need_qemu; then
+    wanted+=("qemu-system-x86 (10 or later)")
+fi
+if [ "${#wanted[@]}" -gt 0 ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup: no apt-get; install by hand: ${wanted[*]}" >&2
+        exit 1
+    fi
+    codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null || true)
+    qemu_from=()
+    if $need_qemu && [ "$codename" = bookworm ]; then
+        if ! grep -rqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            echo "deb http://deb.debian.org/debian bookworm-backports main" |
+                "${sudo[@]}" tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null
+        fi
+        qemu_from=(-t bookworm-backports)
+    fi
+    echo "setup: installing ${wanted[*]}"
+    "${sudo[@]}" apt-get update -qq
+    if [ "${#missing[@]}" -gt 0 ]; then
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+    if $need_qemu; then
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${qemu_from[@]}" qemu-system-x86 >/dev/null
+    fi
+fi
+
+# Rust: the bare-metal target, nightly with Miri, cargo-fuzz.
+rustup target list --installed | grep -q '^x86_64-unknown-none$' ||
+    rustup target add x86_64-unknown-none
+if ! rustup toolchain list | grep -q '^nightly'; then
+    rustup toolchain install nightly --profile minimal
+fi
+nightly_components=$(rustup component list --toolchain nightly --installed)
+if ! grep -q '^miri' <<<"$nightly_components" || ! grep -q '^rust-src' <<<"$nightly_components"; then
+    rustup component add --toolchain nightly miri rust-src
+fi
+command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
