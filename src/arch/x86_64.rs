@@ -964,6 +964,11 @@ mod tests {
         assert_eq!(t.cpu_of(8), Some(cpu(1)));
         // Registration alone puts no CPU online.
         assert!(t.online().is_empty());
+        // The present count starts unknown (no shorthand) and is what the
+        // kernel says.
+        assert_eq!(t.present(), 0);
+        t.set_present(4);
+        assert_eq!(t.present(), 4);
     }
 
     #[test]
