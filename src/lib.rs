@@ -136,6 +136,9 @@ mod batch;
 mod cpuset;
 mod error;
 mod gather;
+#[cfg(feature = "x86_64-mapper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
+pub mod mapper;
 mod migrate;
 mod mm;
 mod mprotect;
