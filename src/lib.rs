@@ -35,6 +35,19 @@
 //! - [`shrink_page_list`], [`migrate_pages`] and [`MmuGather`]: the reclaim,
 //!   migration and teardown drivers, one flush per flush point.
 //!
+//! # Cargo features
+//!
+//! None is on by default.
+//!
+//! - `mock`: the simulated SMP machine (`arch::mock`, needs `std`) that
+//!   every host test runs on; kernels enable it in their own tests.
+//! - `arbitrary`: `Arbitrary` for the mock's operation model (fuzzing).
+//! - `x86_64-mapper`: `mapper::OffsetSpace`, the [`PageTable`] of a page
+//!   table built with the `x86_64` crate's `OffsetPageTable` (and
+//!   `mapper::OffsetTeardown` for [`MmuGather`]), so a kernel that maps
+//!   its pages with that crate implements nothing for its page table.
+//! - `std`: links the standard library (the mock needs it).
+//!
 //! # Bad input and failures
 //!
 //! Every entry point checks what it is given before it changes anything:
@@ -136,6 +149,9 @@ mod batch;
 mod cpuset;
 mod error;
 mod gather;
+#[cfg(feature = "x86_64-mapper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
+pub mod mapper;
 mod migrate;
 mod mm;
 mod mprotect;
