@@ -20,12 +20,19 @@
 
 mod acpi;
 mod boot;
+mod flow;
 mod hw;
+mod mprotect;
+mod paging;
+mod reclaim;
+mod storm;
+mod teardown;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use tlb_batch::arch::x86_64::{self as x86, CpuTable, Features, LocalApic, X86_64};
+use tlb_batch::heapless;
 use tlb_batch::{
     flush_tlb_page, handle_flush_ipi, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet, FlushRequest,
     MmTlbState, Pte, TlbFlushUnmapBatch, TlbShootdown,
@@ -302,6 +309,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
             }
+            c if c >= flow::WRITER => flow::ap_command(cpu, c),
             _ => core::hint::spin_loop(),
         }
     }
@@ -582,6 +590,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
         Ordering::Relaxed,
     );
     NEGATIVE.store(has_word(line, b"negative"), Ordering::Relaxed);
+    let storm_only = has_word(line, b"storm-only");
     if has_word(line, b"x2apic") {
         if !f.x2apic {
             fatal("x2APIC requested but the CPU does not report it");
@@ -613,6 +622,10 @@ extern "C" fn kernel_main(info: u32) -> ! {
     }
     TEST_PD.0[0].store(TEST_PT.0.as_ptr() as u64 | PTE_FLAGS, Ordering::SeqCst);
     map_all();
+    paging::init_pool();
+    let boot_pml4 = core::ptr::addr_of!(boot::pml4) as u64;
+    reclaim::FLOW.init(boot_pml4);
+    teardown::TEARDOWN.init(boot_pml4);
 
     // SAFETY: written once, before MM_READY is published and before any AP
     // starts; the root is the boot PML4.
@@ -641,13 +654,29 @@ extern "C" fn kernel_main(info: u32) -> ! {
         fatal("the scenarios need at least 2 CPUs (-smp)");
     }
 
-    let results = [
-        scenario_one_page(),
-        scenario_batch(32),
-        scenario_batch(512),
-        scenario_mutual(),
-        scenario_busy(),
-    ];
+    let negative = NEGATIVE.load(Ordering::Relaxed);
+    let mut results: heapless::Vec<bool, 16> = heapless::Vec::new();
+    if !storm_only {
+        let _ = results.extend_from_slice(&[
+            scenario_one_page(),
+            scenario_batch(32),
+            scenario_batch(512),
+            scenario_mutual(),
+            scenario_busy(),
+            reclaim::scenario_reclaim(),
+            reclaim::scenario_migrate(),
+            // The negative control frees the tables right after the flush,
+            // which does not reach the walker.
+            teardown::scenario_teardown(negative),
+            mprotect::scenario_mprotect(),
+        ]);
+    }
+    let _ = results.push(storm::scenario_storm());
+    say!(
+        "frame pool: {} frames in use, {} free frames found written since boot\n",
+        paging::in_use(),
+        paging::stale_in_free()
+    );
     if has_word(line, b"timing") {
         timing(32);
         timing(512);
