@@ -64,7 +64,7 @@ pub static WALK_CAUGHT: AtomicU64 = AtomicU64::new(0);
 /// Walks that reached a present leaf entry.
 pub static WALK_LEAVES: AtomicU64 = AtomicU64::new(0);
 /// Pause iterations the walker holds each level (interrupts off).
-pub const WALK_HOLD: u64 = 3000;
+pub const WALK_HOLD: u64 = 20000;
 
 /// Storm participants ready; the boot CPU starts them all at once.
 pub static STORM_READY: AtomicUsize = AtomicUsize::new(0);
@@ -139,11 +139,11 @@ fn switch_to(addr: usize) {
 fn writer(cpu: usize) {
     let pages = WRITE_PAGES.load(Ordering::SeqCst).min(MAX_PAGES);
     while crate::COMMAND[cpu].load(Ordering::SeqCst) == WRITER {
-        for p in 0..pages {
+        for (p, last) in LAST[cpu].iter().enumerate().take(pages) {
             let seq = SEQ[cpu].fetch_add(1, Ordering::Relaxed) + 1;
             let forbidden = PHASE.load(Ordering::SeqCst) == 1;
             if write_probe(page_va(p) + 8 * cpu as u64, seq) {
-                LAST[cpu][p].store(seq, Ordering::SeqCst);
+                last.store(seq, Ordering::SeqCst);
                 if forbidden {
                     LATE[cpu].fetch_add(1, Ordering::SeqCst);
                 }
@@ -157,29 +157,41 @@ fn writer(cpu: usize) {
 
 /// One lockless walk to `va`'s leaf entry, interrupts off (the caller's),
 /// holding each level a while; returns whether it read a freed table.
+///
+/// A table counts as freed under the walk when an entry read from it is
+/// [`POISON`], or when its free count changed since the walk reached it.
+/// Every table the walk went through is checked again at the end, before
+/// the caller turns interrupts back on: a table freed at any moment of the
+/// walk is caught, whatever level the walk had got to.
 fn walk_once(root: u64, va: u64) -> bool {
+    let mut seen = [(0u64, 0u64); 4];
+    let mut depth = 0;
     let mut table = root;
+    let mut freed = false;
     for level in (1..=4).rev() {
-        let slot = paging::word(table + paging::index(va, level) * 8);
-        let generation = paging::generation(table);
-        let entry = slot.load(Ordering::SeqCst);
+        let slot = table + paging::index(va, level) * 8;
+        seen[depth] = (slot, paging::generation(table));
+        depth += 1;
+        let entry = paging::word(slot).load(Ordering::SeqCst);
         if entry == POISON {
-            return true;
+            freed = true;
+            break;
         }
         hw::spin(WALK_HOLD);
-        if slot.load(Ordering::SeqCst) == POISON || paging::generation(table) != generation {
-            return true;
-        }
         if entry & 1 == 0 {
-            return false;
+            break;
         }
         if level == 1 {
             WALK_LEAVES.fetch_add(1, Ordering::Relaxed);
-            return false;
+            break;
         }
         table = paging::entry_addr(entry);
     }
-    false
+    freed
+        || seen[..depth].iter().any(|&(slot, generation)| {
+            paging::word(slot).load(Ordering::SeqCst) == POISON
+                || paging::generation(slot & !0xfff) != generation
+        })
 }
 
 fn walker(cpu: usize) {
@@ -305,8 +317,8 @@ pub fn reset(base: u64, pages: usize, per_table: usize) {
     for c in 0..MAX_CPUS {
         LATE[c].store(0, Ordering::SeqCst);
         FAULTS[c].store(0, Ordering::SeqCst);
-        for p in 0..MAX_PAGES {
-            LAST[c][p].store(0, Ordering::SeqCst);
+        for last in &LAST[c] {
+            last.store(0, Ordering::SeqCst);
         }
     }
 }
