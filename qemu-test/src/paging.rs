@@ -304,10 +304,7 @@ unsafe impl PageTable for Space {
                     .is_none_or(|s| s.load(Ordering::SeqCst) & 1 == 0)
                 {
                     let span = 1u64 << (12 + 9 * (level - 1));
-                    va = match (va | (span - 1)).checked_add(1) {
-                        Some(next) => next,
-                        None => return None,
-                    };
+                    va = (va | (span - 1)).checked_add(1)?;
                     continue 'outer;
                 }
             }

@@ -152,15 +152,13 @@ pub fn scenario_reclaim() -> bool {
     let faults = flow::sum(&flow::FAULTS, aps());
 
     let mut lost = 0;
-    for p in 0..PAGES {
+    for (p, words) in swap.words.iter().enumerate() {
         if swap.sums[p].is_none() {
             continue;
         }
-        for c in aps() {
-            if LAST[c][p].load(Ordering::SeqCst) != swap.words[p][c] {
-                lost += 1;
-            }
-        }
+        lost += aps()
+            .filter(|&c| LAST[c][p].load(Ordering::SeqCst) != words[c])
+            .count();
     }
     let after_free = flow::broken(&swap.freed);
     let reclaimed = swap.freed.len();
@@ -297,8 +295,7 @@ pub fn scenario_migrate() -> bool {
     // frame before the copy (and the copy took it) or to the new one.
     let mut lost = 0;
     let mut moved_ptes = 0;
-    for p in 0..PAGES {
-        let new = mover.new[p];
+    for (p, &new) in mover.new.iter().enumerate() {
         if new == 0 {
             continue;
         }
