@@ -63,6 +63,11 @@ pub static WALK_ROOT: AtomicU64 = AtomicU64::new(0);
 pub static WALK_CAUGHT: AtomicU64 = AtomicU64::new(0);
 /// Walks that reached a present leaf entry.
 pub static WALK_LEAVES: AtomicU64 = AtomicU64::new(0);
+/// The level the walker is holding (4: PML4 ... 1: PT), 0 between walks.
+/// The teardown scenario starts a teardown only once the walker holds a
+/// page directory or page table it read from the linked tables, so that
+/// every teardown races a walk at its most exposed moment.
+pub static WALK_LEVEL: AtomicU32 = AtomicU32::new(0);
 /// Pause iterations the walker holds each level (interrupts off).
 pub const WALK_HOLD: u64 = 20000;
 
@@ -177,6 +182,7 @@ fn walk_once(root: u64, va: u64) -> bool {
             freed = true;
             break;
         }
+        WALK_LEVEL.store(level, Ordering::SeqCst);
         hw::spin(WALK_HOLD);
         if entry & 1 == 0 {
             break;
@@ -187,6 +193,7 @@ fn walk_once(root: u64, va: u64) -> bool {
         }
         table = paging::entry_addr(entry);
     }
+    WALK_LEVEL.store(0, Ordering::SeqCst);
     freed
         || seen[..depth].iter().any(|&(slot, generation)| {
             paging::word(slot).load(Ordering::SeqCst) == POISON
@@ -225,12 +232,19 @@ pub fn storm_rounds(rounds: u64) -> u64 {
     }
     let targets = others();
     let cpu = me() as u64;
+    // The negative control skips the flushes an initiator does for others'
+    // requests while it waits, too (in the storm that is most of them).
+    let negative = crate::NEGATIVE.load(Ordering::Relaxed);
     hw::cli();
     let mut ok = 0;
     for r in 0..rounds {
-        if shootdown(&arch(), &targets, &crate::one_page(((r + cpu) % 8) as usize)).is_ok() {
-            ok += 1;
-        }
+        let request = crate::one_page(((r + cpu) % 8) as usize);
+        let done = if negative {
+            shootdown(&crate::SkipFlush(arch()), &targets, &request)
+        } else {
+            shootdown(&arch(), &targets, &request)
+        };
+        ok += u64::from(done.is_ok());
     }
     hw::sti();
     ok

@@ -488,6 +488,11 @@ extern "C" fn kernel_main(info: u32) -> ! {
         core::ptr::write_volatile(pdpt.add(4), TEST_PD.0.as_ptr() as u64 | PTE_FLAGS);
     }
     TEST_PD.0[0].store(TEST_PT.0.as_ptr() as u64 | PTE_FLAGS, Ordering::SeqCst);
+    // The test frames, the spaces' roots and the frame pool lie above the
+    // kernel image, in RAM nothing else uses.
+    if core::ptr::addr_of!(boot::__bss_end) as u64 > TEST_PHYS {
+        fatal("the kernel image overlaps the test frames");
+    }
     map_all();
     paging::init_pool();
     let boot_pml4 = core::ptr::addr_of!(boot::pml4) as u64;

@@ -31,6 +31,9 @@ pub fn scenario_mprotect() -> bool {
     flow::load(Some(&FLOW), aps());
     flow::start(aps(), flow::WRITER, 0);
     flow::wait_passes(aps(), 3);
+    let dirty = (0..PAGES)
+        .filter(|&p| FLOW.lookup(flow::page_va(p)).is_dirty())
+        .count();
 
     let mut batch: UnmapBatch<UNMAPPED> = UnmapBatch::new();
     let mut held = 0;
@@ -78,7 +81,8 @@ pub fn scenario_mprotect() -> bool {
     flow::load(None, aps());
     flow::scrub();
     release(&FLOW, BASE, 1 << 30);
-    let ok = held == UNMAPPED
+    let ok = dirty == PAGES
+        && held == UNMAPPED
         && pending
         && !still_pending
         && changed == Ok(PAGES - UNMAPPED)
@@ -90,7 +94,7 @@ pub fn scenario_mprotect() -> bool {
         "mprotect with a reclaim batch pending",
         ok,
         format_args!(
-            "{PAGES} pages, {held} unmapped by reclaim (flush pending: {pending}), {} made read-only, {} flushes, \
+            "{PAGES} pages, {dirty} PTEs dirtied by the MMU, {held} unmapped by reclaim (flush pending: {pending}), {} made read-only, {} flushes, \
              {} IPIs sent and {taken} taken, {faults} AP writes faulted; stale: {late} AP writes landed after \
              change_protection returned, {after_free} freed frames written",
             changed.unwrap_or(0),

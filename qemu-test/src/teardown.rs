@@ -17,7 +17,7 @@ use core::sync::atomic::Ordering;
 
 use tlb_batch::{FrameKind, MmuGather, PageRange, PageTable, TableFreePolicy, TeardownSummary};
 
-use crate::flow::{self, WALK_CAUGHT, WALK_LEAVES, WALK_ROOT};
+use crate::flow::{self, WALK_CAUGHT, WALK_LEAVES, WALK_LEVEL, WALK_ROOT};
 use crate::paging::{self, Space};
 use crate::reclaim::ipis_taken;
 use crate::{arch, report, TLB};
@@ -96,7 +96,18 @@ pub fn scenario_teardown(after_flush: bool) -> bool {
         dirty += (0..PAGES)
             .filter(|&p| TEARDOWN.lookup(flow::page_va(p)).is_dirty())
             .count();
-        flow::wait_passes(walker.clone(), 4);
+        flow::wait_passes(walker.clone(), 1);
+        // Start while the walker holds a directory or table of this round
+        // (it read them from linked entries): the teardown unlinks and
+        // frees them under the walk.
+        let mut spins = 0u64;
+        while !matches!(WALK_LEVEL.load(Ordering::SeqCst), 1 | 2) {
+            spins += 1;
+            if spins > 4_000_000_000 {
+                crate::fatal("the walker never reached a page directory");
+            }
+            core::hint::spin_loop();
+        }
         let mut policy = if after_flush {
             TableFreePolicy::AfterFlush
         } else {
