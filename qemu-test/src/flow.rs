@@ -10,7 +10,10 @@
 //! records the value in [`LAST`], so the scenario knows the last write of
 //! every CPU to every page that the hardware accepted; a store that
 //! completes after the scenario published [`PHASE`] `= 1` (read before the
-//! store) counts as late in [`LATE`].
+//! store) counts as late in [`LATE`]. Before each store it reads its word
+//! back: a read that does not fault must return that last store, or it
+//! counts in [`BAD_READS`] (a stale read of a freed, poisoned frame, or of
+//! a copy that missed a write).
 
 use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -51,6 +54,8 @@ pub static LAST: [[AtomicU64; MAX_PAGES]; MAX_CPUS] =
     [const { [const { AtomicU64::new(0) }; MAX_PAGES] }; MAX_CPUS];
 /// Stores that completed after [`PHASE`] was 1.
 pub static LATE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Reads that returned something else than the CPU's last store.
+pub static BAD_READS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Stores that faulted.
 pub static FAULTS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Full passes over the pages (writers) or walks (walker).
@@ -61,7 +66,7 @@ static SEQ: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 pub static WALK_ROOT: AtomicU64 = AtomicU64::new(0);
 /// Walks that read a table freed while the walk was under way.
 pub static WALK_CAUGHT: AtomicU64 = AtomicU64::new(0);
-/// Walks that reached a present leaf entry.
+/// Walks that reached a leaf table (and read a PTE from it).
 pub static WALK_LEAVES: AtomicU64 = AtomicU64::new(0);
 /// The level the walker is holding (4: PML4 ... 1: PT), 0 between walks.
 /// The teardown scenario starts a teardown only once the walker holds a
@@ -119,7 +124,7 @@ fn space_of(addr: usize) -> &'static MmTlbState {
     if addr == 0 {
         crate::mm()
     } else {
-        // SAFETY: non-zero values come from `load_everywhere`, which
+        // SAFETY: non-zero values come from `load`, which
         // passes the address of a `static` `Space`.
         unsafe { &*(addr as *const Space) }.tlb_state()
     }
@@ -145,9 +150,16 @@ fn writer(cpu: usize) {
     let pages = WRITE_PAGES.load(Ordering::SeqCst).min(MAX_PAGES);
     while crate::COMMAND[cpu].load(Ordering::SeqCst) == WRITER {
         for (p, last) in LAST[cpu].iter().enumerate().take(pages) {
+            let va = page_va(p) + 8 * cpu as u64;
+            // A read that goes through must return this CPU's last store
+            // there (its own word: nobody else writes it, and a copy or
+            // write-out must have kept it); a freed frame reads as poison.
+            if crate::probe(va).is_some_and(|v| v != last.load(Ordering::SeqCst)) {
+                BAD_READS[cpu].fetch_add(1, Ordering::SeqCst);
+            }
             let seq = SEQ[cpu].fetch_add(1, Ordering::Relaxed) + 1;
             let forbidden = PHASE.load(Ordering::SeqCst) == 1;
-            if write_probe(page_va(p) + 8 * cpu as u64, seq) {
+            if write_probe(va, seq) {
                 last.store(seq, Ordering::SeqCst);
                 if forbidden {
                     LATE[cpu].fetch_add(1, Ordering::SeqCst);
@@ -177,6 +189,9 @@ fn walk_once(root: u64, va: u64) -> bool {
         let slot = table + paging::index(va, level) * 8;
         seen[depth] = (slot, paging::generation(table));
         depth += 1;
+        if level == 1 {
+            WALK_LEAVES.fetch_add(1, Ordering::Relaxed);
+        }
         let entry = paging::word(slot).load(Ordering::SeqCst);
         if entry == POISON {
             freed = true;
@@ -188,7 +203,6 @@ fn walk_once(root: u64, va: u64) -> bool {
             break;
         }
         if level == 1 {
-            WALK_LEAVES.fetch_add(1, Ordering::Relaxed);
             break;
         }
         table = paging::entry_addr(entry);
@@ -330,6 +344,7 @@ pub fn reset(base: u64, pages: usize, per_table: usize) {
     PHASE.store(0, Ordering::SeqCst);
     for c in 0..MAX_CPUS {
         LATE[c].store(0, Ordering::SeqCst);
+        BAD_READS[c].store(0, Ordering::SeqCst);
         FAULTS[c].store(0, Ordering::SeqCst);
         for last in &LAST[c] {
             last.store(0, Ordering::SeqCst);

@@ -495,9 +495,11 @@ extern "C" fn kernel_main(info: u32) -> ! {
     }
     map_all();
     paging::init_pool();
-    let boot_pml4 = core::ptr::addr_of!(boot::pml4) as u64;
-    reclaim::FLOW.init(boot_pml4);
-    teardown::TEARDOWN.init(boot_pml4);
+    // SAFETY: the boot PML4 is in the kernel's identity-mapped .bss; its
+    // entry 0 was written before paging was enabled and never changes.
+    let kernel_entry = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(boot::pml4) as *const u64) };
+    reclaim::FLOW.init(kernel_entry);
+    teardown::TEARDOWN.init(kernel_entry);
 
     // SAFETY: written once, before MM_READY is published and before any AP
     // starts; the root is the boot PML4.

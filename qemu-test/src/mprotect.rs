@@ -78,6 +78,7 @@ pub fn scenario_mprotect() -> bool {
         Err(_) => 0,
     };
     let after_free = flow::broken(&pool.log);
+    let bad_reads = flow::sum(&flow::BAD_READS, aps());
     flow::load(None, aps());
     flow::scrub();
     release(&FLOW, BASE, 1 << 30);
@@ -89,14 +90,15 @@ pub fn scenario_mprotect() -> bool {
         && read_only == PAGES - UNMAPPED
         && freed == UNMAPPED
         && late == 0
-        && after_free == 0;
+        && after_free == 0
+        && bad_reads == 0;
     report(
         "mprotect with a reclaim batch pending",
         ok,
         format_args!(
             "{PAGES} pages, {dirty} PTEs dirtied by the MMU, {held} unmapped by reclaim (flush pending: {pending}), {} made read-only, {} flushes, \
              {} IPIs sent and {taken} taken, {faults} AP writes faulted; stale: {late} AP writes landed after \
-             change_protection returned, {after_free} freed frames written",
+             change_protection returned, {after_free} freed frames written, {bad_reads} reads returned another value",
             changed.unwrap_or(0),
             d.shootdowns,
             d.ipis_sent

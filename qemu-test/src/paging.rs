@@ -60,11 +60,15 @@ static NEXT_FIT: AtomicUsize = AtomicUsize::new(0);
 static STALE_IN_FREE: AtomicU64 = AtomicU64::new(0);
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 
-/// The word at physical address `pa` (identity-mapped RAM).
+/// The word at physical address `pa`, which must lie in the fixed roots
+/// or the pool (anything else is a test bug: fatal).
 pub fn word(pa: u64) -> &'static AtomicU64 {
-    // SAFETY: every address passed here is an 8-byte aligned word of
-    // identity-mapped RAM (a pool frame or a fixed root) that lives for the
-    // whole run; all accesses to it are atomic.
+    if !(ROOTS_BASE..POOL_BASE + POOL_FRAMES as u64 * 4096).contains(&pa) || !pa.is_multiple_of(8) {
+        crate::fatal("a page-table word outside the test kernel's frames");
+    }
+    // SAFETY: checked just above: an 8-byte aligned word of the RAM set
+    // aside for the spaces' roots and the pool, identity-mapped and used
+    // by nothing else, for the whole run; every access to it is atomic.
     unsafe { &*(pa as *const AtomicU64) }
 }
 
@@ -207,11 +211,12 @@ impl Space {
         self.mm.root()
     }
 
-    /// Sets up the PML4: empty but for entry 0, the kernel's identity map
-    /// shared with the boot PML4. Call once, before any CPU loads it.
-    pub fn init(&self, boot_pml4: u64) {
+    /// Sets up the PML4: empty but for entry 0, `kernel_entry`, the boot
+    /// PML4's entry for the kernel's identity map. Call once, before any
+    /// CPU loads it.
+    pub fn init(&self, kernel_entry: u64) {
         fill(self.root(), 0);
-        word(self.root()).store(word(boot_pml4).load(Ordering::SeqCst), Ordering::SeqCst);
+        word(self.root()).store(kernel_entry, Ordering::SeqCst);
     }
 
     /// The slot of `va`'s entry at `level` (1: the PTE), allocating the

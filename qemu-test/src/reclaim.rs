@@ -115,11 +115,13 @@ pub fn scenario_reclaim() -> bool {
         freed: heapless::Vec::new(),
     };
     let mut batch: UnmapBatch<PAGES> = UnmapBatch::new();
-    // SAFETY: each frame was just allocated from the pool and mapped once;
-    // these handles are the only claims on them.
     let mut left: heapless::Vec<OwnedFrame, PAGES> = frames
         .iter()
-        .map(|&pa| unsafe { OwnedFrame::new(Frame(pa >> 12)) })
+        .map(|&pa| {
+            // SAFETY: each frame was just allocated from the pool and
+            // mapped once; these handles are the only claims on them.
+            unsafe { OwnedFrame::new(Frame(pa >> 12)) }
+        })
         .collect();
     let (mut rounds, mut first_round_ipis, mut referenced, mut shootdowns) = (0, 0, 0, 0);
     let mut errors = 0;
@@ -162,7 +164,8 @@ pub fn scenario_reclaim() -> bool {
     }
     let after_free = flow::broken(&swap.freed);
     let reclaimed = swap.freed.len();
-    let stale = lost + swap.changed_after_writeout + after_free;
+    let bad_reads = flow::sum(&flow::BAD_READS, aps());
+    let stale = lost + swap.changed_after_writeout + after_free + bad_reads as usize;
     flow::load(None, aps());
     flow::scrub();
     // Frames never reclaimed are still mapped: their PTEs hold their
@@ -184,7 +187,7 @@ pub fn scenario_reclaim() -> bool {
             "{reclaimed}/{PAGES} pages reclaimed in {rounds} aging rounds ({referenced} found young, first aging sent \
              {first_round_ipis} IPIs), {dirty} PTEs dirtied by the MMU, {shootdowns} flushes, {} IPIs sent and \
              {taken} taken, {faults} AP writes faulted; stale: {lost} lost writes, {} frames written after \
-             write-out, {after_free} freed frames written",
+             write-out, {after_free} freed frames written, {bad_reads} reads returned another value",
             d.ipis_sent, swap.changed_after_writeout
         ),
     )
@@ -273,11 +276,11 @@ pub fn scenario_migrate() -> bool {
         freed: heapless::Vec::new(),
     };
     let mut batch: UnmapBatch<PAGES> = UnmapBatch::new();
-    // SAFETY: each frame was just allocated from the pool and mapped once;
-    // these handles are the only claims on them.
-    let pages = frames
-        .iter()
-        .map(|&pa| unsafe { OwnedFrame::new(Frame(pa >> 12)) });
+    let pages = frames.iter().map(|&pa| {
+        // SAFETY: each frame was just allocated from the pool and
+        // mapped once; these handles are the only claims on them.
+        unsafe { OwnedFrame::new(Frame(pa >> 12)) }
+    });
     let mut failed = 0;
     let result = migrate_pages(&a, &rmap, &mut mover, &mut batch, pages, &mut |o| {
         if !matches!(o, MigrateOutcome::Migrated { .. }) {
@@ -310,7 +313,8 @@ pub fn scenario_migrate() -> bool {
         }
     }
     let after_free = flow::broken(&mover.freed);
-    let stale = lost + mover.written_after_copy + after_free;
+    let bad_reads = flow::sum(&flow::BAD_READS, aps());
+    let stale = lost + mover.written_after_copy + after_free + bad_reads as usize;
     flow::load(None, aps());
     flow::scrub();
     release(&FLOW, MIGRATE_BASE, 1 << 30);
@@ -326,7 +330,8 @@ pub fn scenario_migrate() -> bool {
         format_args!(
             "{}/{PAGES} pages migrated in {} passes, {dirty} PTEs dirtied by the MMU, {moved_ptes} PTEs moved, {} \
              flushes, {} IPIs sent and {taken} taken, {faults} AP writes faulted; stale: {lost} lost writes, {} old \
-             frames written after the copy, {after_free} freed frames written",
+             frames written after the copy, {after_free} freed frames written, {bad_reads} reads returned another \
+             value",
             summary.migrated, summary.passes, summary.shootdowns, d.ipis_sent, mover.written_after_copy
         ),
     )

@@ -167,7 +167,7 @@ pub fn scenario_teardown(after_flush: bool) -> bool {
         ok,
         format_args!(
             "{ROUNDS} teardowns, {} pages and {} tables freed, {dirty} PTEs dirtied by the MMU, {} flushes and {} \
-             syncs, {} IPIs sent and {taken} taken, walker: {walks} walks, {leaves} reached a leaf; stale: walker \
+             syncs, {} IPIs sent and {taken} taken, walker: {walks} walks, {leaves} reached a leaf table; stale: walker \
              read {caught} freed tables, {after_free} freed frames written",
             total.data_freed, total.tables_freed, total.flushes, total.syncs, d.ipis_sent
         ),
