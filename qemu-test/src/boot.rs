@@ -305,5 +305,6 @@ extern "C" {
     pub static tramp_stack: u64;
     pub static tramp_cpu: u64;
     pub static pml4: u8;
+    pub static __bss_end: u8;
     pub static pdpt: u8;
 }

@@ -12,24 +12,42 @@
 //! Kernel command line words: `x2apic` (use x2APIC mode; fail if the CPU
 //! lacks it), `pcid` (use PCIDs when the CPU has PCID and INVPCID),
 //! `negative` (the negative control: remote CPUs acknowledge flush requests
-//! without flushing, so the scenarios must fail), `timing` (also time N
+//! without flushing, so the scenarios must fail; the teardown scenario
+//! also frees page tables right after the flush instead of after an IPI
+//! sync), `negative-teardown` (only the latter), `timing` (also time N
 //! single-page shootdowns against one batched shootdown of N pages),
+//! `storm-only` (run the storm scenario alone, for the many-CPU runs),
 //! `unregistered` (the last AP is started without being registered in the
 //! CPU table: it must stop the run when it tries to come online, never run
 //! as another CPU).
+//!
+//! The flow scenarios (reclaim, migration, teardown, mprotect: modules
+//! [`reclaim`], [`teardown`], [`mprotect`]) run the crate's drivers over
+//! address spaces with page tables this kernel owns ([`paging`]), while the
+//! APs store into the pages ([`flow`]); the storm ([`storm`]) has every CPU
+//! shoot at every other at once. With PCIDs on, [`pcid`] adds scenarios
+//! with two PCID-tagged address spaces.
 
 #![no_std]
 #![no_main]
 
 mod acpi;
+mod basic;
 mod boot;
+mod flow;
 mod hw;
+mod mprotect;
+mod paging;
 mod pcid;
+mod reclaim;
+mod storm;
+mod teardown;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use tlb_batch::arch::x86_64::{self as x86, CpuTable, Features, LocalApic, X86_64};
+use tlb_batch::heapless;
 use tlb_batch::{
     flush_tlb_page, handle_flush_ipi, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet, FlushRequest,
     MmTlbState, Pte, TlbFlushUnmapBatch, TlbShootdown,
@@ -316,6 +334,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
             }
+            c if c >= flow::WRITER => flow::ap_command(cpu, c),
             _ => core::hint::spin_loop(),
         }
     }
@@ -370,149 +389,6 @@ fn report(name: &str, ok: bool, detail: core::fmt::Arguments<'_>) -> bool {
         if ok { "PASS" } else { "FAIL" }
     );
     ok
-}
-
-/// One page unmapped, flushed on every CPU, acknowledged; afterwards no AP
-/// can read it.
-fn scenario_one_page() -> bool {
-    map_all();
-    command(aps(), PROBE, 1);
-    let warmed = aps().all(|c| RESULT[c].load(Ordering::SeqCst) == 1);
-    let (stats, irqs) = (TLB.stats(), ipis_taken_by_aps());
-    TEST_PT.0[0].store(0, Ordering::SeqCst);
-    let r = flush_tlb_page(&arch(), mm(), test_va(0));
-    let sent = TLB.stats().since(&stats).ipis_sent;
-    let taken = ipis_taken_by_aps() - irqs;
-    command(aps(), PROBE, 1);
-    let still_readable: u64 = aps().map(|c| RESULT[c].load(Ordering::SeqCst)).sum();
-    let others = (ONLINE.load(Ordering::SeqCst) - 1) as u64;
-    let ok = warmed
-        && r.is_ok_and(|r| r.remote_cpus as u64 == others)
-        && sent == others
-        && taken == others
-        && still_readable == 0;
-    report(
-        "one-page shootdown",
-        ok,
-        format_args!("{others} APs, {sent} IPIs sent, {taken} taken, {still_readable} APs could still read"),
-    )
-}
-
-/// `n` pages unmapped into a batch and flushed once: exactly one IPI per
-/// other CPU; afterwards no AP can read any of them.
-fn scenario_batch(n: usize) -> bool {
-    map_all();
-    command(aps(), PROBE, n as u64);
-    let warmed = aps().all(|c| RESULT[c].load(Ordering::SeqCst) == n as u64);
-    let (stats, irqs) = (TLB.stats(), ipis_taken_by_aps());
-    let a = arch();
-    let mut batch = TlbFlushUnmapBatch::new();
-    let mut added = true;
-    for i in 0..n {
-        let old = Pte(TEST_PT.0[i].swap(0, Ordering::SeqCst));
-        added &= batch.add_pending(&a, mm(), test_va(i), old).is_ok();
-    }
-    let flushed = batch.flush(&a);
-    let d = TLB.stats().since(&stats);
-    let taken = ipis_taken_by_aps() - irqs;
-    command(aps(), PROBE, n as u64);
-    let still_readable: u64 = aps().map(|c| RESULT[c].load(Ordering::SeqCst)).sum();
-    let others = (ONLINE.load(Ordering::SeqCst) - 1) as u64;
-    let ok = warmed
-        && added
-        && flushed.is_ok()
-        && d.shootdowns == 1
-        && d.ipis_sent == others
-        && taken == others
-        && still_readable == 0;
-    report(
-        if n > 33 { "batched shootdown (full flush)" } else { "batched shootdown (page list)" },
-        ok,
-        format_args!(
-            "{n} pages, 1 flush, {} IPIs sent and {taken} taken for {others} APs, {still_readable} stale reads",
-            d.ipis_sent
-        ),
-    )
-}
-
-/// The boot CPU and AP 1 shoot at each other at the same time, both with
-/// interrupts disabled: each must serve the other's request while waiting.
-fn scenario_mutual() -> bool {
-    const ROUNDS: u64 = 200;
-    let target = CpuSet::single(CpuId::new(1).unwrap_or(CpuId::BOOT));
-    ARG[1].store(ROUNDS, Ordering::SeqCst);
-    RESULT[1].store(0, Ordering::SeqCst);
-    COMMAND[1].store(SHOOT_BACK, Ordering::SeqCst);
-    hw::cli();
-    let mut ok_rounds = 0;
-    for r in 0..ROUNDS {
-        if shootdown(&arch(), &target, &one_page((r % 8) as usize)).is_ok() {
-            ok_rounds += 1;
-        }
-    }
-    hw::sti();
-    while COMMAND[1].load(Ordering::SeqCst) != IDLE {
-        core::hint::spin_loop();
-    }
-    let theirs = RESULT[1].load(Ordering::SeqCst);
-    report(
-        "mutual shootdown, interrupts off",
-        ok_rounds == ROUNDS && theirs == ROUNDS,
-        format_args!("{ok_rounds} + {theirs} shootdowns of {ROUNDS} each completed"),
-    )
-}
-
-/// APs busy with interrupts enabled take every IPI: one per shootdown.
-fn scenario_busy() -> bool {
-    const ROUNDS: u64 = 100;
-    let before: [u64; MAX_CPUS] = core::array::from_fn(|c| IPIS_TAKEN[c].load(Ordering::SeqCst));
-    for c in aps() {
-        RESULT[c].store(0, Ordering::SeqCst);
-        COMMAND[c].store(BUSY, Ordering::SeqCst);
-    }
-    let all = arch().online_cpus();
-    let mut ok = true;
-    for r in 0..ROUNDS {
-        ok &= shootdown(&arch(), &all, &one_page((r % 8) as usize)).is_ok();
-    }
-    let busy_work: u64 = aps().map(|c| RESULT[c].load(Ordering::SeqCst)).sum();
-    command(aps(), IDLE, 0);
-    let each = aps().all(|c| IPIS_TAKEN[c].load(Ordering::SeqCst) - before[c] == ROUNDS);
-    report(
-        "busy APs take every IPI",
-        ok && each && busy_work > 0,
-        format_args!("{ROUNDS} shootdowns, each AP took {ROUNDS} interrupts while working"),
-    )
-}
-
-/// Wall time (TSC) of `n` single-page shootdowns against one batched
-/// shootdown of `n` pages, measured in this run.
-fn timing(n: usize) {
-    let a = arch();
-    map_all();
-    command(aps(), PROBE, n as u64);
-    let t0 = hw::rdtsc();
-    for i in 0..n {
-        TEST_PT.0[i].store(0, Ordering::SeqCst);
-        let _ = flush_tlb_page(&a, mm(), test_va(i));
-    }
-    let single = hw::rdtsc() - t0;
-    map_all();
-    command(aps(), PROBE, n as u64);
-    let t1 = hw::rdtsc();
-    let mut batch = TlbFlushUnmapBatch::new();
-    for i in 0..n {
-        let old = Pte(TEST_PT.0[i].swap(0, Ordering::SeqCst));
-        let _ = batch.add_pending(&a, mm(), test_va(i), old);
-    }
-    let _ = batch.flush(&a);
-    let batched = hw::rdtsc() - t1;
-    let tenths = single * 10 / batched.max(1);
-    say!(
-        "timing N={n}: {n} single-page shootdowns {single} TSC ticks, one batched {batched}: ratio {}.{}\n",
-        tenths / 10,
-        tenths % 10
-    );
 }
 
 fn cmdline(info: u32) -> &'static [u8] {
@@ -603,6 +479,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
     );
     NEGATIVE.store(has_word(line, b"negative"), Ordering::Relaxed);
     SKIP_LAST_REGISTRATION.store(has_word(line, b"unregistered"), Ordering::Relaxed);
+    let storm_only = has_word(line, b"storm-only");
     if has_word(line, b"x2apic") {
         if !f.x2apic {
             fatal("x2APIC requested but the CPU does not report it");
@@ -633,7 +510,18 @@ extern "C" fn kernel_main(info: u32) -> ! {
         core::ptr::write_volatile(pdpt.add(4), TEST_PD.0.as_ptr() as u64 | PTE_FLAGS);
     }
     TEST_PD.0[0].store(TEST_PT.0.as_ptr() as u64 | PTE_FLAGS, Ordering::SeqCst);
+    // The test frames, the spaces' roots and the frame pool lie above the
+    // kernel image, in RAM nothing else uses.
+    if core::ptr::addr_of!(boot::__bss_end) as u64 > TEST_PHYS {
+        fatal("the kernel image overlaps the test frames");
+    }
     map_all();
+    paging::init_pool();
+    // SAFETY: the boot PML4 is in the kernel's identity-mapped .bss; its
+    // entry 0 was written before paging was enabled and never changes.
+    let kernel_entry = unsafe { core::ptr::read_volatile(core::ptr::addr_of!(boot::pml4) as *const u64) };
+    reclaim::FLOW.init(kernel_entry);
+    teardown::TEARDOWN.init(kernel_entry);
 
     // SAFETY: written once, before MM_READY is published and before any AP
     // starts; the root is the boot PML4.
@@ -670,16 +558,32 @@ extern "C" fn kernel_main(info: u32) -> ! {
         fatal("the scenarios need at least 2 CPUs (-smp)");
     }
 
-    let results = [
-        scenario_one_page(),
-        scenario_batch(32),
-        scenario_batch(512),
-        scenario_mutual(),
-        scenario_busy(),
-    ];
+    let negative = NEGATIVE.load(Ordering::Relaxed);
+    let mut results: heapless::Vec<bool, 16> = heapless::Vec::new();
+    if !storm_only {
+        let _ = results.extend_from_slice(&[
+            basic::scenario_one_page(),
+            basic::scenario_batch(32),
+            basic::scenario_batch(512),
+            basic::scenario_mutual(),
+            basic::scenario_busy(),
+            reclaim::scenario_reclaim(),
+            reclaim::scenario_migrate(),
+            // The negative control frees the tables right after the flush,
+            // which does not reach the walker.
+            teardown::scenario_teardown(negative || has_word(line, b"negative-teardown")),
+            mprotect::scenario_mprotect(),
+        ]);
+    }
+    let _ = results.push(storm::scenario_storm());
+    say!(
+        "frame pool: {} frames in use, {} free frames found written since boot\n",
+        paging::in_use(),
+        paging::stale_in_free()
+    );
     if has_word(line, b"timing") {
-        timing(32);
-        timing(512);
+        basic::timing(32);
+        basic::timing(512);
     }
     let (pcid_passed, pcid_failed) = pcid::run(line);
     let passed = results.iter().filter(|&&r| r).count() + pcid_passed;
