@@ -46,8 +46,8 @@ const USER_PAGES: usize = 8;
 const FRAMES: u64 = 0x0300_0000;
 const PRESENT_RW: u64 = 0x3;
 const GLOBAL: u64 = 0x100;
-const ASID_A: u16 = 2;
-const ASID_B: u16 = 3;
+const ASID_A: u16 = 6;
+const ASID_B: u16 = 7;
 
 #[repr(C, align(4096))]
 struct Table([AtomicU64; 512]);
