@@ -65,7 +65,10 @@ pub enum TableFreePolicy<'a> {
     AfterFlush,
     /// After an IPI to every other CPU was taken ([`ipi_sync`]): lockless
     /// walkers run with interrupts off, so none that started before the
-    /// sync is still walking.
+    /// sync is still walking. A CPU also acknowledges the sync from the
+    /// wait loop of a shootdown it started itself, with interrupts off: a
+    /// lockless walk must therefore not start or wait for a shootdown
+    /// before it is over (a fast-GUP walk never does).
     IpiSync,
     /// After the kernel's grace period (RCU-style), run by this callback.
     GracePeriod(&'a mut dyn FnMut()),

@@ -26,6 +26,13 @@ pub trait MigrateBacking: FreeFrames {
     fn copy_frame(&mut self, from: WritebackFrame<'_>, to: &OwnedFrame);
 
     /// Reverse-map bookkeeping: every mapping of `old` now maps `new`.
+    ///
+    /// Called after the migration entries naming `old` were replaced by
+    /// entries mapping `new`, which the crate finds through the reverse map
+    /// under `old` ([`Rmap::walk`](crate::Rmap::walk)): so the reverse map
+    /// must still list `old`'s mappings under `old` until this call (not
+    /// move them earlier, in [`copy_frame`](Self::copy_frame) for example),
+    /// or those entries would stay migration entries.
     fn move_mappings(&mut self, old: Frame, new: Frame);
 }
 

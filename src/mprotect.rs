@@ -34,7 +34,12 @@ use crate::Error;
 ///
 /// Each PTE is changed by an atomic clear, then `update` on the value the
 /// clear returned, then a store: a dirty bit hardware sets meanwhile is in
-/// the value `update` sees, so it cannot be lost.
+/// the value `update` sees, so it cannot be lost. Between the clear and the
+/// store the entry is not present, so another CPU that misses its TLB on
+/// that page then takes a not-present fault: the kernel's fault handler
+/// must treat it as spurious (take the page-table lock, find the entry
+/// present again, and return), as it must for any entry a concurrent
+/// change holds cleared.
 ///
 /// Errors, with nothing changed: [`Error::NonCanonical`],
 /// [`Error::AsidOutOfRange`]. A failed flush ([`Error::ShootdownReentered`])
