@@ -28,8 +28,8 @@ pub const WRITER: u32 = 10;
 pub const WALKER: u32 = 11;
 /// Shoot at every other CPU, [`crate::ARG`] rounds, interrupts off.
 pub const STORM: u32 = 12;
-/// Load the address space whose `Space` is at [`crate::ARG`] (0: the main
-/// one) with `switch_mm`.
+/// Load the address space whose `MmTlbState` is at [`crate::ARG`] (0: the
+/// main one) with `switch_mm`.
 pub const SWITCH: u32 = 13;
 /// Drop every TLB entry (real flush), between scenarios.
 pub const SCRUB: u32 = 14;
@@ -81,7 +81,8 @@ pub static STORM_READY: AtomicUsize = AtomicUsize::new(0);
 /// Set by the boot CPU when every participant is ready.
 pub static STORM_GO: AtomicU32 = AtomicU32::new(0);
 
-/// The address space each CPU has loaded (`Space` address; 0: the main).
+/// The address space each CPU has loaded (its `MmTlbState`'s address; 0:
+/// the main one).
 static LOADED: [AtomicUsize; MAX_CPUS] = [const { AtomicUsize::new(0) }; MAX_CPUS];
 
 /// The address of writer page `p`.
@@ -124,13 +125,14 @@ fn space_of(addr: usize) -> &'static MmTlbState {
     if addr == 0 {
         crate::mm()
     } else {
-        // SAFETY: non-zero values come from `load`, which
-        // passes the address of a `static` `Space`.
-        unsafe { &*(addr as *const Space) }.tlb_state()
+        // SAFETY: non-zero values come from `load_mm`, which passes the
+        // address of an `MmTlbState` that lives for the whole run.
+        unsafe { &*(addr as *const MmTlbState) }
     }
 }
 
-/// Loads the space at `addr` (0: the main one) on the running CPU.
+/// Loads the address space whose TLB state is at `addr` (0: the main one)
+/// on the running CPU.
 fn switch_to(addr: usize) {
     let cpu = me();
     let prev = space_of(LOADED[cpu].load(Ordering::SeqCst));
@@ -323,7 +325,14 @@ pub fn wait_passes(cpus: impl Iterator<Item = usize> + Clone, n: u64) {
 /// Loads `space` (None: the main address space) on the boot CPU and on
 /// every CPU of `cpus`.
 pub fn load(space: Option<&'static Space>, cpus: impl Iterator<Item = usize> + Clone) {
-    let addr = space.map_or(0, |s| s as *const Space as usize);
+    load_mm(space.map(|s| s.tlb_state()), cpus);
+}
+
+/// Loads the address space of `mm` (None: the main one) on the boot CPU
+/// and on every CPU of `cpus`: for spaces whose page table is not a
+/// [`Space`] (the x86_64-crate scenario's).
+pub fn load_mm(mm: Option<&'static MmTlbState>, cpus: impl Iterator<Item = usize> + Clone) {
+    let addr = mm.map_or(0, |m| m as *const MmTlbState as usize);
     switch_to(addr);
     crate::command(cpus, SWITCH, addr as u64);
 }
