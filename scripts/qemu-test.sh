@@ -3,7 +3,8 @@
 # matrix under QEMU (TCG), each run with a timeout:
 #   xAPIC and x2APIC, with 4 CPUs (the all-but-self shorthand) and 2 CPUs
 #   (a physical destination per CPU), every scenario (the shootdown ones,
-#   the reclaim, migration, teardown and mprotect flows, the storm); then
+#   the reclaim, migration, teardown and mprotect flows, the x86_64-crate
+#   mapper, the storm); then
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
 #   run; and the storm alone at 16 and 64 CPUs. Prints each run's
@@ -75,6 +76,7 @@ fi
 failed_for_stale "reclaim flow"
 failed_for_stale "migration flow"
 failed_for_stale "mprotect with a reclaim batch pending"
+failed_for_stale "x86_64-crate mapper"
 failed_for_stale "storm"
 if ! grep -qE 'scenario teardown flow \(AfterFlush\): FAIL .*walker read [1-9]' "$log"; then
     failed=$((failed + 1))
@@ -84,6 +86,7 @@ run "negative control, x2apic, 2 cpus" $FAIL 2 qemu64,+x2apic "x2apic negative"
 failed_for_stale "reclaim flow"
 failed_for_stale "migration flow"
 failed_for_stale "mprotect with a reclaim batch pending"
+failed_for_stale "x86_64-crate mapper"
 # Teardown's own control, alone: AfterFlush instead of IpiSync, every flush
 # real. Only the teardown may fail, on the walker.
 run "negative teardown only (must fail)" $FAIL 4 qemu64 "negative-teardown"

@@ -36,6 +36,7 @@ mod basic;
 mod boot;
 mod flow;
 mod hw;
+mod mapper;
 mod mprotect;
 mod paging;
 mod pcid;
@@ -573,6 +574,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
             // which does not reach the walker.
             teardown::scenario_teardown(negative || has_word(line, b"negative-teardown")),
             mprotect::scenario_mprotect(),
+            mapper::scenario_mapper(kernel_entry),
         ]);
     }
     let _ = results.push(storm::scenario_storm());
