@@ -25,8 +25,10 @@
 //! [`reclaim`], [`teardown`], [`mprotect`]) run the crate's drivers over
 //! address spaces with page tables this kernel owns ([`paging`]), while the
 //! APs store into the pages ([`flow`]); the storm ([`storm`]) has every CPU
-//! shoot at every other at once. With PCIDs on, [`pcid`] adds scenarios
-//! with two PCID-tagged address spaces.
+//! shoot at every other at once; [`mapper`] builds an address space with
+//! the `x86_64` crate's `OffsetPageTable` and runs `change_protection` and a
+//! teardown through the crate's `x86_64-mapper` adapter. With PCIDs on,
+//! [`pcid`] adds scenarios with two PCID-tagged address spaces.
 
 #![no_std]
 #![no_main]
