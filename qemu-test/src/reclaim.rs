@@ -91,19 +91,26 @@ impl ReclaimBacking for Swap<'_> {
     }
 }
 
+/// Maps the flow's pages at `base`, loads the space on every AP and lets
+/// the writers make three passes over them: returns the frames and how
+/// many PTEs the MMU marked dirty.
+fn map_and_write(base: u64) -> ([u64; PAGES], usize) {
+    let mut frames = [0u64; PAGES];
+    flow::reset(base, PAGES, 512);
+    FLOW.map_new(base, PAGES, &mut frames);
+    flow::load(Some(&FLOW), aps());
+    flow::start(aps(), flow::WRITER, 0);
+    flow::wait_passes(aps(), 3);
+    (frames, dirty_ptes(&FLOW, PAGES))
+}
+
 /// Reclaim: age (clear-young, no flush on x86), unmap with the flush
 /// batched, `flush_dirty` before the write-out, `flush` before the free,
 /// all through `shrink_page_list`, while every AP writes the pages.
 pub fn scenario_reclaim() -> bool {
     let a = arch();
     let rmap = SpaceRmap { space: &FLOW };
-    let mut frames = [0u64; PAGES];
-    flow::reset(RECLAIM_BASE, PAGES, 512);
-    FLOW.map_new(RECLAIM_BASE, PAGES, &mut frames);
-    flow::load(Some(&FLOW), aps());
-    flow::start(aps(), flow::WRITER, 0);
-    flow::wait_passes(aps(), 3);
-    let dirty = dirty_ptes(&FLOW, PAGES);
+    let (frames, dirty) = map_and_write(RECLAIM_BASE);
 
     let (stats, irqs) = (TLB.stats(), ipis_taken());
     let mut swap = Swap {
@@ -258,13 +265,7 @@ impl MigrateBacking for Mover<'_> {
 pub fn scenario_migrate() -> bool {
     let a = arch();
     let rmap = SpaceRmap { space: &FLOW };
-    let mut frames = [0u64; PAGES];
-    flow::reset(MIGRATE_BASE, PAGES, 512);
-    FLOW.map_new(MIGRATE_BASE, PAGES, &mut frames);
-    flow::load(Some(&FLOW), aps());
-    flow::start(aps(), flow::WRITER, 0);
-    flow::wait_passes(aps(), 3);
-    let dirty = dirty_ptes(&FLOW, PAGES);
+    let (frames, dirty) = map_and_write(MIGRATE_BASE);
 
     let (stats, irqs) = (TLB.stats(), ipis_taken());
     let mut mover = Mover {
