@@ -1,0 +1,288 @@
+//! The five flush policies the calibrated model compares, each as one
+//! reclaim call: age the candidates, unmap the cold ones, flush, free.
+//!
+//! - **no batching**: every unmap is flushed at once, through the crate's
+//!   `try_to_unmap` without `BATCH_FLUSH` (one shootdown per page).
+//! - **seed RFC**: a page-sized list of (ASID, address) pairs; full or at
+//!   the flush point it goes to every CPU of the union of the address
+//!   spaces' CPU sets with one IPI each, and every target invalidates every
+//!   listed page.
+//! - **Linux 6.1**: deferral into one batch per call, then one *full*
+//!   flush to the union of the CPUs that have one of the batch's address
+//!   spaces loaded, lazy CPUs skipped. A skipped lazy CPU catches up when
+//!   it next uses the address space (the model keeps a per-address-space
+//!   generation for that; see `calibrated.rs`).
+//! - **Asterinas**: flush operations are queued per address space, up to
+//!   32 (more turn into one full flush); each address space's queue is
+//!   dispatched with its own round of IPIs to the CPUs that have it
+//!   active. Its initiators wait with interrupts on, which changes nothing
+//!   in a synchronous machine and is not charged.
+//! - **tlb-batch**: the crate's `shrink_page_list` with a 32-page batch.
+//!
+//! The by-hand policies reach their targets through the machine's IPI
+//! hook: the initiator leaves its request in [`Shared`], each target reads
+//! it when it takes the interrupt.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex};
+
+use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap};
+use tlb_batch::{
+    page_referenced, shrink_page_list, try_to_unmap, Arch, Asid, CpuSet, Frame, OwnedFrame, PageTable, Rmap,
+    TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
+};
+
+/// The seed's list: what fits in a page beside its CPU mask and count.
+pub const SEED_LIST: usize = (PAGE_SIZE as usize - std::mem::size_of::<CpuSet>() - 8) / 8;
+/// Asterinas's queue: more operations than this become one full flush.
+pub const ASTERINAS_OPS: usize = 32;
+/// Pages a reclaim call scans (Linux's SWAP_CLUSTER_MAX), and the crate's
+/// batch size.
+pub const SCAN: usize = 32;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Peer {
+    NoBatching,
+    Seed,
+    Linux61,
+    Asterinas,
+    TlbBatch,
+}
+
+impl Peer {
+    pub const ALL: [Peer; 5] = [
+        Peer::NoBatching,
+        Peer::Seed,
+        Peer::Linux61,
+        Peer::Asterinas,
+        Peer::TlbBatch,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::NoBatching => "no batching",
+            Peer::Seed => "seed RFC",
+            Peer::Linux61 => "Linux 6.1",
+            Peer::Asterinas => "Asterinas",
+            Peer::TlbBatch => "tlb-batch",
+        }
+    }
+
+    /// Whether flushes leave lazy CPUs out (only Linux's).
+    pub fn skips_lazy(self) -> bool {
+        self == Peer::Linux61
+    }
+}
+
+/// What a flush IPI asks of its targets.
+#[derive(Default)]
+pub struct Request {
+    pages: Vec<(Asid, u64)>,
+    full: bool,
+}
+
+pub type Shared = Arc<Mutex<Request>>;
+
+/// Makes every CPU of `m` carry out the request in `shared` when it takes
+/// a flush interrupt (the crate's own handler runs after it and finds
+/// nothing to do for the by-hand policies).
+pub fn install_hook(m: &MockMachine, shared: &Shared) {
+    let s = Arc::clone(shared);
+    m.set_ipi_hook(Some(Arc::new(move |t: &MockCpu<'_>| {
+        let r = s.lock().expect("benchmark lock");
+        if r.full {
+            t.flush_local_all(false);
+        } else {
+            for &(asid, va) in &r.pages {
+                t.flush_local_page(asid, va);
+            }
+        }
+    })));
+}
+
+/// One flush round: this CPU flushes itself if it has one of the ASIDs
+/// loaded (its TLB is untagged: nothing else of theirs can be in it), then
+/// one IPI to each other target.
+fn round(cpu: &MockCpu<'_>, shared: &Shared, pages: &[(Asid, u64)], full: bool, targets: &CpuSet) {
+    if pages.is_empty() {
+        return;
+    }
+    let loaded = cpu.current_mm().map(|mm| mm.asid());
+    if pages.iter().any(|&(a, _)| Some(a) == loaded) {
+        if full {
+            cpu.flush_local_all(false);
+        } else {
+            for &(asid, va) in pages {
+                cpu.flush_local_page(asid, va);
+            }
+        }
+    }
+    {
+        let mut r = shared.lock().expect("benchmark lock");
+        r.pages = pages.to_vec();
+        r.full = full;
+    }
+    cpu.send_flush_ipi(&targets.difference(&CpuSet::single(cpu.id())));
+    shared.lock().expect("benchmark lock").pages.clear();
+}
+
+/// The workload's handle to a frame it allocated.
+pub fn handle(frame: Frame) -> OwnedFrame {
+    // SAFETY: the model allocates each frame once and frees it only
+    // through the crate's drivers or `free_frame` after its flush, each of
+    // which takes this single handle or the frame once.
+    unsafe { OwnedFrame::new(frame) }
+}
+
+/// What one reclaim call did.
+#[derive(Default)]
+pub struct Call {
+    pub freed: u64,
+    /// The ASIDs whose mappings were flushed (the model bumps their
+    /// generation: a lazy CPU skipped must catch up).
+    pub flushed: Vec<Asid>,
+}
+
+/// One reclaim call of `peer` on `cpu` over `candidates` (taken from the
+/// LRU's tail); frames kept go to `keep`.
+pub fn reclaim(
+    peer: Peer,
+    cpu: &MockCpu<'_>,
+    rmap: &MockRmap<'_>,
+    shared: &Shared,
+    candidates: Vec<Frame>,
+    keep: &mut dyn FnMut(Frame),
+) -> Call {
+    match peer {
+        Peer::TlbBatch => {
+            let mut kernel = MockKernel::new(rmap);
+            let mut batch = UnmapBatch::<SCAN>::new();
+            let s = shrink_page_list(
+                cpu,
+                rmap,
+                &mut kernel,
+                &mut batch,
+                candidates.into_iter().map(handle),
+                &mut |f, _| keep(f.into_frame()),
+            )
+            .expect("not nested");
+            Call {
+                freed: s.freed as u64,
+                flushed: Vec::new(),
+            }
+        }
+        Peer::NoBatching => {
+            let mut aging = TlbFlushUnmapBatch::new();
+            let mut call = Call::default();
+            for f in candidates {
+                let hot = page_referenced(cpu, rmap, f, &mut aging)
+                    .expect("aligned")
+                    .referenced
+                    > 0;
+                if !hot
+                    && try_to_unmap(cpu, rmap, f, TtuFlags::empty(), &mut aging)
+                        .expect("not nested")
+                        .is_unmapped()
+                {
+                    rmap.remove_frame(f);
+                    cpu.machine().free_frame(f).expect("unmapped and flushed");
+                    call.freed += 1;
+                } else {
+                    keep(f);
+                }
+            }
+            aging.flush(cpu).expect("not nested");
+            call
+        }
+        Peer::Seed | Peer::Linux61 | Peer::Asterinas => deferred(peer, cpu, rmap, shared, candidates, keep),
+    }
+}
+
+/// The three by-hand deferring policies: clear the PTEs, remember what
+/// each target must invalidate, flush, then free.
+fn deferred(
+    peer: Peer,
+    cpu: &MockCpu<'_>,
+    rmap: &MockRmap<'_>,
+    shared: &Shared,
+    candidates: Vec<Frame>,
+    keep: &mut dyn FnMut(Frame),
+) -> Call {
+    let mut aging = TlbFlushUnmapBatch::new();
+    let mut unmapped = Vec::new();
+    // Pending invalidations with the CPUs to reach, by ASID (the order the
+    // pages came in is kept inside each ASID).
+    let mut pending: BTreeMap<u16, (Vec<(Asid, u64)>, CpuSet)> = BTreeMap::new();
+    let mut flushed: Vec<Asid> = Vec::new();
+    let seed_flush = |pending: &mut BTreeMap<u16, (Vec<(Asid, u64)>, CpuSet)>, flushed: &mut Vec<Asid>| {
+        let mut pages = Vec::new();
+        let mut targets = CpuSet::new();
+        for (_, (p, t)) in std::mem::take(pending) {
+            flushed.extend(p.first().map(|&(a, _)| a));
+            pages.extend(p);
+            targets = targets.union(&t);
+        }
+        round(cpu, shared, &pages, false, &targets);
+    };
+    for f in candidates {
+        let hot = page_referenced(cpu, rmap, f, &mut aging)
+            .expect("aligned")
+            .referenced
+            > 0;
+        if hot {
+            keep(f);
+            continue;
+        }
+        let _ = rmap.walk(f, &mut |m| {
+            if m.space.lookup(m.va).maps(f) {
+                let mm = m.space.tlb_state();
+                if m.space.clear(m.va).is_dirty() {
+                    rmap.set_dirty(f);
+                }
+                let e = pending.entry(mm.asid().value()).or_default();
+                e.0.push((mm.asid(), m.va));
+                // The CPUs that have the space loaded now (for Linux, the
+                // lazy ones are out of the machine's online set, so
+                // `flush_targets` leaves them out).
+                e.1 = e.1.union(&mm.flush_targets(cpu));
+            }
+            ControlFlow::Continue(())
+        });
+        if peer == Peer::Seed && pending.values().map(|(p, _)| p.len()).sum::<usize>() >= SEED_LIST {
+            seed_flush(&mut pending, &mut flushed);
+        }
+        if rmap.mapcount(f) == 0 {
+            unmapped.push(f);
+        } else {
+            keep(f);
+        }
+    }
+    // The flush point, before any frame is freed.
+    match peer {
+        Peer::Seed => seed_flush(&mut pending, &mut flushed),
+        Peer::Linux61 => {
+            let mut pages = Vec::new();
+            let mut targets = CpuSet::new();
+            for (_, (p, t)) in std::mem::take(&mut pending) {
+                flushed.extend(p.first().map(|&(a, _)| a));
+                pages.extend(p);
+                targets = targets.union(&t);
+            }
+            round(cpu, shared, &pages, true, &targets);
+        }
+        _ => {
+            for (_, (p, t)) in std::mem::take(&mut pending) {
+                flushed.extend(p.first().map(|&(a, _)| a));
+                round(cpu, shared, &p, p.len() > ASTERINAS_OPS, &t);
+            }
+        }
+    }
+    aging.flush(cpu).expect("not nested");
+    let freed = unmapped.len() as u64;
+    for f in unmapped {
+        rmap.remove_frame(f);
+        cpu.machine().free_frame(f).expect("unmapped and flushed");
+    }
+    Call { freed, flushed }
+}
