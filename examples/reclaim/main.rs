@@ -13,7 +13,17 @@
 //! Counts (IPIs, interrupts) are exact; cycles come from the mock's cost
 //! model (IPIs, invalidations, and the TLB refills they cause). Every run
 //! is checked by the oracle. Then the same workload on real threads (wall
-//! clock), and migration figures.
+//! clock, `runs.rs`).
+//!
+//! This first model interleaves the CPUs' pages one by one on the LRU, so
+//! every flush point reaches every CPU whose pages it frees: it shows the
+//! floor the crate meets, not what a real kernel sends. The *calibrated*
+//! model (`calibrated.rs`) adds what decides that in Linux (per-CPU LRU add
+//! batches, scan priorities, readahead and I/O sleeps, kswapd and direct
+//! reclaim, a scheduler, lazy CPUs), reproduces Linux 6.1's measured
+//! shootdowns per page with Linux's policy, and runs five policies on it
+//! side by side (`policies.rs`, tables in `report.rs`). Migration figures
+//! close the run.
 //!
 //! `cargo run --release --example reclaim` prints tables; add `--json` for
 //! the same figures as JSON.
@@ -21,17 +31,17 @@
 mod calibrated;
 mod policies;
 mod report;
+mod runs;
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use tlb_batch::arch::mock::{Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, MockSpace};
 use tlb_batch::{
-    flush_tlb_page, migrate_pages, page_referenced, shrink_page_list, try_to_unmap, Arch, Asid, CpuSet,
-    Frame, MappingFlags, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
+    flush_tlb_page, page_referenced, shrink_page_list, try_to_unmap, Arch, Asid, CpuSet, Frame, MappingFlags,
+    OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
 };
 
 /// Simulated memory, in frames.
@@ -325,181 +335,6 @@ fn run(cpus: usize, policy: Policy, list: usize) -> Figures {
     fig
 }
 
-/// The workload on real threads (CPUs as threads, IPIs as cross-thread
-/// interrupts); returns the wall time in seconds and the figures.
-fn run_threaded(cpus: usize, policy: Policy) -> (f64, Figures) {
-    let memory = MEMORY;
-    let m = MockMachine::new(
-        MockConfig {
-            frames: memory,
-            tlb_entries: 64,
-            ..MockConfig::x86_like(cpus)
-        }
-        .threaded(),
-    )
-    .expect("a valid machine");
-    let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| {
-            m.space(
-                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
-                    .expect("a new address space"),
-            )
-        })
-        .collect();
-    let rmap = MockRmap::new(&m, spaces);
-    let lru: Mutex<VecDeque<Frame>> = Mutex::new(VecDeque::new());
-    let reclaimed = std::sync::atomic::AtomicU64::new(0);
-    let per_cpu = FILE_PAGES / cpus;
-    // A lock taken the way a kernel spins with interrupts on: pending IPIs
-    // are served while waiting, so a shootdown never waits on a spinner.
-    let lock_serving = |cpu: &MockCpu<'_>| loop {
-        if let Ok(guard) = lru.try_lock() {
-            return guard;
-        }
-        cpu.poll_interrupts();
-        std::thread::yield_now();
-    };
-    let start = Instant::now();
-    m.run_threaded(|cpu| {
-        let me = cpu.id().index();
-        cpu.switch_to(rmap.spaces()[me].mm()).expect("switch");
-        let mut kernel = MockKernel::new(&rmap);
-        for page in 0..per_cpu {
-            while cpu.read(va(page)).is_err() {
-                if let Ok(frame) = m.alloc_frame() {
-                    rmap.map(frame, me, va(page), false, MappingFlags::empty())
-                        .expect("a known space");
-                    lock_serving(&cpu).push_back(frame);
-                    continue;
-                }
-                let candidates: Vec<Frame> = {
-                    let mut l = lock_serving(&cpu);
-                    let n = DEFAULT_LIST.min(l.len());
-                    l.drain(..n).collect()
-                };
-                let mut kept = Vec::new();
-                match policy {
-                    Policy::Crate => {
-                        let mut batch = UnmapBatch::<DEFAULT_LIST>::new();
-                        let s = shrink_page_list(
-                            &cpu,
-                            &rmap,
-                            &mut kernel,
-                            &mut batch,
-                            candidates.into_iter().map(handle),
-                            &mut |f, _| kept.push(f.into_frame()),
-                        )
-                        .expect("not nested");
-                        reclaimed.fetch_add(s.freed as u64, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    _ => {
-                        let mut aging = TlbFlushUnmapBatch::new();
-                        for f in candidates {
-                            let hot = page_referenced(&cpu, &rmap, f, &mut aging)
-                                .expect("aligned")
-                                .referenced
-                                > 0;
-                            if !hot
-                                && try_to_unmap(&cpu, &rmap, f, TtuFlags::empty(), &mut aging)
-                                    .expect("not nested")
-                                    .is_unmapped()
-                            {
-                                rmap.remove_frame(f);
-                                m.free_frame(f).expect("unmapped and flushed");
-                                reclaimed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            } else {
-                                kept.push(f);
-                            }
-                        }
-                    }
-                }
-                lock_serving(&cpu).extend(kept);
-            }
-        }
-    });
-    let wall = start.elapsed().as_secs_f64();
-    let fig = Figures {
-        reclaimed: reclaimed.load(std::sync::atomic::Ordering::Relaxed),
-        ipis: m.ipis_sent(),
-        interrupts: m.cpus().map(|c| m.interrupts_taken(c.id()).expect("a CPU")).sum(),
-        cycles: m.costs().total(),
-        violations: m.violations().len(),
-        ..Figures::default()
-    };
-    (wall, fig)
-}
-
-/// Migrates `frames` with the crate's driver in lists of `L` pages.
-fn migrate_in<const L: usize>(
-    cpu: &MockCpu<'_>,
-    rmap: &MockRmap<'_>,
-    kernel: &mut MockKernel<'_, '_>,
-    frames: &[Frame],
-    count: &mut dyn FnMut(tlb_batch::MigrateOutcome),
-) {
-    for chunk in frames.chunks(L) {
-        let mut batch = UnmapBatch::<L>::new();
-        let pages = chunk.iter().map(|&f| handle(f));
-        migrate_pages(cpu, rmap, kernel, &mut batch, pages, count).expect("not nested");
-    }
-}
-
-/// Migrates every page of 8 processes (64 each, written: 512 pages) in
-/// lists of `list` pages (1, 32 or 512).
-fn run_migration(list: usize) -> Figures {
-    let cpus = 8;
-    let m = machine(cpus);
-    let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| {
-            m.space(
-                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
-                    .expect("a new address space"),
-            )
-        })
-        .collect();
-    let rmap = MockRmap::new(&m, spaces);
-    let mut frames = Vec::new();
-    for c in 0..cpus {
-        let cpu = m.cpu(c).expect("a CPU");
-        cpu.switch_to(rmap.spaces()[c].mm()).expect("switch");
-        for p in 0..64 {
-            let f = m.alloc_frame().expect("memory");
-            rmap.map(f, c, va(p), true, MappingFlags::empty())
-                .expect("a known space");
-            cpu.write(va(p), f.0).expect("mapped");
-            frames.push(f);
-        }
-    }
-    let (ipis, cycles) = (m.ipis_sent(), m.costs().total());
-    let mut kernel = MockKernel::new(&rmap);
-    let mut migrated = 0;
-    let cpu0 = m.cpu(0).expect("a CPU");
-    let mut count = |o: tlb_batch::MigrateOutcome| {
-        if matches!(o, tlb_batch::MigrateOutcome::Migrated { .. }) {
-            migrated += 1;
-        }
-    };
-    match list {
-        1 => migrate_in::<1>(&cpu0, &rmap, &mut kernel, &frames, &mut count),
-        32 => migrate_in::<32>(&cpu0, &rmap, &mut kernel, &frames, &mut count),
-        _ => migrate_in::<512>(&cpu0, &rmap, &mut kernel, &frames, &mut count),
-    }
-    Figures {
-        reclaimed: migrated,
-        ipis: m.ipis_sent() - ipis,
-        cycles: m.costs().total() - cycles,
-        violations: m.violations().len(),
-        ..Figures::default()
-    }
-}
-
-const THREADED_REPEATS: usize = 3;
-
-fn median(mut runs: Vec<(f64, Figures)>) -> (f64, Figures) {
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    runs[runs.len() / 2]
-}
-
 fn per(n: u64, d: u64) -> f64 {
     n as f64 / d.max(1) as f64
 }
@@ -607,7 +442,8 @@ fn main() -> ExitCode {
     let _ = writeln!(
         text,
         "\nThreaded machine (CPUs are threads, IPIs real cross-thread interrupts), same workload, \
-         median of {THREADED_REPEATS} alternating runs:\n"
+         median of {} alternating runs:\n",
+        runs::THREADED_REPEATS
     );
     let _ = writeln!(
         text,
@@ -620,12 +456,12 @@ fn main() -> ExitCode {
         // nothing.
         let mut plain_runs = Vec::new();
         let mut batch_runs = Vec::new();
-        for _ in 0..THREADED_REPEATS {
-            plain_runs.push(run_threaded(cpus, Policy::PerPage));
-            batch_runs.push(run_threaded(cpus, Policy::Crate));
+        for _ in 0..runs::THREADED_REPEATS {
+            plain_runs.push(runs::run_threaded(cpus, Policy::PerPage));
+            batch_runs.push(runs::run_threaded(cpus, Policy::Crate));
         }
-        let (t_plain, plain) = median(plain_runs);
-        let (t_batch, batch) = median(batch_runs);
+        let (t_plain, plain) = runs::median(plain_runs);
+        let (t_batch, batch) = runs::median(batch_runs);
         violations += plain.violations + batch.violations;
         let _ = writeln!(
             text,
@@ -661,7 +497,7 @@ fn main() -> ExitCode {
         ("tlb-batch, lists of 32", 32),
         ("tlb-batch, one of 512", 512),
     ] {
-        let f = run_migration(list);
+        let f = runs::run_migration(list);
         violations += f.violations;
         let _ = writeln!(
             text,

@@ -199,6 +199,10 @@ pub fn reclaim(
     }
 }
 
+/// Invalidations owed, with the CPUs to reach, by ASID (in the order the
+/// pages came in within each ASID).
+type Pending = BTreeMap<u16, (Vec<(Asid, u64)>, CpuSet)>;
+
 /// The three by-hand deferring policies: clear the PTEs, remember what
 /// each target must invalidate, flush, then free.
 fn deferred(
@@ -211,11 +215,9 @@ fn deferred(
 ) -> Call {
     let mut aging = TlbFlushUnmapBatch::new();
     let mut unmapped = Vec::new();
-    // Pending invalidations with the CPUs to reach, by ASID (the order the
-    // pages came in is kept inside each ASID).
-    let mut pending: BTreeMap<u16, (Vec<(Asid, u64)>, CpuSet)> = BTreeMap::new();
+    let mut pending: Pending = BTreeMap::new();
     let mut flushed: Vec<Asid> = Vec::new();
-    let seed_flush = |pending: &mut BTreeMap<u16, (Vec<(Asid, u64)>, CpuSet)>, flushed: &mut Vec<Asid>| {
+    let seed_flush = |pending: &mut Pending, flushed: &mut Vec<Asid>| {
         let mut pages = Vec::new();
         let mut targets = CpuSet::new();
         for (_, (p, t)) in std::mem::take(pending) {
