@@ -41,14 +41,16 @@ pub fn run_all() -> Calibrated {
         text,
         "\nCalibrated model (see examples/reclaim/calibrated.rs): N tasks on N CPUs read {} file pages \
          ({}x memory of {} frames) {} times, one byte per page; readahead of {} pages, per-CPU LRU add \
-         batches of {}, kswapd and direct reclaim in calls of up to {} pages, lazy CPUs.\n",
+         batches of {}, kswapd and direct reclaim in calls of up to {} pages, lazy CPUs; every figure pools {} \
+         seeds.\n",
         calibrated::FILE_PAGES,
         calibrated::FILE_PAGES / calibrated::MEMORY,
         calibrated::MEMORY,
         calibrated::PASSES,
         calibrated::READAHEAD,
         calibrated::LRU_BATCH,
-        crate::policies::SCAN
+        crate::policies::SCAN,
+        calibrated::SEEDS.len()
     );
     let _ = writeln!(
         text,
@@ -155,7 +157,7 @@ pub fn run_all() -> Calibrated {
          (Linux 6.1 only)."
     );
     let json = format!(
-        "\"calibrated\":{{\"memory_frames\":{},\"file_pages\":{},\"passes\":{},\"readahead\":{},\"lru_add_batch\":{},\"io_ticks\":{},\"kswapd_low\":{},\"kswapd_high\":{},\"def_priority\":{},\"tolerance\":{TOLERANCE},\"calibration\":[{}],\"peers\":[{}]}}",
+        "\"calibrated\":{{\"memory_frames\":{},\"file_pages\":{},\"passes\":{},\"readahead\":{},\"lru_add_batch\":{},\"io_ticks\":{},\"kswapd_low\":{},\"kswapd_high\":{},\"def_priority\":{},\"seeds\":{},\"tolerance\":{TOLERANCE},\"calibration\":[{}],\"peers\":[{}]}}",
         calibrated::MEMORY,
         calibrated::FILE_PAGES,
         calibrated::PASSES,
@@ -165,6 +167,7 @@ pub fn run_all() -> Calibrated {
         calibrated::KSWAPD_LOW,
         calibrated::KSWAPD_HIGH,
         calibrated::DEF_PRIORITY,
+        calibrated::SEEDS.len(),
         cal_json.join(","),
         peer_json.join(",")
     );
