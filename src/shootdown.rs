@@ -62,15 +62,16 @@ pub fn shootdown<A: Arch>(
     }
     let state = arch.shootdown_state();
     let me = arch.current_cpu();
+    let remote = targets.difference(&CpuSet::single(me));
 
-    if A::BROADCAST_INVALIDATE {
+    if A::BROADCAST_INVALIDATE && arch.prefer_broadcast(remote.len(), request) {
         state.count(Counter::Shootdowns, 1);
+        state.count(Counter::Broadcasts, 1);
         broadcast(arch, state, request);
         report.broadcast = true;
         return Ok(report);
     }
 
-    let remote = targets.difference(&CpuSet::single(me));
     if !remote.is_empty() {
         report.ipis_sent = publish(arch, state, me, &remote, Payload::Flush(request))?;
         report.remote_cpus = remote.len();

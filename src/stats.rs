@@ -56,6 +56,7 @@ pub struct TlbStats {
     pages_deferred: AtomicU64,
     batches_flushed: AtomicU64,
     task_switches: AtomicU64,
+    broadcasts: AtomicU64,
 }
 
 /// A copy of the counters at one moment (each read separately).
@@ -79,6 +80,10 @@ pub struct TlbStatsSnapshot {
     pub batches_flushed: u64,
     /// Address-space switches through [`switch_mm`](crate::switch_mm).
     pub task_switches: u64,
+    /// Shootdowns carried out by broadcast invalidation instead of IPIs
+    /// (counted in `shootdowns` too; see
+    /// [`Arch::prefer_broadcast`](crate::Arch::prefer_broadcast)).
+    pub broadcasts: u64,
 }
 
 /// The counter a crate-internal event increments.
@@ -92,6 +97,7 @@ pub(crate) enum Counter {
     PagesDeferred,
     BatchesFlushed,
     TaskSwitches,
+    Broadcasts,
 }
 
 impl TlbStats {
@@ -107,6 +113,7 @@ impl TlbStats {
                 pages_deferred: AtomicU64::new(0),
                 batches_flushed: AtomicU64::new(0),
                 task_switches: AtomicU64::new(0),
+                broadcasts: AtomicU64::new(0),
             }
         }
     }
@@ -121,6 +128,7 @@ impl TlbStats {
             Counter::PagesDeferred => &self.pages_deferred,
             Counter::BatchesFlushed => &self.batches_flushed,
             Counter::TaskSwitches => &self.task_switches,
+            Counter::Broadcasts => &self.broadcasts,
         }
     }
 
@@ -136,6 +144,7 @@ impl TlbStats {
             Counter::PagesDeferred,
             Counter::BatchesFlushed,
             Counter::TaskSwitches,
+            Counter::Broadcasts,
         ] {
             self.counter(c).store(0, Ordering::Relaxed);
         }
@@ -157,6 +166,7 @@ impl TlbStats {
             pages_deferred: get(Counter::PagesDeferred),
             batches_flushed: get(Counter::BatchesFlushed),
             task_switches: get(Counter::TaskSwitches),
+            broadcasts: get(Counter::Broadcasts),
         }
     }
 }
@@ -174,6 +184,7 @@ impl TlbStatsSnapshot {
             pages_deferred: self.pages_deferred.wrapping_sub(earlier.pages_deferred),
             batches_flushed: self.batches_flushed.wrapping_sub(earlier.batches_flushed),
             task_switches: self.task_switches.wrapping_sub(earlier.task_switches),
+            broadcasts: self.broadcasts.wrapping_sub(earlier.broadcasts),
         }
     }
 }

@@ -510,3 +510,35 @@ fn broadcast_flushes_every_page_of_a_range() {
     }
     assert_eq!(m.ipis_sent(), 0);
 }
+
+/// On broadcast hardware the machine chooses per flush: with a threshold of
+/// two remote CPUs, a flush that must reach one other CPU sends it an IPI,
+/// one that must reach three broadcasts; both leave nothing cached, and the
+/// report says which was used.
+#[test]
+fn broadcast_hardware_chooses_ipis_below_its_threshold() {
+    use tlb_batch::arch::mock::{BroadcastTlbi, MockConfig};
+    let m = MockMachine::<BroadcastTlbi>::with_model(MockConfig {
+        broadcast_min_remote: 2,
+        ..config(4, 64)
+    })
+    .unwrap();
+    let (narrow, narrow_frames) = populate(&m, 1, 1, &[1], true);
+    let cpu0 = m.cpu(0).unwrap();
+    m.clear_pte(&narrow, va(0)).unwrap();
+    let r = flush_tlb_page(&cpu0, &narrow, va(0)).unwrap();
+    assert!(!r.broadcast, "one remote CPU: below the threshold");
+    assert_eq!((r.remote_cpus, r.ipis_sent), (1, 1));
+    assert_eq!(m.cached_translations(narrow_frames[0]), []);
+
+    let (wide, wide_frames) = populate(&m, 2, 1, &[1, 2, 3], true);
+    m.clear_pte(&wide, va(0)).unwrap();
+    assert_eq!(m.stats().broadcasts, 0);
+    let before = m.ipis_sent();
+    let r = flush_tlb_page(&cpu0, &wide, va(0)).unwrap();
+    assert!(r.broadcast, "three remote CPUs: at or above the threshold");
+    assert_eq!(m.ipis_sent(), before, "a broadcast sends no IPI");
+    assert_eq!(m.stats().broadcasts, 1, "counted as a broadcast");
+    assert_eq!(m.cached_translations(wide_frames[0]), []);
+    assert_eq!(m.violations(), []);
+}

@@ -31,6 +31,7 @@ use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
 use crate::pte::PAGE_SHIFT;
+use crate::request::FlushRequest;
 use crate::sim::{lock, BroadcastOp};
 use crate::stats::TraceEvent;
 
@@ -143,6 +144,10 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
 
     fn broadcast_flush_all(&self, include_global: bool) {
         self.broadcast(BroadcastOp::All(include_global));
+    }
+
+    fn prefer_broadcast(&self, remote_cpus: usize, _request: &FlushRequest) -> bool {
+        remote_cpus >= self.machine.config.broadcast_min_remote
     }
 
     fn broadcast_sync(&self) {

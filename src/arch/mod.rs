@@ -17,6 +17,7 @@ pub mod x86_64;
 pub use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
+use crate::request::FlushRequest;
 use crate::stats::TraceEvent;
 
 /// The default [`Arch::FULL_FLUSH_CEILING`]: above this many pages one full
@@ -168,6 +169,22 @@ pub unsafe trait Arch {
     /// Waits until every broadcast invalidation this CPU issued has taken
     /// effect on every CPU.
     fn broadcast_sync(&self) {}
+
+    /// Whether to carry out `request` by broadcast invalidation rather than
+    /// IPIs, when it must reach `remote_cpus` CPUs besides this one; only
+    /// asked when [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is
+    /// true. Either answer is correct: IPIs work on any hardware, a
+    /// broadcast reaches every CPU. It is a cost choice: a broadcast's
+    /// barrier waits for every CPU of the machine and its invalidations
+    /// disturb them all, while IPIs interrupt only the targets, so a kernel
+    /// may broadcast only when an address space is active on at least some
+    /// number of CPUs (as Linux does on x86 for address spaces it gives a
+    /// global ASID). [`ShootdownReport::broadcast`](crate::ShootdownReport::broadcast)
+    /// says which was chosen. The default always broadcasts.
+    fn prefer_broadcast(&self, remote_cpus: usize, request: &FlushRequest) -> bool {
+        let _ = (remote_cpus, request);
+        true
+    }
 
     /// Called in every busy-wait loop of the crate (x86: `pause`). A
     /// simulated CPU also takes its pending interrupts here.

@@ -84,6 +84,11 @@ pub struct MockConfig {
     /// that acknowledged a request before carrying it out would let the
     /// initiator go on while the target still caches the entry.
     pub flush_delay_us: u32,
+    /// On a model with broadcast invalidation ([`BroadcastTlbi`]): the
+    /// fewest remote CPUs a flush must reach for the CPUs to broadcast
+    /// rather than send IPIs ([`Arch::prefer_broadcast`](crate::Arch::prefer_broadcast)).
+    /// 0, the default, always broadcasts.
+    pub broadcast_min_remote: usize,
 }
 
 impl MockConfig {
@@ -101,6 +106,7 @@ impl MockConfig {
             delivery: Delivery::Synchronous,
             cost: CostModel::default(),
             flush_delay_us: 0,
+            broadcast_min_remote: 0,
         }
     }
 
