@@ -64,7 +64,9 @@ pub fn shootdown<A: Arch>(
     let me = arch.current_cpu();
     let remote = targets.difference(&CpuSet::single(me));
 
-    if A::BROADCAST_INVALIDATE && arch.prefer_broadcast(remote.len(), request) {
+    // A flush that reaches no other CPU is a local one, whatever the
+    // hardware offers.
+    if A::BROADCAST_INVALIDATE && !remote.is_empty() && arch.prefer_broadcast(remote.len(), request) {
         state.count(Counter::Shootdowns, 1);
         state.count(Counter::Broadcasts, 1);
         broadcast(arch, state, request);

@@ -511,10 +511,11 @@ fn broadcast_flushes_every_page_of_a_range() {
     assert_eq!(m.ipis_sent(), 0);
 }
 
-/// On broadcast hardware the machine chooses per flush: with a threshold of
-/// two remote CPUs, a flush that must reach one other CPU sends it an IPI,
-/// one that must reach three broadcasts; both leave nothing cached, and the
-/// report says which was used.
+/// On broadcast hardware the machine chooses per flush: a flush that
+/// reaches no other CPU is local; with a threshold of two remote CPUs, one
+/// that must reach one other CPU sends it an IPI, one that must reach three
+/// broadcasts; all leave nothing cached, and the report says which was
+/// used.
 #[test]
 fn broadcast_hardware_chooses_ipis_below_its_threshold() {
     use tlb_batch::arch::mock::{BroadcastTlbi, MockConfig};
@@ -523,8 +524,14 @@ fn broadcast_hardware_chooses_ipis_below_its_threshold() {
         ..config(4, 64)
     })
     .unwrap();
-    let (narrow, narrow_frames) = populate(&m, 1, 1, &[1], true);
     let cpu0 = m.cpu(0).unwrap();
+    // Reaching no other CPU: a local flush, never a broadcast.
+    let (mine, mine_frames) = populate(&m, 3, 1, &[0], true);
+    m.clear_pte(&mine, va(0)).unwrap();
+    let r = flush_tlb_page(&cpu0, &mine, va(0)).unwrap();
+    assert!(!r.broadcast && r.flushed_locally && r.ipis_sent == 0);
+    assert_eq!(m.cached_translations(mine_frames[0]), []);
+    let (narrow, narrow_frames) = populate(&m, 1, 1, &[1], true);
     m.clear_pte(&narrow, va(0)).unwrap();
     let r = flush_tlb_page(&cpu0, &narrow, va(0)).unwrap();
     assert!(!r.broadcast, "one remote CPU: below the threshold");
@@ -541,4 +548,19 @@ fn broadcast_hardware_chooses_ipis_below_its_threshold() {
     assert_eq!(m.stats().broadcasts, 1, "counted as a broadcast");
     assert_eq!(m.cached_translations(wide_frames[0]), []);
     assert_eq!(m.violations(), []);
+}
+
+/// Even on hardware that always broadcasts, a flush that reaches no other
+/// CPU stays local: a broadcast would make every CPU wait at its barrier
+/// for nothing.
+#[test]
+fn a_flush_for_this_cpu_alone_is_never_broadcast() {
+    use tlb_batch::arch::mock::BroadcastTlbi;
+    let m = MockMachine::<BroadcastTlbi>::with_model(config(3, 64)).unwrap();
+    let (mm, frames) = populate(&m, 1, 1, &[0], true);
+    m.clear_pte(&mm, va(0)).unwrap();
+    let r = flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    assert!(!r.broadcast && r.flushed_locally);
+    assert_eq!(m.stats().broadcasts, 0);
+    assert_eq!(m.cached_translations(frames[0]), []);
 }

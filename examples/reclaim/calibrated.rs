@@ -62,10 +62,12 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use tlb_batch::arch::mock::{Fault, MockConfig, MockCpu, MockMachine, MockRmap, MockSpace};
+use tlb_batch::arch::mock::{
+    Fault, MockConfig, MockCpu, MockMachine, MockRmap, MockSpace, Model as Hardware, X86Invlpgb, X86Like,
+};
 use tlb_batch::{Arch, Asid, Frame, MappingFlags, PageTable, PAGE_SIZE};
 
-use crate::policies::{install_hook, reclaim, Peer, Shared, SCAN};
+use crate::policies::{install_hook, reclaim, Peer, Shared, BROADCAST_MIN_REMOTE, SCAN};
 
 /// Simulated memory, in frames.
 pub const MEMORY: usize = 2048;
@@ -164,6 +166,10 @@ pub struct Figures {
     /// Sum over reclaim calls of the other CPUs running a worker then.
     pub busy_others: u64,
     pub violations: usize,
+    /// Shootdowns done (by the crate's functions), and how many of them by
+    /// broadcast invalidation.
+    pub shootdowns: u64,
+    pub broadcasts: u64,
 }
 
 impl Figures {
@@ -235,9 +241,9 @@ struct Cpu {
     add_batch: Vec<Frame>,
 }
 
-struct Model<'m> {
-    m: &'m MockMachine,
-    rmap: MockRmap<'m>,
+struct Model<'m, H: Hardware = X86Like> {
+    m: &'m MockMachine<H>,
+    rmap: MockRmap<'m, H>,
     peer: Peer,
     shared: Shared,
     tasks: Vec<Task>,
@@ -258,7 +264,7 @@ fn va(page: usize) -> u64 {
     BASE + page as u64 * PAGE_SIZE
 }
 
-impl<'m> Model<'m> {
+impl<'m, H: Hardware> Model<'m, H> {
     fn random(&mut self, n: usize) -> usize {
         // xorshift64: deterministic, so every run prints the same figures.
         self.rng ^= self.rng << 13;
@@ -267,7 +273,7 @@ impl<'m> Model<'m> {
         (self.rng % n as u64) as usize
     }
 
-    fn cpu(&self, c: usize) -> MockCpu<'m> {
+    fn cpu(&self, c: usize) -> MockCpu<'m, H> {
         self.m.cpu(c).expect("a CPU")
     }
 
@@ -505,7 +511,12 @@ impl<'m> Model<'m> {
 pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
     let mut total = Figures::default();
     for seed in SEEDS {
-        let f = run_seed(cpus, tasks, peer, seed, true);
+        let f = match peer {
+            Peer::BroadcastAlways | Peer::BroadcastWide => {
+                run_seed::<X86Invlpgb>(cpus, tasks, peer, seed, true)
+            }
+            _ => run_seed::<X86Like>(cpus, tasks, peer, seed, true),
+        };
         total.reclaimed += f.reclaimed;
         total.calls += f.calls;
         total.direct_calls += f.direct_calls;
@@ -519,13 +530,15 @@ pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
         total.all_calls += f.all_calls;
         total.busy_others += f.busy_others;
         total.violations += f.violations;
+        total.broadcasts += f.broadcasts;
+        total.shootdowns += f.shootdowns;
     }
     total
 }
 
 /// One run with one seed.
-fn run_seed(cpus: usize, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Figures {
-    let m = machine(cpus);
+fn run_seed<H: Hardware>(cpus: usize, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Figures {
+    let m = machine::<H>(cpus, peer);
     let mut model = Model::new(&m, tasks, peer, seed, catch_up);
     for t in 0..cpus {
         model.place(t, t);
@@ -539,27 +552,37 @@ fn run_seed(cpus: usize, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) ->
     fig.interrupts = m.cpus().map(|c| m.interrupts_taken(c.id()).expect("a CPU")).sum();
     fig.cycles = m.costs().total();
     fig.violations = m.violations().len();
+    let stats = m.stats();
+    fig.broadcasts = stats.broadcasts;
+    fig.shootdowns = stats.shootdowns;
     fig
 }
 
-fn machine(cpus: usize) -> MockMachine {
-    MockMachine::new(MockConfig {
+/// The machine: x86-like, or with broadcast invalidation for the
+/// broadcast policies (whose threshold `peer` sets).
+fn machine<H: Hardware>(cpus: usize, peer: Peer) -> MockMachine<H> {
+    MockMachine::with_model(MockConfig {
         frames: MEMORY,
         tlb_entries: 64,
+        broadcast_min_remote: if peer == Peer::BroadcastWide {
+            BROADCAST_MIN_REMOTE
+        } else {
+            0
+        },
         ..MockConfig::x86_like(cpus)
     })
     .expect("a valid machine")
 }
 
-impl<'m> Model<'m> {
+impl<'m, H: Hardware> Model<'m, H> {
     /// The model on machine `m`, one task per CPU, nothing mapped yet.
-    fn new(m: &'m MockMachine, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Self {
+    fn new(m: &'m MockMachine<H>, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Self {
         let cpus = m.nr_cpus();
         let nspaces = match tasks {
             Tasks::Processes => cpus,
             Tasks::Threads => 1,
         };
-        let spaces: Vec<MockSpace<'_>> = (0..nspaces)
+        let spaces: Vec<MockSpace<'_, H>> = (0..nspaces)
             .map(|i| {
                 m.space(
                     &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 
-use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap};
+use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Model};
 use tlb_batch::{
     page_referenced, shrink_page_list, try_to_unmap, Arch, Asid, CpuSet, Frame, OwnedFrame, PageTable, Rmap,
     TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
@@ -48,7 +48,20 @@ pub enum Peer {
     Linux61,
     Asterinas,
     TlbBatch,
+    /// tlb-batch on x86 with AMD's broadcast invalidation (`INVLPGB`; the
+    /// mock's `X86Invlpgb`), broadcasting every flush that reaches another
+    /// CPU.
+    BroadcastAlways,
+    /// The same hardware, broadcasting only flushes that must reach at
+    /// least [`BROADCAST_MIN_REMOTE`] other CPUs, IPIs below that
+    /// (`Arch::prefer_broadcast`).
+    BroadcastWide,
 }
+
+/// The threshold of [`Peer::BroadcastWide`]: a flush that reaches one other
+/// CPU (the common case with processes) interrupts it rather than make
+/// every CPU of the machine invalidate and wait at the barrier.
+pub const BROADCAST_MIN_REMOTE: usize = 2;
 
 impl Peer {
     pub const ALL: [Peer; 5] = [
@@ -59,6 +72,9 @@ impl Peer {
         Peer::TlbBatch,
     ];
 
+    /// The policies on broadcast hardware, reported beside the others.
+    pub const BROADCAST: [Peer; 2] = [Peer::BroadcastAlways, Peer::BroadcastWide];
+
     pub fn name(self) -> &'static str {
         match self {
             Peer::NoBatching => "no batching",
@@ -66,6 +82,8 @@ impl Peer {
             Peer::Linux61 => "Linux 6.1",
             Peer::Asterinas => "Asterinas",
             Peer::TlbBatch => "tlb-batch",
+            Peer::BroadcastAlways => "bcast always",
+            Peer::BroadcastWide => "bcast >=2",
         }
     }
 
@@ -87,9 +105,9 @@ pub type Shared = Arc<Mutex<Request>>;
 /// Makes every CPU of `m` carry out the request in `shared` when it takes
 /// a flush interrupt (the crate's own handler runs after it and finds
 /// nothing to do for the by-hand policies).
-pub fn install_hook(m: &MockMachine, shared: &Shared) {
+pub fn install_hook<H: Model>(m: &MockMachine<H>, shared: &Shared) {
     let s = Arc::clone(shared);
-    m.set_ipi_hook(Some(Arc::new(move |t: &MockCpu<'_>| {
+    m.set_ipi_hook(Some(Arc::new(move |t: &MockCpu<'_, H>| {
         let r = s.lock().expect("benchmark lock");
         if r.full {
             t.flush_local_all(false);
@@ -104,7 +122,13 @@ pub fn install_hook(m: &MockMachine, shared: &Shared) {
 /// One flush round: this CPU flushes itself if it has one of the ASIDs
 /// loaded (its TLB is untagged: nothing else of theirs can be in it), then
 /// one IPI to each other target.
-fn round(cpu: &MockCpu<'_>, shared: &Shared, pages: &[(Asid, u64)], full: bool, targets: &CpuSet) {
+fn round<H: Model>(
+    cpu: &MockCpu<'_, H>,
+    shared: &Shared,
+    pages: &[(Asid, u64)],
+    full: bool,
+    targets: &CpuSet,
+) {
     if pages.is_empty() {
         return;
     }
@@ -146,16 +170,16 @@ pub struct Call {
 
 /// One reclaim call of `peer` on `cpu` over `candidates` (taken from the
 /// LRU's tail); frames kept go to `keep`.
-pub fn reclaim(
+pub fn reclaim<H: Model>(
     peer: Peer,
-    cpu: &MockCpu<'_>,
-    rmap: &MockRmap<'_>,
+    cpu: &MockCpu<'_, H>,
+    rmap: &MockRmap<'_, H>,
     shared: &Shared,
     candidates: Vec<Frame>,
     keep: &mut dyn FnMut(Frame),
 ) -> Call {
     match peer {
-        Peer::TlbBatch => {
+        Peer::TlbBatch | Peer::BroadcastAlways | Peer::BroadcastWide => {
             let mut kernel = MockKernel::new(rmap);
             let mut batch = UnmapBatch::<SCAN>::new();
             let s = shrink_page_list(
@@ -205,10 +229,10 @@ type Pending = BTreeMap<u16, (Vec<(Asid, u64)>, CpuSet)>;
 
 /// The three by-hand deferring policies: clear the PTEs, remember what
 /// each target must invalidate, flush, then free.
-fn deferred(
+fn deferred<H: Model>(
     peer: Peer,
-    cpu: &MockCpu<'_>,
-    rmap: &MockRmap<'_>,
+    cpu: &MockCpu<'_, H>,
+    rmap: &MockRmap<'_, H>,
     shared: &Shared,
     candidates: Vec<Frame>,
     keep: &mut dyn FnMut(Frame),

@@ -57,7 +57,7 @@ pub use cpu::MockCpu;
 pub use error::{Fault, MockError};
 pub use kernel::{IoMode, MockKernel, MockRmap};
 pub use machine::{IpiHook, MockMachine};
-pub use model::{BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Like};
+pub use model::{BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Invlpgb, X86Like};
 pub use oracle::{FrameError, FrameState, Violation};
 pub use own_table::MmuTable;
 pub use space::MockSpace;

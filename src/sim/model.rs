@@ -46,6 +46,17 @@ impl Model for BroadcastTlbi {
     const BROADCAST_INVALIDATE: bool = true;
 }
 
+/// x86 with AMD's broadcast invalidation (`INVLPGB` + `TLBSYNC`): x86's
+/// guarantees ([`X86Like`]) plus remote invalidation without IPIs.
+#[derive(Debug)]
+pub struct X86Invlpgb;
+
+impl Model for X86Invlpgb {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    const BROADCAST_INVALIDATE: bool = true;
+}
+
 /// How IPIs reach their target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Delivery {
