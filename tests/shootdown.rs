@@ -546,6 +546,14 @@ fn broadcast_hardware_chooses_ipis_below_its_threshold() {
     assert!(r.broadcast, "three remote CPUs: at or above the threshold");
     assert_eq!(m.ipis_sent(), before, "a broadcast sends no IPI");
     assert_eq!(m.stats().broadcasts, 1, "counted as a broadcast");
+
+    // Exactly at the threshold: two remote CPUs broadcast.
+    let (two, two_frames) = populate(&m, 4, 1, &[2, 3], true);
+    m.clear_pte(&two, va(0)).unwrap();
+    let r = flush_tlb_page(&cpu0, &two, va(0)).unwrap();
+    assert!(r.broadcast, "two remote CPUs: at the threshold");
+    assert_eq!(m.stats().broadcasts, 2);
+    assert_eq!(m.cached_translations(two_frames[0]), []);
     assert_eq!(m.cached_translations(wide_frames[0]), []);
     assert_eq!(m.violations(), []);
 }
