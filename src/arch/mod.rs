@@ -174,8 +174,9 @@ pub unsafe trait Arch {
     /// IPIs, when it must reach `remote_cpus` (at least one) CPUs besides
     /// this one; only asked when
     /// [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true (a
-    /// flush that reaches no other CPU is always done locally). Either answer is correct: IPIs work on any hardware, a
-    /// broadcast reaches every CPU. It is a cost choice: a broadcast's
+    /// flush that reaches no other CPU is always done locally). Either
+    /// answer is correct: IPIs work on any hardware, a broadcast reaches
+    /// every CPU. It is a cost choice: a broadcast's
     /// barrier waits for every CPU of the machine and its invalidations
     /// disturb them all, while IPIs interrupt only the targets, so a kernel
     /// may broadcast only when an address space is active on at least some

@@ -95,7 +95,8 @@ pub struct MockConfig {
     /// that acknowledged a request before carrying it out would let the
     /// initiator go on while the target still caches the entry.
     pub flush_delay_us: u32,
-    /// On a model with broadcast invalidation ([`BroadcastTlbi`]): the
+    /// On a model with broadcast invalidation ([`BroadcastTlbi`],
+    /// [`X86Invlpgb`]): the
     /// fewest remote CPUs a flush must reach for the CPUs to broadcast
     /// rather than send IPIs ([`Arch::prefer_broadcast`](crate::Arch::prefer_broadcast)).
     /// 0, the default, always broadcasts.
