@@ -26,7 +26,7 @@
 
 use core::arch::asm;
 use core::ptr::NonNull;
-use core::sync::atomic::{fence, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 
 use volatile::VolatilePtr;
 
@@ -468,6 +468,11 @@ impl LocalApic {
 /// first: nothing else can mark a CPU online.
 pub struct CpuTable {
     apic_ids: [AtomicU32; MAX_CPUS],
+    /// For APIC IDs below [`DIRECT_IDS`] (every xAPIC ID, and x2APIC IDs
+    /// on most machines): the CPU index plus one, 0 for none, so that
+    /// finding the running CPU, which every crate call does, is one load
+    /// instead of a scan of the table.
+    by_apic_id: [AtomicU16; DIRECT_IDS],
     count: AtomicUsize,
     present: AtomicUsize,
     online: AtomicCpuSet,
@@ -476,6 +481,10 @@ pub struct CpuTable {
 /// The value of an unused slot, and the x2APIC broadcast destination: no
 /// CPU has it.
 const NO_APIC_ID: u32 = u32::MAX;
+
+/// APIC IDs below this are looked up directly; larger ones (x2APIC on
+/// very large or sparse machines) by a scan of the registered CPUs.
+const DIRECT_IDS: usize = 256;
 
 impl Default for CpuTable {
     fn default() -> Self {
@@ -488,6 +497,7 @@ impl CpuTable {
     pub const fn new() -> Self {
         CpuTable {
             apic_ids: [const { AtomicU32::new(NO_APIC_ID) }; MAX_CPUS],
+            by_apic_id: [const { AtomicU16::new(0) }; DIRECT_IDS],
             count: AtomicUsize::new(0),
             present: AtomicUsize::new(0),
             online: AtomicCpuSet::new(),
@@ -517,6 +527,11 @@ impl CpuTable {
             Ok(_) => {}
             Err(existing) if existing == apic_id => {}
             Err(_) => return Err(Error::CpuAlreadyRegistered { cpu }),
+        }
+        if let Some(slot) = self.by_apic_id.get(apic_id as usize) {
+            // `cpu` < MAX_CPUS <= u16::MAX (checked by `CpuId::new` and
+            // asserted in cpuset.rs), so `cpu + 1` fits.
+            slot.store(cpu as u16 + 1, Ordering::Release);
         }
         self.count.fetch_max(cpu + 1, Ordering::AcqRel);
         Ok(id)
@@ -553,6 +568,10 @@ impl CpuTable {
     pub fn cpu_of(&self, apic_id: u32) -> Option<CpuId> {
         if apic_id == NO_APIC_ID {
             return None;
+        }
+        if let Some(slot) = self.by_apic_id.get(apic_id as usize) {
+            let index = usize::from(slot.load(Ordering::Acquire)).checked_sub(1)?;
+            return CpuId::new(index).ok();
         }
         let count = self.count.load(Ordering::Acquire).min(MAX_CPUS);
         (0..count)
@@ -962,6 +981,19 @@ mod tests {
         assert_eq!(t.cpu_of(u32::MAX), None);
         assert_eq!(t.register(1, 8), Ok(cpu(1)));
         assert_eq!(t.cpu_of(8), Some(cpu(1)));
+        // IDs past the direct table (large x2APIC IDs) are found by a scan,
+        // with the same refusals; IDs next to them stay unknown.
+        assert_eq!(t.register(3, 0x1_0000), Ok(cpu(3)));
+        assert_eq!(t.cpu_of(0x1_0000), Some(cpu(3)));
+        assert_eq!(t.cpu_of(0x1_0001), None);
+        assert_eq!(
+            t.register(4, 0x1_0000),
+            Err(Error::InvalidHardwareId { hw_id: 0x1_0000 })
+        );
+        assert_eq!(t.register(4, 255), Ok(cpu(4)));
+        assert_eq!(t.cpu_of(255), Some(cpu(4)));
+        assert_eq!(t.cpu_of(256), None);
+        assert_eq!(t.apic_id(cpu(4)), Some(255));
         // Registration alone puts no CPU online.
         assert!(t.online().is_empty());
         // The present count starts unknown (no shorthand) and is what the
