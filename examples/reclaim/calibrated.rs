@@ -63,9 +63,9 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use tlb_batch::arch::mock::{
-    Fault, MockConfig, MockCpu, MockMachine, MockRmap, MockSpace, Model as Hardware, X86Invlpgb, X86Like,
+    Fault, MockConfig, MockCpu, MockMachine, MockRmap, Model as Hardware, X86Invlpgb, X86Like,
 };
-use tlb_batch::{Arch, Asid, Frame, MappingFlags, PageTable, PAGE_SIZE};
+use tlb_batch::{Arch, Frame, MappingFlags, PageTable, PAGE_SIZE};
 
 use crate::policies::{install_hook, reclaim, Peer, Shared, BROADCAST_MIN_REMOTE, SCAN};
 
@@ -582,14 +582,7 @@ impl<'m, H: Hardware> Model<'m, H> {
             Tasks::Processes => cpus,
             Tasks::Threads => 1,
         };
-        let spaces: Vec<MockSpace<'_, H>> = (0..nspaces)
-            .map(|i| {
-                m.space(
-                    &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
-                        .expect("a new address space"),
-                )
-            })
-            .collect();
+        let spaces = crate::address_spaces(m, nspaces);
         let pages = FILE_PAGES / cpus;
         let stride = pages.div_ceil(REGION_ALIGN) * REGION_ALIGN;
         let shared = Shared::default();

@@ -38,7 +38,9 @@ use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
-use tlb_batch::arch::mock::{Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, MockSpace};
+use tlb_batch::arch::mock::{
+    Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, MockSpace, Model,
+};
 use tlb_batch::{
     flush_tlb_page, page_referenced, shrink_page_list, try_to_unmap, Arch, Asid, CpuSet, Frame, MappingFlags,
     OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
@@ -285,16 +287,21 @@ fn machine(cpus: usize) -> MockMachine {
     .expect("a valid machine")
 }
 
-fn run(cpus: usize, policy: Policy, list: usize) -> Figures {
-    let m = machine(cpus);
-    let spaces: Vec<MockSpace<'_>> = (0..cpus)
+/// `n` address spaces on `m`, with ASIDs 1 to `n`: one per process.
+pub fn address_spaces<H: Model>(m: &MockMachine<H>, n: usize) -> Vec<MockSpace<'_, H>> {
+    (0..n)
         .map(|i| {
             m.space(
                 &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
                     .expect("a new address space"),
             )
         })
-        .collect();
+        .collect()
+}
+
+fn run(cpus: usize, policy: Policy, list: usize) -> Figures {
+    let m = machine(cpus);
+    let spaces = address_spaces(&m, cpus);
     for (i, s) in spaces.iter().enumerate() {
         m.cpu(i).expect("a CPU").switch_to(s.mm()).expect("switch");
     }

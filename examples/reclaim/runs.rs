@@ -5,13 +5,13 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use tlb_batch::arch::mock::{MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, MockSpace};
+use tlb_batch::arch::mock::{MockConfig, MockCpu, MockKernel, MockMachine, MockRmap};
 use tlb_batch::{
-    migrate_pages, page_referenced, shrink_page_list, try_to_unmap, Asid, Frame, MappingFlags,
-    TlbFlushUnmapBatch, TtuFlags, UnmapBatch,
+    migrate_pages, page_referenced, shrink_page_list, try_to_unmap, Frame, MappingFlags, TlbFlushUnmapBatch,
+    TtuFlags, UnmapBatch,
 };
 
-use crate::{handle, machine, va, Figures, Policy, DEFAULT_LIST, FILE_PAGES, MEMORY};
+use crate::{address_spaces, handle, machine, va, Figures, Policy, DEFAULT_LIST, FILE_PAGES, MEMORY};
 
 /// The workload on real threads (CPUs as threads, IPIs as cross-thread
 /// interrupts); returns the wall time in seconds and the figures.
@@ -26,14 +26,7 @@ pub fn run_threaded(cpus: usize, policy: Policy) -> (f64, Figures) {
         .threaded(),
     )
     .expect("a valid machine");
-    let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| {
-            m.space(
-                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
-                    .expect("a new address space"),
-            )
-        })
-        .collect();
+    let spaces = address_spaces(&m, cpus);
     let rmap = MockRmap::new(&m, spaces);
     let lru: Mutex<VecDeque<Frame>> = Mutex::new(VecDeque::new());
     let reclaimed = std::sync::atomic::AtomicU64::new(0);
@@ -137,14 +130,7 @@ fn migrate_in<const L: usize>(
 pub fn run_migration(list: usize) -> Figures {
     let cpus = 8;
     let m = machine(cpus);
-    let spaces: Vec<MockSpace<'_>> = (0..cpus)
-        .map(|i| {
-            m.space(
-                &m.new_mm(Asid::new(i as u16 + 1).expect("a user ASID"))
-                    .expect("a new address space"),
-            )
-        })
-        .collect();
+    let spaces = address_spaces(&m, cpus);
     let rmap = MockRmap::new(&m, spaces);
     let mut frames = Vec::new();
     for c in 0..cpus {
