@@ -787,6 +787,12 @@ impl X86_64 {
 
 /// The answer to a CPU that was never registered: there is no right CPU
 /// index to give, and a wrong one corrupts the shootdown protocol.
+///
+/// The panic stands behind the invariant of [`X86_64::new`]'s `# Safety`
+/// (every CPU that runs crate code is registered), documented under
+/// `# Panics` on [`X86_64`]; a kernel that keeps the contract never gets
+/// here, and [`X86_64::bring_online`] reports the breach as
+/// [`Error::UnregisteredCpu`] before the CPU can run any crate code.
 #[cold]
 #[inline(never)]
 fn unregistered(apic_id: u32) -> ! {
