@@ -143,6 +143,11 @@ impl TlbFlushUnmapBatch {
         Ok(())
     }
 
+    /// The pending request (for [`FramePool`](crate::FramePool)).
+    pub(crate) fn request(&self) -> &FlushRequest {
+        &self.request
+    }
+
     /// Whether nothing is pending.
     pub fn is_empty(&self) -> bool {
         self.request.is_empty()

@@ -156,6 +156,7 @@ mod migrate;
 mod mm;
 mod mprotect;
 mod percpu;
+pub mod pool;
 mod pte;
 mod range;
 mod reclaim;
@@ -194,9 +195,12 @@ pub use mm::{
 };
 pub use mprotect::change_protection;
 pub use percpu::TlbShootdown;
+pub use pool::{quiescent_flush, FramePool, PoolRefusal, POOL_GENERATIONS};
 pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 pub use range::{is_canonical, PageRange, TABLE_PAGES, TABLE_SPAN};
-pub use reclaim::{shrink_page_list, PageOut, ReclaimBacking, ReclaimRetry, ReclaimSummary, Verdict};
+pub use reclaim::{
+    shrink_page_list, shrink_page_list_pooled, PageOut, ReclaimBacking, ReclaimRetry, ReclaimSummary, Verdict,
+};
 pub use request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 pub use rmap::{
     page_referenced, try_to_unmap, BoundedRmap, Mapping, MappingFlags, PageState, PageTable, Referenced,

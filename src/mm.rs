@@ -171,10 +171,16 @@ pub unsafe fn switch_mm<A: Arch>(
     // (loom: model (e) fails without it).
     fence(Ordering::SeqCst);
     state.set_loaded_asid(me, next.asid);
+    // Read before the switch: without tagged TLBs the switch drops every
+    // non-global entry, so this CPU has then flushed past every pooled
+    // generation published up to here (their PTEs were cleared before
+    // their epoch was).
+    let epoch = state.epoch();
     // SAFETY: the caller guarantees `next.root()` is a valid root.
     unsafe { arch.switch_address_space(next.asid, next.root) };
     state.count(Counter::TaskSwitches, 1);
     if !arch.tagged_tlb() {
+        state.pass(me, epoch);
         arch.trace(&TraceEvent {
             cpu: me,
             reason: FlushReason::TaskSwitch,
@@ -199,7 +205,9 @@ pub unsafe fn switch_mm<A: Arch>(
 /// [`switch_mm`] afterwards, as usual.
 pub fn prepare_cpu_online<A: Arch>(arch: &A) {
     let me = arch.current_cpu();
+    let epoch = arch.shootdown_state().epoch();
     arch.flush_local_all(true);
+    arch.shootdown_state().pass(me, epoch);
     arch.shootdown_state().clear_loaded_asid(me);
     arch.shootdown_state().count(Counter::LocalFullFlushes, 1);
 }

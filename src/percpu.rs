@@ -126,6 +126,12 @@ pub(crate) struct PerCpu {
     pub(crate) inbox: AtomicCpuSet,
     pub(crate) ipi_pending: AtomicBool,
     loaded_asid: AtomicU32,
+    /// The newest flush epoch this CPU is known to have flushed past: it
+    /// read the machine's epoch, then dropped every non-global entry.
+    passed: AtomicU64,
+    /// The newest epoch a [`FramePool`](crate::FramePool) published while
+    /// counting this CPU among those that may cache its frames.
+    owed: AtomicU64,
     pub(crate) slot: RequestSlot,
 }
 
@@ -136,6 +142,8 @@ impl PerCpu {
                 inbox: AtomicCpuSet::new(),
                 ipi_pending: AtomicBool::new(false),
                 loaded_asid: AtomicU32::new(NO_ASID),
+                passed: AtomicU64::new(0),
+                owed: AtomicU64::new(0),
                 slot: RequestSlot::new(),
             }
         }
@@ -152,6 +160,9 @@ impl PerCpu {
 /// ```
 pub struct TlbShootdown {
     pub(crate) cpus: [PerCpu; MAX_CPUS],
+    /// The flush epoch: advanced once per generation of pooled frames,
+    /// after their PTEs were cleared (see [`FramePool`](crate::FramePool)).
+    epoch: AtomicU64,
     stats: TlbStats,
 }
 
@@ -167,6 +178,7 @@ impl TlbShootdown {
         pub fn new() -> Self {
             TlbShootdown {
                 cpus: atomic_array![PerCpu::new(); MAX_CPUS],
+                epoch: AtomicU64::new(0),
                 stats: TlbStats::new(),
             }
         }
@@ -191,7 +203,10 @@ impl TlbShootdown {
             cpu.loaded_asid.store(NO_ASID, Ordering::SeqCst);
             cpu.slot.busy.store(false, Ordering::SeqCst);
             cpu.slot.remaining.store(0, Ordering::SeqCst);
+            cpu.passed.store(0, Ordering::SeqCst);
+            cpu.owed.store(0, Ordering::SeqCst);
         }
+        self.epoch.store(0, Ordering::SeqCst);
         self.stats.reset();
     }
 
@@ -214,6 +229,45 @@ impl TlbShootdown {
         self.cpus[cpu.index()]
             .loaded_asid
             .store(u32::from(asid.value()), Ordering::Relaxed);
+    }
+
+    /// Opens a new flush epoch and returns it. Called after the PTEs of the
+    /// frames it stands for were cleared: a CPU that reads this epoch (or a
+    /// later one) and then flushes has dropped every entry for them.
+    pub(crate) fn publish_epoch(&self) -> u64 {
+        self.epoch.fetch_add(1, Ordering::SeqCst).wrapping_add(1)
+    }
+
+    /// The newest published epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Records that `cpu` may cache frames of epoch `epoch`: its next
+    /// [`quiescent_flush`](crate::quiescent_flush) flushes.
+    pub(crate) fn owe(&self, cpu: CpuId, epoch: u64) {
+        self.cpus[cpu.index()].owed.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// Records that `cpu` dropped every non-global entry after reading
+    /// epoch `epoch`.
+    pub(crate) fn pass(&self, cpu: CpuId, epoch: u64) {
+        self.cpus[cpu.index()].passed.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// The newest epoch `cpu` has flushed past (0: none yet). Frames of a
+    /// [`FramePool`](crate::FramePool) generation with this epoch or an
+    /// older one hold no entry on `cpu`.
+    pub fn passed_epoch(&self, cpu: CpuId) -> u64 {
+        self.cpus[cpu.index()].passed.load(Ordering::SeqCst)
+    }
+
+    /// Whether `cpu` owes a flush to a pooled generation it has not
+    /// flushed past yet ([`quiescent_flush`](crate::quiescent_flush) on it
+    /// would flush).
+    pub fn flush_owed(&self, cpu: CpuId) -> bool {
+        let c = &self.cpus[cpu.index()];
+        c.owed.load(Ordering::SeqCst) > c.passed.load(Ordering::SeqCst)
     }
 
     /// How many initiators have a request waiting in `cpu`'s inbox.

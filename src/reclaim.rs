@@ -3,10 +3,13 @@
 //! dirty ones after one flush, free the rest after one more, in one call.
 
 use crate::arch::Arch;
+use crate::pool::FramePool;
 use crate::pte::Frame;
 use crate::rmap::{Rmap, SwapResult, TtuFlags};
 use crate::shootdown::ShootdownReport;
-use crate::unmap::{FreeFrames, Held, OwnedFrame, StillMapped, UnmapBatch, Unmapped, WritebackFrame};
+use crate::unmap::{
+    Flushed, FreeFrames, Held, OwnedFrame, StillMapped, UnmapBatch, Unmapped, WritebackFrame,
+};
 use crate::Error;
 
 /// What writing one dirty frame out achieved.
@@ -67,10 +70,14 @@ pub struct ReclaimSummary {
     /// Dirty frames written out (synchronously or queued).
     pub paged_out: usize,
     /// Shootdowns done: at most two (the dirty flush before the first
-    /// page-out, and the flush before freeing).
+    /// page-out, and the flush before freeing; with a pool, the pool's
+    /// flush instead of the latter).
     pub shootdowns: usize,
     /// IPIs those shootdowns sent.
     pub ipis_sent: usize,
+    /// Frames left in a [`FramePool`] with their flush still owed
+    /// ([`shrink_page_list_pooled`] only): neither freed nor handed back.
+    pub pooled: usize,
 }
 
 /// How far one held frame got through page-out; by position in the batch
@@ -145,6 +152,114 @@ where
     R: Rmap + ?Sized,
     B: ReclaimBacking + ?Sized,
 {
+    let mut work = scan(arch, rmap, batch, candidates, handback);
+    work.run(arch, backing, handback)
+}
+
+/// [`shrink_page_list`] with the flush before freeing deferred into
+/// `pool` ([`FramePool`]): when every frame the call unmapped is clean,
+/// unmapped everywhere and needs no page-out, the frames go into the pool
+/// instead of being flushed and freed, and the call sends no IPI. They come
+/// back, and are freed through `backing`, when every CPU that could cache
+/// them has flushed on its own ([`quiescent_flush`](crate::quiescent_flush),
+/// an address-space switch), which this call checks first, or when the
+/// pool is full, in which case one shootdown releases the whole pool.
+/// Anything else (a dirty page, a frame still mapped) takes
+/// `shrink_page_list`'s path.
+///
+/// [`ReclaimSummary::freed`] counts the frames freed by this call, pooled
+/// ones released now included; [`ReclaimSummary::pooled`] the frames it
+/// left in the pool. Freeing is the pool's flush point, so the kernel
+/// flushes the pool itself ([`FramePool::flush`]) when it needs the memory
+/// back sooner, and keeps the duties listed in [`pool`](crate::pool).
+///
+/// Errors: as for `shrink_page_list`; a failed flush of the pool leaves
+/// the pool as it was and this call's frames in the returned
+/// [`ReclaimRetry`], whose retry flushes and frees them directly.
+#[allow(clippy::result_large_err)] // as for `shrink_page_list`
+pub fn shrink_page_list_pooled<A, R, B, const N: usize, const P: usize>(
+    arch: &A,
+    rmap: &R,
+    backing: &mut B,
+    batch: &mut UnmapBatch<N>,
+    pool: &mut FramePool<P>,
+    candidates: impl IntoIterator<Item = OwnedFrame>,
+    handback: &mut dyn FnMut(OwnedFrame, Verdict),
+) -> Result<ReclaimSummary, ReclaimRetry<N>>
+where
+    A: Arch,
+    R: Rmap + ?Sized,
+    B: ReclaimBacking + ?Sized,
+{
+    let mut work = scan(arch, rmap, batch, candidates, handback);
+    let released = pool.release_passed(arch);
+    free_released(backing, released, &mut work.summary, handback);
+    let poolable = !work.batch.tlb_batch().is_empty()
+        && work
+            .batch
+            .held()
+            .iter()
+            .all(|h| h.mapped.is_none() && !backing.is_dirty(h.frame.frame()));
+    if !poolable {
+        return work.run(arch, backing, handback);
+    }
+    if pool.room() < work.batch.len() {
+        match pool.flush(arch) {
+            Ok(released) => {
+                count_shootdown(&mut work.summary, released.report());
+                free_released(backing, released, &mut work.summary, handback);
+            }
+            Err(e) => {
+                work.error = Some(e);
+                return Err(work);
+            }
+        }
+    }
+    match pool.defer(arch, &mut work.batch) {
+        Ok(n) => {
+            work.summary.pooled += n;
+            Ok(core::mem::take(&mut work.summary))
+        }
+        // Writable, kernel pages, another machine: flushed as usual.
+        Err(_) => work.run(arch, backing, handback),
+    }
+}
+
+/// Frees what a pool released through `backing`, handing refused frames
+/// back as [`Verdict::FreeRefused`].
+fn free_released<B: ReclaimBacking + ?Sized, const P: usize>(
+    backing: &mut B,
+    mut released: Flushed<P>,
+    summary: &mut ReclaimSummary,
+    handback: &mut dyn FnMut(OwnedFrame, Verdict),
+) {
+    let frames = released.frames_mut();
+    if frames.is_empty() {
+        return;
+    }
+    let offered = frames.len();
+    backing.free_batch(frames);
+    summary.freed += offered.saturating_sub(frames.len());
+    while let Some(frame) = frames.pop() {
+        summary.handed_back += 1;
+        handback(frame, Verdict::FreeRefused);
+    }
+}
+
+/// Steps 1 and 2 of [`shrink_page_list`]: ages and unmaps the candidates
+/// into `batch`, handing back what it keeps; the work left (flushes,
+/// page-out, freeing) is returned, owning the batch's frames.
+fn scan<A, R, const N: usize>(
+    arch: &A,
+    rmap: &R,
+    batch: &mut UnmapBatch<N>,
+    candidates: impl IntoIterator<Item = OwnedFrame>,
+    handback: &mut dyn FnMut(OwnedFrame, Verdict),
+) -> ReclaimRetry<N>
+where
+    A: Arch,
+    R: Rmap + ?Sized,
+{
     let mut summary = ReclaimSummary::default();
     let mut give_back = |frame, verdict, summary: &mut ReclaimSummary| {
         summary.handed_back += 1;
@@ -171,18 +286,11 @@ where
             Err(e) => give_back(frame, Verdict::Failed(e), &mut summary),
         }
     }
-    let mut work = ReclaimRetry {
+    ReclaimRetry {
         batch: core::mem::take(batch),
         stages: [Stage::Pending; N],
         summary,
         error: None,
-    };
-    match work.finish(arch, backing, handback) {
-        Ok(summary) => Ok(summary),
-        Err(e) => {
-            work.error = Some(e);
-            Err(work)
-        }
     }
 }
 
@@ -239,12 +347,29 @@ impl<const N: usize> ReclaimRetry<N> {
         A: Arch,
         B: ReclaimBacking + ?Sized,
     {
+        self.run(arch, backing, handback)
+    }
+
+    /// [`finish`](Self::finish), with a failure handed back as the work.
+    #[allow(clippy::result_large_err)] // as for the driver itself
+    fn run<A, B>(
+        &mut self,
+        arch: &A,
+        backing: &mut B,
+        handback: &mut dyn FnMut(OwnedFrame, Verdict),
+    ) -> Result<ReclaimSummary, ReclaimRetry<N>>
+    where
+        A: Arch,
+        B: ReclaimBacking + ?Sized,
+    {
         match self.finish(arch, backing, handback) {
             Ok(summary) => Ok(summary),
-            Err(e) => {
-                self.error = Some(e);
-                Err(self)
-            }
+            Err(e) => Err(ReclaimRetry {
+                batch: core::mem::take(&mut self.batch),
+                stages: core::mem::replace(&mut self.stages, [Stage::Pending; N]),
+                summary: core::mem::take(&mut self.summary),
+                error: Some(e),
+            }),
         }
     }
 

@@ -208,6 +208,33 @@ impl FlushRequest {
         self.degrade();
     }
 
+    /// Adds everything `other` asks for (ranges page by page, up to
+    /// `ceiling` pages in all, as [`add_range`](Self::add_range) does).
+    pub(crate) fn merge(&mut self, other: &FlushRequest, ceiling: usize) {
+        match other.scope() {
+            FlushScope::Ranges(ranges) => {
+                for r in ranges {
+                    // Every range of a request was a valid `PageRange`.
+                    if let Ok(range) = PageRange::new(r.start, u64::from(r.pages)) {
+                        self.add_range(r.asid, range, ceiling);
+                    }
+                }
+            }
+            FlushScope::Asids(asids) => asids.iter().for_each(|&a| self.add_asid(a)),
+            FlushScope::Everything { include_global } => {
+                self.too_many_asids = true;
+                self.has_kernel |= include_global;
+                self.degrade();
+            }
+        }
+    }
+
+    /// Whether the request names the kernel's address space (whose entries
+    /// are global: flushing every ASID's non-global entries misses them).
+    pub(crate) fn names_kernel(&self) -> bool {
+        self.has_kernel
+    }
+
     /// Every ASID the request names (at most [`MAX_FLUSH_ASIDS`]; a
     /// request that named more became a flush of everything).
     pub fn asids(&self) -> &[Asid] {

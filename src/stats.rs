@@ -22,6 +22,10 @@ pub enum FlushReason {
     LocalMmShootdown,
     /// This CPU is about to send flush IPIs to other CPUs.
     RemoteSendIpi,
+    /// This CPU dropped its whole TLB on its own, for frames pooled in a
+    /// [`FramePool`](crate::FramePool) ([`quiescent_flush`](crate::quiescent_flush),
+    /// or the releasing CPU itself).
+    Quiescent,
 }
 
 /// How much a traced flush covers.
@@ -57,6 +61,9 @@ pub struct TlbStats {
     batches_flushed: AtomicU64,
     task_switches: AtomicU64,
     broadcasts: AtomicU64,
+    quiescent_flushes: AtomicU64,
+    frames_pooled: AtomicU64,
+    frames_released_by_passes: AtomicU64,
 }
 
 /// A copy of the counters at one moment (each read separately).
@@ -84,6 +91,15 @@ pub struct TlbStatsSnapshot {
     /// (counted in `shootdowns` too; see
     /// [`Arch::prefer_broadcast`](crate::Arch::prefer_broadcast)).
     pub broadcasts: u64,
+    /// Local flushes done by [`quiescent_flush`](crate::quiescent_flush)
+    /// because a pooled generation counted the CPU among its targets.
+    pub quiescent_flushes: u64,
+    /// Frames moved into a [`FramePool`](crate::FramePool) with their flush
+    /// deferred.
+    pub frames_pooled: u64,
+    /// Pooled frames released without a shootdown, because every CPU that
+    /// could cache them had flushed past their epoch.
+    pub frames_released_by_passes: u64,
 }
 
 /// The counter a crate-internal event increments.
@@ -98,6 +114,9 @@ pub(crate) enum Counter {
     BatchesFlushed,
     TaskSwitches,
     Broadcasts,
+    QuiescentFlushes,
+    FramesPooled,
+    FramesReleasedByPasses,
 }
 
 impl TlbStats {
@@ -114,6 +133,9 @@ impl TlbStats {
                 batches_flushed: AtomicU64::new(0),
                 task_switches: AtomicU64::new(0),
                 broadcasts: AtomicU64::new(0),
+                quiescent_flushes: AtomicU64::new(0),
+                frames_pooled: AtomicU64::new(0),
+                frames_released_by_passes: AtomicU64::new(0),
             }
         }
     }
@@ -129,6 +151,9 @@ impl TlbStats {
             Counter::BatchesFlushed => &self.batches_flushed,
             Counter::TaskSwitches => &self.task_switches,
             Counter::Broadcasts => &self.broadcasts,
+            Counter::QuiescentFlushes => &self.quiescent_flushes,
+            Counter::FramesPooled => &self.frames_pooled,
+            Counter::FramesReleasedByPasses => &self.frames_released_by_passes,
         }
     }
 
@@ -145,6 +170,9 @@ impl TlbStats {
             Counter::BatchesFlushed,
             Counter::TaskSwitches,
             Counter::Broadcasts,
+            Counter::QuiescentFlushes,
+            Counter::FramesPooled,
+            Counter::FramesReleasedByPasses,
         ] {
             self.counter(c).store(0, Ordering::Relaxed);
         }
@@ -167,6 +195,9 @@ impl TlbStats {
             batches_flushed: get(Counter::BatchesFlushed),
             task_switches: get(Counter::TaskSwitches),
             broadcasts: get(Counter::Broadcasts),
+            quiescent_flushes: get(Counter::QuiescentFlushes),
+            frames_pooled: get(Counter::FramesPooled),
+            frames_released_by_passes: get(Counter::FramesReleasedByPasses),
         }
     }
 }
@@ -185,6 +216,11 @@ impl TlbStatsSnapshot {
             batches_flushed: self.batches_flushed.wrapping_sub(earlier.batches_flushed),
             task_switches: self.task_switches.wrapping_sub(earlier.task_switches),
             broadcasts: self.broadcasts.wrapping_sub(earlier.broadcasts),
+            quiescent_flushes: self.quiescent_flushes.wrapping_sub(earlier.quiescent_flushes),
+            frames_pooled: self.frames_pooled.wrapping_sub(earlier.frames_pooled),
+            frames_released_by_passes: self
+                .frames_released_by_passes
+                .wrapping_sub(earlier.frames_released_by_passes),
         }
     }
 }

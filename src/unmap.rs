@@ -408,6 +408,12 @@ impl<const N: usize> UnmapBatch<N> {
     pub(crate) fn held(&self) -> &[Held] {
         &self.frames
     }
+
+    /// Forgets the pending flush, which the caller took over
+    /// ([`FramePool::defer`](crate::FramePool::defer)).
+    pub(crate) fn forget_tlb(&mut self) {
+        self.tlb = TlbFlushUnmapBatch::new();
+    }
 }
 
 /// Held frames lent for I/O by [`UnmapBatch::flush_dirty`]: no CPU holds a
@@ -479,6 +485,15 @@ pub struct Flushed<const N: usize> {
 }
 
 impl<const N: usize> Flushed<N> {
+    /// Unmapped frames only, made safe by `report`.
+    pub(crate) fn unmapped(unmapped: heapless::Vec<OwnedFrame, N>, report: ShootdownReport) -> Self {
+        Flushed {
+            unmapped,
+            mapped: heapless::Vec::new(),
+            report,
+        }
+    }
+
     /// The shootdown that made them safe.
     pub fn report(&self) -> ShootdownReport {
         self.report

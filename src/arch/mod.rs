@@ -48,6 +48,11 @@ pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
 /// - Each `flush_local_*` method has removed the named entries from this
 ///   CPU's TLB by the time it returns, including entries of an ASID that is
 ///   not loaded when [`tagged_tlb`](Arch::tagged_tlb) is true.
+/// - When [`tagged_tlb`](Arch::tagged_tlb) is false,
+///   [`switch_address_space`](Arch::switch_address_space) drops every
+///   non-global entry the CPU holds (as loading CR3 without PCIDs does):
+///   the crate counts such a switch as a full local flush
+///   ([`FramePool`](crate::FramePool) releases frames on it).
 /// - [`send_flush_ipi`](Arch::send_flush_ipi) delivers an interrupt to each
 ///   target, whose handler calls [`handle_flush_ipi`](crate::handle_flush_ipi)
 ///   with that CPU's `Arch` value.

@@ -1,0 +1,435 @@
+//! [`FramePool`]: unmapped frames kept, not yet freed, until every CPU that
+//! could cache them has flushed on its own, and [`quiescent_flush`], the
+//! hook through which CPUs do that at points where a flush is cheap.
+//!
+//! # Why
+//!
+//! A reclaim call frees about a dozen pages and owes one shootdown for
+//! them. Freeing is what forces the shootdown to happen *now*; nothing
+//! else does, since the PTEs are already cleared. A pool keeps the frames
+//! allocated instead, and lets the shootdown wait until either
+//!
+//! - every CPU that could hold an entry for them has dropped its whole TLB
+//!   anyway: at an address-space switch without tagged TLBs, or at its
+//!   next timer tick or idle entry through [`quiescent_flush`] (the idea of
+//!   LATR, ASPLOS 2018). The frames then go back with no IPI at all; or
+//! - the kernel cannot wait: the pool is full, free memory is low, or it
+//!   must reuse a pooled frame. [`FramePool::flush`] then sends one
+//!   shootdown for the whole pool, to the CPUs that have not flushed yet.
+//!
+//! # How a CPU is known to have flushed
+//!
+//! The machine's [`TlbShootdown`](crate::TlbShootdown) keeps a flush
+//! *epoch*. Each batch moved into a pool becomes a generation: the pool
+//! opens a new epoch *after* the batch's PTEs were cleared, and marks each
+//! CPU the batch had to reach as owing a flush. A CPU records the epoch it
+//! read just *before* it dropped every non-global entry (its "passed"
+//! epoch). If that is at least a generation's epoch, the CPU read it after
+//! the PTEs were cleared, so its TLB could not refill an entry for those
+//! pages after the flush: it holds none. A generation is released when
+//! every online CPU it had to reach has passed its epoch; a CPU that went
+//! offline runs no code until [`prepare_cpu_online`](crate::prepare_cpu_online)
+//! flushes it.
+//!
+//! # What the kernel must do
+//!
+//! - Call [`quiescent_flush`] from its timer tick, and when a CPU enters
+//!   idle; with untagged TLBs, [`switch_mm`](crate::switch_mm) already
+//!   records the flush a switch implies. A CPU that idles for long should
+//!   switch to the kernel's address space, so that it leaves the user
+//!   spaces' CPU sets and no later generation waits for it.
+//! - Treat pooled frames as allocated: they are not free memory. Release
+//!   passed generations often ([`FramePool::release_passed`], no IPIs) and
+//!   [`flush`](FramePool::flush) the pool when free memory falls below a
+//!   watermark it chooses, or when it must reuse one of the frames.
+//! - Flush the pool (or the page's address spaces) before it writes new
+//!   data into a *file page* one of whose old frames is pooled: a CPU could
+//!   otherwise still read the old frame's contents through a stale
+//!   read-only entry. In the usual case, a refault that reads the page back
+//!   from disk, the old contents and the new are the same. Changing a
+//!   mapping of an address space with pooled pages goes through
+//!   [`flush_tlb_batched_pending`](crate::flush_tlb_batched_pending) as for
+//!   any deferred flush (contract rule 5): the pool leaves the address
+//!   space marked until then.
+//!
+//! Only frames whose deferred mappings were all clean and read-only go into
+//! a pool, so no CPU can write to a pooled frame (a write through a clean
+//! entry re-walks the page table and faults, which is why deferral needs
+//! [`Arch::CLEAN_WRITE_REWALK`]). Kernel pages (global entries, which a
+//! local flush of every ASID keeps) never do.
+
+use crate::arch::Arch;
+use crate::batch::machine_id;
+use crate::cpuset::CpuSet;
+use crate::request::FlushRequest;
+use crate::shootdown::{shootdown, ShootdownReport};
+use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
+use crate::unmap::{Flushed, OwnedFrame, UnmapBatch};
+use crate::Error;
+
+/// How many generations a pool tells apart. A batch deferred into a pool
+/// whose generations are all in use joins the newest one (which then waits
+/// for the later of the two epochs): still exact about what is owed, only
+/// released a little later.
+pub const POOL_GENERATIONS: usize = 16;
+
+/// Why [`FramePool::defer`] left a batch as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolRefusal {
+    /// A frame the batch holds is still mapped somewhere (it is in use,
+    /// not reclaimed): flush the batch as usual.
+    StillMapped,
+    /// A deferred mapping was writable or dirty: a stale entry could still
+    /// write to the frame, so it must be flushed before page-out or reuse.
+    Writable,
+    /// The batch covers kernel pages, whose global entries a CPU's own
+    /// flush of every address space keeps.
+    Kernel,
+    /// The pool has room for fewer frames than the batch holds (this many).
+    NoRoom {
+        /// Frames the pool can still take.
+        room: usize,
+    },
+    /// The batch or the pool holds work of another machine
+    /// ([`Error::OtherMachine`]).
+    OtherMachine,
+}
+
+/// One batch's worth of pooled frames: the epoch opened after their PTEs
+/// were cleared, the CPUs that could cache them, and how many there are.
+#[derive(Clone, Copy, Debug)]
+struct Generation {
+    epoch: u64,
+    targets: CpuSet,
+    frames: usize,
+}
+
+/// Up to `N` unmapped frames whose TLB flush is still owed, kept allocated
+/// until every CPU that could cache them has flushed on its own (see the
+/// [module](crate::pool) documentation) or the kernel asks for them.
+///
+/// Frames come in from an [`UnmapBatch`] with [`defer`](Self::defer) (or
+/// through [`shrink_page_list_pooled`](crate::shrink_page_list_pooled)) and
+/// go out only through [`release_passed`](Self::release_passed), which
+/// hands back the generations every CPU has flushed past, and
+/// [`flush`](Self::flush), which shoots down whatever is still owed and
+/// hands back everything. Either way they come back as [`Flushed`]: no CPU
+/// holds any TLB entry for them then. Dropping a pool that holds frames
+/// leaks them (never frees them unsafely): flush it instead.
+///
+/// A pool belongs to the machine whose [`Arch`] first deferred into it;
+/// another machine's is refused ([`Error::OtherMachine`]).
+///
+/// ```
+/// # #[cfg(feature = "mock")] {
+/// use tlb_batch::arch::mock::{MockConfig, MockKernel, MockMachine, MockRmap};
+/// use tlb_batch::{quiescent_flush, Asid, FramePool, OwnedFrame, TtuFlags, UnmapBatch, Unmapped, PAGE_SIZE};
+///
+/// let machine = MockMachine::new(MockConfig::x86_like(2)).unwrap();
+/// let mm = machine.new_mm(Asid::new(1).unwrap()).unwrap();
+/// let rmap = MockRmap::new(&machine, vec![machine.space(&mm)]);
+/// let (cpu0, cpu1) = (machine.cpu(0).unwrap(), machine.cpu(1).unwrap());
+/// cpu0.switch_to(&mm).unwrap();
+/// cpu1.switch_to(&mm).unwrap();
+/// let frame = machine.alloc_frame().unwrap();
+/// rmap.map(frame, 0, 0x40_0000, false, Default::default()).unwrap();
+/// cpu1.read(0x40_0000).unwrap(); // CPU 1 caches the page
+///
+/// // Unmap it with the flush deferred, and pool the frame instead of
+/// // flushing: no IPI yet.
+/// let mut batch = UnmapBatch::<8>::new();
+/// // SAFETY: the only handle to a frame this example allocated.
+/// let page = unsafe { OwnedFrame::new(frame) };
+/// let unmapped = batch.try_to_unmap(&cpu0, &rmap, page, TtuFlags::IGNORE_ACCESS);
+/// assert!(matches!(unmapped, Ok(Unmapped::Held(_))));
+/// let mut pool = FramePool::<64>::new();
+/// assert_eq!(pool.defer(&cpu0, &mut batch), Ok(1));
+/// assert!(pool.release_passed(&cpu0).is_empty()); // CPU 1 may still cache it
+///
+/// // CPU 1's timer tick flushes its TLB; the frame comes back, no IPI sent.
+/// assert!(quiescent_flush(&cpu1));
+/// let mut released = pool.release_passed(&cpu0);
+/// assert_eq!(released.len(), 1);
+/// let mut kernel = MockKernel::new(&rmap);
+/// tlb_batch::FreeFrames::free_batch(&mut kernel, released.frames_mut());
+/// assert_eq!(machine.ipis_sent(), 0);
+/// assert!(machine.violations().is_empty());
+/// # }
+/// ```
+#[must_use = "a pool holds frames whose TLB flush is still owed: release or flush it"]
+pub struct FramePool<const N: usize> {
+    frames: heapless::Deque<OwnedFrame, N>,
+    gens: heapless::Deque<Generation, POOL_GENERATIONS>,
+    /// Everything any pooled generation's flush covers (only ever used
+    /// whole, by `flush`).
+    request: FlushRequest,
+    /// The address of the owning machine's `TlbShootdown` (0: none yet).
+    machine: usize,
+}
+
+impl<const N: usize> Default for FramePool<N> {
+    fn default() -> Self {
+        FramePool::new()
+    }
+}
+
+impl<const N: usize> core::fmt::Debug for FramePool<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FramePool")
+            .field("frames", &self.frames.len())
+            .field("generations", &self.gens.len())
+            .field("targets", &self.targets())
+            .finish()
+    }
+}
+
+impl<const N: usize> FramePool<N> {
+    /// An empty pool.
+    pub const fn new() -> Self {
+        FramePool {
+            frames: heapless::Deque::new(),
+            gens: heapless::Deque::new(),
+            request: FlushRequest::new(),
+            machine: 0,
+        }
+    }
+
+    /// Frames pooled.
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Whether no frame is pooled and no flush is owed.
+    pub fn is_empty(&self) -> bool {
+        self.gens.is_empty()
+    }
+
+    /// How many more frames the pool can take.
+    pub fn room(&self) -> usize {
+        N - self.frames.len()
+    }
+
+    /// Generations pooled (at most [`POOL_GENERATIONS`]).
+    pub fn generations(&self) -> usize {
+        self.gens.len()
+    }
+
+    /// Every CPU some pooled generation had to reach (some may have
+    /// flushed past it since).
+    pub fn targets(&self) -> CpuSet {
+        self.gens
+            .iter()
+            .fold(CpuSet::new(), |acc, g| acc.union(&g.targets))
+    }
+
+    fn check_machine<A: Arch>(&self, arch: &A) -> Result<(), Error> {
+        if self.is_empty() || self.machine == machine_id(arch) {
+            Ok(())
+        } else {
+            Err(Error::OtherMachine)
+        }
+    }
+
+    /// Moves every frame of `batch`, and the flush it owes, into the pool,
+    /// without flushing: the frames stay allocated, and come back from
+    /// [`release_passed`](Self::release_passed) or [`flush`](Self::flush).
+    /// Returns how many frames moved; `batch` is then empty (its address
+    /// spaces stay marked as owing a flush, for
+    /// [`flush_tlb_batched_pending`](crate::flush_tlb_batched_pending)).
+    ///
+    /// Call it only after the batch's PTEs were cleared (as
+    /// [`UnmapBatch::try_to_unmap`] does): the generation's epoch is opened
+    /// here, and CPUs that flush after reading it are trusted to hold no
+    /// entry for the frames.
+    ///
+    /// Refused, with `batch` and the pool unchanged (flush the batch as
+    /// usual then), when a held frame is still mapped, a deferred mapping
+    /// was writable or dirty, the batch covers kernel pages, the pool lacks
+    /// room, or either belongs to another machine: [`PoolRefusal`].
+    pub fn defer<A: Arch, const M: usize>(
+        &mut self,
+        arch: &A,
+        batch: &mut UnmapBatch<M>,
+    ) -> Result<usize, PoolRefusal> {
+        let tlb = batch.tlb_batch();
+        if tlb.check_machine(arch).is_err() || self.check_machine(arch).is_err() {
+            return Err(PoolRefusal::OtherMachine);
+        }
+        if batch.held().iter().any(|h| h.mapped.is_some()) {
+            return Err(PoolRefusal::StillMapped);
+        }
+        if tlb.has_writable() {
+            return Err(PoolRefusal::Writable);
+        }
+        if tlb.request().names_kernel() {
+            return Err(PoolRefusal::Kernel);
+        }
+        if batch.len() > self.room() {
+            return Err(PoolRefusal::NoRoom { room: self.room() });
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let state = arch.shootdown_state();
+        // After the PTE clears (the batch recorded each one after it was
+        // done): a CPU that reads this epoch and then flushes holds none
+        // of the batch's entries.
+        let epoch = state.publish_epoch();
+        let targets = tlb.targets();
+        for cpu in &targets {
+            state.owe(cpu, epoch);
+        }
+        self.request.merge(tlb.request(), A::FULL_FLUSH_CEILING);
+        let frames = batch.len();
+        let generation = Generation {
+            epoch,
+            targets,
+            frames,
+        };
+        if let Err(generation) = self.gens.push_back(generation) {
+            // Every slot in use: join the newest generation, which then
+            // waits for both epochs' CPUs (the newer epoch covers the
+            // older, since epochs only grow).
+            if let Some(newest) = self.gens.back_mut() {
+                newest.epoch = generation.epoch;
+                newest.targets = newest.targets.union(&generation.targets);
+                newest.frames += generation.frames;
+            }
+        }
+        for held in batch.take_held() {
+            // SAFETY: `batch.len()` <= `self.room()` was checked above, so
+            // the deque has room for every held frame.
+            unsafe { self.frames.push_back_unchecked(held.frame) };
+        }
+        batch.forget_tlb();
+        self.machine = machine_id(arch);
+        state.count(Counter::FramesPooled, frames as u64);
+        Ok(frames)
+    }
+
+    /// Hands back, without any IPI, the oldest generations that every CPU
+    /// they had to reach has flushed past (by a switch, a
+    /// [`quiescent_flush`], an IPI or coming online). If the calling CPU
+    /// is among those it has not, it flushes itself here, locally. Returns
+    /// an empty [`Flushed`] when the oldest generation still waits for
+    /// another CPU (or the pool is empty, or belongs to another machine).
+    pub fn release_passed<A: Arch>(&mut self, arch: &A) -> Flushed<N> {
+        let mut released = heapless::Vec::new();
+        if self.check_machine(arch).is_err() {
+            return Flushed::unmapped(released, ShootdownReport::default());
+        }
+        let state = arch.shootdown_state();
+        let me = arch.current_cpu();
+        let online = arch.online_cpus();
+        let mut count = 0;
+        let mut newest = 0;
+        for g in self.gens.iter() {
+            let others = g.targets.intersection(&online).difference(&CpuSet::single(me));
+            if !others.iter().all(|c| state.passed_epoch(c) >= g.epoch) {
+                break;
+            }
+            count += 1;
+            if g.targets.contains(me) {
+                newest = newest.max(g.epoch);
+            }
+        }
+        if count == 0 {
+            return Flushed::unmapped(released, ShootdownReport::default());
+        }
+        let mut report = ShootdownReport::default();
+        if state.passed_epoch(me) < newest {
+            local_pass(arch);
+            report.flushed_locally = true;
+        }
+        for _ in 0..count {
+            let frames = self.gens.pop_front().map_or(0, |g| g.frames);
+            for _ in 0..frames {
+                if let Some(frame) = self.frames.pop_front() {
+                    // SAFETY: the pool holds at most N frames, so a list of
+                    // capacity N has room for any number of them.
+                    unsafe { released.push_unchecked(frame) };
+                }
+            }
+        }
+        if self.gens.is_empty() {
+            self.request.clear();
+            self.machine = 0;
+        }
+        state.count(Counter::FramesReleasedByPasses, released.len() as u64);
+        Flushed::unmapped(released, report)
+    }
+
+    /// Shoots down what the pool still owes and hands every frame back:
+    /// one shootdown of everything pooled, to the CPUs (this one
+    /// included) that have not flushed past the generations they had to
+    /// reach; none at all when every one has. For when the kernel cannot
+    /// wait: the pool is full, free memory is low, or a pooled frame must
+    /// be reused.
+    ///
+    /// Errors, with the pool unchanged and the flush still owed:
+    /// [`Error::OtherMachine`], and those of [`shootdown`] (retry from a
+    /// context not nested in another shootdown).
+    pub fn flush<A: Arch>(&mut self, arch: &A) -> Result<Flushed<N>, Error> {
+        self.check_machine(arch)?;
+        let state = arch.shootdown_state();
+        let online = arch.online_cpus();
+        let mut owed = CpuSet::new();
+        for g in self.gens.iter() {
+            for cpu in &g.targets.intersection(&online) {
+                if state.passed_epoch(cpu) < g.epoch {
+                    owed.insert(cpu);
+                }
+            }
+        }
+        let report = shootdown(arch, &owed, &self.request)?;
+        if !self.is_empty() {
+            state.count(Counter::BatchesFlushed, 1);
+        }
+        let mut released = heapless::Vec::new();
+        while let Some(frame) = self.frames.pop_front() {
+            // SAFETY: as in `release_passed`: at most N frames.
+            unsafe { released.push_unchecked(frame) };
+        }
+        self.gens.clear();
+        self.request.clear();
+        self.machine = 0;
+        Ok(Flushed::unmapped(released, report))
+    }
+}
+
+/// Drops every non-global entry of this CPU and records the epoch read
+/// before it: every pooled generation up to that epoch is then flushed
+/// here.
+fn local_pass<A: Arch>(arch: &A) {
+    let state = arch.shootdown_state();
+    let me = arch.current_cpu();
+    let epoch = state.epoch();
+    arch.flush_local_all(false);
+    state.pass(me, epoch);
+    state.count(Counter::LocalFullFlushes, 1);
+    arch.trace(&TraceEvent {
+        cpu: me,
+        reason: FlushReason::Quiescent,
+        extent: FlushExtent::All,
+    });
+}
+
+/// The hook a kernel calls where a CPU can flush its own TLB cheaply: its
+/// timer tick, idle entry, or exit from idle. If a [`FramePool`] counted
+/// this CPU among those that may cache a generation it has not flushed
+/// past yet, it drops every non-global entry ([`Arch::flush_local_all`])
+/// and records that, so the pool can hand those frames back without an
+/// IPI. Otherwise it does nothing (one comparison of two counters).
+/// Returns whether it flushed.
+///
+/// Safe anywhere the CPU may flush its own TLB, interrupt handlers
+/// included; the caller must not migrate during the call.
+pub fn quiescent_flush<A: Arch>(arch: &A) -> bool {
+    let state = arch.shootdown_state();
+    if !state.flush_owed(arch.current_cpu()) {
+        return false;
+    }
+    local_pass(arch);
+    state.count(Counter::QuiescentFlushes, 1);
+    true
+}
