@@ -158,10 +158,13 @@ struct Generation {
 /// ```
 #[must_use = "a pool holds frames whose TLB flush is still owed: release or flush it"]
 pub struct FramePool<const N: usize> {
-    frames: heapless::Deque<OwnedFrame, N>,
-    gens: heapless::Deque<Generation, POOL_GENERATIONS>,
-    /// Everything any pooled generation's flush covers (only ever used
-    /// whole, by `flush`).
+    /// The frames, generation after generation, oldest first.
+    frames: heapless::Vec<OwnedFrame, N>,
+    gens: heapless::Vec<Generation, POOL_GENERATIONS>,
+    /// Everything any generation pooled since the pool was last empty
+    /// covers: generations released one by one leave their pages in it,
+    /// so a pool that never empties flushes more than it holds (at worst
+    /// every address space it has seen, as one full flush).
     request: FlushRequest,
     /// The address of the owning machine's `TlbShootdown` (0: none yet).
     machine: usize,
@@ -187,8 +190,8 @@ impl<const N: usize> FramePool<N> {
     /// An empty pool.
     pub const fn new() -> Self {
         FramePool {
-            frames: heapless::Deque::new(),
-            gens: heapless::Deque::new(),
+            frames: heapless::Vec::new(),
+            gens: heapless::Vec::new(),
             request: FlushRequest::new(),
             machine: 0,
         }
@@ -230,6 +233,33 @@ impl<const N: usize> FramePool<N> {
         }
     }
 
+    /// Every check of [`defer`](Self::defer) but the room left: whether
+    /// the pool would take `batch` once it had room for it (a batch larger
+    /// than the whole pool never fits).
+    pub(crate) fn check_defer<A: Arch, const M: usize>(
+        &self,
+        arch: &A,
+        batch: &UnmapBatch<M>,
+    ) -> Result<(), PoolRefusal> {
+        let tlb = batch.tlb_batch();
+        if tlb.check_machine(arch).is_err() || self.check_machine(arch).is_err() {
+            return Err(PoolRefusal::OtherMachine);
+        }
+        if batch.held().iter().any(|h| h.mapped.is_some()) {
+            return Err(PoolRefusal::StillMapped);
+        }
+        if tlb.has_writable() {
+            return Err(PoolRefusal::Writable);
+        }
+        if tlb.request().names_kernel() {
+            return Err(PoolRefusal::Kernel);
+        }
+        if batch.len() > N {
+            return Err(PoolRefusal::NoRoom { room: self.room() });
+        }
+        Ok(())
+    }
+
     /// Moves every frame of `batch`, and the flush it owes, into the pool,
     /// without flushing: the frames stay allocated, and come back from
     /// [`release_passed`](Self::release_passed) or [`flush`](Self::flush).
@@ -251,25 +281,14 @@ impl<const N: usize> FramePool<N> {
         arch: &A,
         batch: &mut UnmapBatch<M>,
     ) -> Result<usize, PoolRefusal> {
-        let tlb = batch.tlb_batch();
-        if tlb.check_machine(arch).is_err() || self.check_machine(arch).is_err() {
-            return Err(PoolRefusal::OtherMachine);
-        }
-        if batch.held().iter().any(|h| h.mapped.is_some()) {
-            return Err(PoolRefusal::StillMapped);
-        }
-        if tlb.has_writable() {
-            return Err(PoolRefusal::Writable);
-        }
-        if tlb.request().names_kernel() {
-            return Err(PoolRefusal::Kernel);
-        }
+        self.check_defer(arch, batch)?;
         if batch.len() > self.room() {
             return Err(PoolRefusal::NoRoom { room: self.room() });
         }
         if batch.is_empty() {
             return Ok(0);
         }
+        let tlb = batch.tlb_batch();
         let state = arch.shootdown_state();
         // After the PTE clears (the batch recorded each one after it was
         // done): a CPU that reads this epoch and then flushes holds none
@@ -286,11 +305,11 @@ impl<const N: usize> FramePool<N> {
             targets,
             frames,
         };
-        if let Err(generation) = self.gens.push_back(generation) {
+        if let Err(generation) = self.gens.push(generation) {
             // Every slot in use: join the newest generation, which then
             // waits for both epochs' CPUs (the newer epoch covers the
             // older, since epochs only grow).
-            if let Some(newest) = self.gens.back_mut() {
+            if let Some(newest) = self.gens.last_mut() {
                 newest.epoch = generation.epoch;
                 newest.targets = newest.targets.union(&generation.targets);
                 newest.frames += generation.frames;
@@ -299,7 +318,7 @@ impl<const N: usize> FramePool<N> {
         for held in batch.take_held() {
             // SAFETY: `batch.len()` <= `self.room()` was checked above, so
             // the deque has room for every held frame.
-            unsafe { self.frames.push_back_unchecked(held.frame) };
+            unsafe { self.frames.push_unchecked(held.frame) };
         }
         batch.forget_tlb();
         self.machine = machine_id(arch);
@@ -307,12 +326,18 @@ impl<const N: usize> FramePool<N> {
         Ok(frames)
     }
 
-    /// Hands back, without any IPI, the oldest generations that every CPU
-    /// they had to reach has flushed past (by a switch, a
-    /// [`quiescent_flush`], an IPI or coming online). If the calling CPU
-    /// is among those it has not, it flushes itself here, locally. Returns
-    /// an empty [`Flushed`] when the oldest generation still waits for
-    /// another CPU (or the pool is empty, or belongs to another machine).
+    /// Hands back, without any IPI, every generation that all the CPUs it
+    /// had to reach have flushed past, in any order. A CPU flushes past
+    /// every generation published before it drops all its non-global
+    /// entries: in [`quiescent_flush`], at an address-space switch without
+    /// tagged TLBs, in [`prepare_cpu_online`](crate::prepare_cpu_online),
+    /// or when a shootdown asks it for a full flush (of everything, or of
+    /// the one address space an untagged TLB holds); a shootdown of single
+    /// pages is no such flush. If the calling CPU is among
+    /// those it has not, it flushes itself here, locally. Returns an empty
+    /// [`Flushed`] when every generation still waits for another CPU (or
+    /// the pool is empty, or belongs to another machine). Its cost is
+    /// proportional to what the pool holds.
     pub fn release_passed<A: Arch>(&mut self, arch: &A) -> Flushed<N> {
         let mut released = heapless::Vec::new();
         if self.check_machine(arch).is_err() {
@@ -321,34 +346,47 @@ impl<const N: usize> FramePool<N> {
         let state = arch.shootdown_state();
         let me = arch.current_cpu();
         let online = arch.online_cpus();
-        let mut count = 0;
-        let mut newest = 0;
-        for g in self.gens.iter() {
+        let passed = |g: &Generation| {
             let others = g.targets.intersection(&online).difference(&CpuSet::single(me));
-            if !others.iter().all(|c| state.passed_epoch(c) >= g.epoch) {
-                break;
-            }
-            count += 1;
+            others.iter().all(|c| state.passed_epoch(c) >= g.epoch)
+        };
+        // The newest epoch among the passed generations that the calling
+        // CPU must still flush itself for.
+        let mut local = 0;
+        let mut any = false;
+        for g in self.gens.iter().filter(|g| passed(g)) {
+            any = true;
             if g.targets.contains(me) {
-                newest = newest.max(g.epoch);
+                local = local.max(g.epoch);
             }
         }
-        if count == 0 {
+        if !any {
             return Flushed::unmapped(released, ShootdownReport::default());
         }
         let mut report = ShootdownReport::default();
-        if state.passed_epoch(me) < newest {
+        if state.passed_epoch(me) < local {
             local_pass(arch);
             report.flushed_locally = true;
         }
-        for _ in 0..count {
-            let frames = self.gens.pop_front().map_or(0, |g| g.frames);
-            for _ in 0..frames {
-                if let Some(frame) = self.frames.pop_front() {
-                    // SAFETY: the pool holds at most N frames, so a list of
-                    // capacity N has room for any number of them.
-                    unsafe { released.push_unchecked(frame) };
+        // Frames are stored generation after generation, oldest first.
+        let mut frames = core::mem::take(&mut self.frames).into_iter();
+        let gens = core::mem::take(&mut self.gens);
+        for g in gens {
+            let release = passed(&g);
+            for frame in frames.by_ref().take(g.frames) {
+                // SAFETY: the pool holds at most N frames, so either list
+                // (each of capacity N) has room for all of them.
+                unsafe {
+                    if release {
+                        released.push_unchecked(frame);
+                    } else {
+                        self.frames.push_unchecked(frame);
+                    }
                 }
+            }
+            if !release {
+                // SAFETY: at most as many generations as were taken out.
+                unsafe { self.gens.push_unchecked(g) };
             }
         }
         if self.gens.is_empty() {
@@ -363,36 +401,100 @@ impl<const N: usize> FramePool<N> {
     /// one shootdown of everything pooled, to the CPUs (this one
     /// included) that have not flushed past the generations they had to
     /// reach; none at all when every one has. For when the kernel cannot
-    /// wait: the pool is full, free memory is low, or a pooled frame must
-    /// be reused.
+    /// wait: free memory is low, or a pooled frame must be reused.
     ///
     /// Errors, with the pool unchanged and the flush still owed:
     /// [`Error::OtherMachine`], and those of [`shootdown`] (retry from a
     /// context not nested in another shootdown).
     pub fn flush<A: Arch>(&mut self, arch: &A) -> Result<Flushed<N>, Error> {
+        self.flush_oldest(arch, N)
+    }
+
+    /// Like [`flush`](Self::flush), but only for the oldest generations
+    /// that together hold at least `frames` frames (all of them if they
+    /// hold fewer): one shootdown to the CPUs that have not flushed past
+    /// those, then every generation no CPU can cache any more comes back,
+    /// those and any other a CPU's flush has covered meanwhile. The
+    /// younger generations keep waiting for the CPUs' own flushes, which
+    /// they are the likeliest not to have had yet. For when the pool is
+    /// full, or the kernel needs some frames now. Errors: as for `flush`,
+    /// with the pool unchanged.
+    pub fn flush_oldest<A: Arch>(&mut self, arch: &A, frames: usize) -> Result<Flushed<N>, Error> {
         self.check_machine(arch)?;
         let state = arch.shootdown_state();
         let online = arch.online_cpus();
-        let mut owed = CpuSet::new();
-        for g in self.gens.iter() {
+        let unpassed = |g: &Generation| {
+            let mut set = CpuSet::new();
             for cpu in &g.targets.intersection(&online) {
                 if state.passed_epoch(cpu) < g.epoch {
-                    owed.insert(cpu);
+                    set.insert(cpu);
                 }
             }
+            set
+        };
+        // Generations are taken greedily, each time the one that adds the
+        // fewest CPUs to interrupt (the oldest among equals), until they
+        // hold `frames` frames; then every one whose CPUs are interrupted
+        // already comes along for free. At most POOL_GENERATIONS rounds.
+        let mut waiting = [CpuSet::new(); POOL_GENERATIONS];
+        for (w, g) in waiting.iter_mut().zip(self.gens.iter()) {
+            *w = unpassed(g);
+        }
+        let mut owed = CpuSet::new();
+        let mut covered = 0;
+        let mut chosen = [false; POOL_GENERATIONS];
+        loop {
+            let cheapest = self
+                .gens
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| !chosen[i])
+                .map(|(i, g)| (waiting[i].difference(&owed).len(), i, g.frames))
+                .min_by_key(|&(added, i, _)| (added, i));
+            let Some((added, i, n)) = cheapest else { break };
+            if added > 0 && covered >= frames {
+                break;
+            }
+            chosen[i] = true;
+            owed = owed.union(&waiting[i]);
+            covered += n;
         }
         let report = shootdown(arch, &owed, &self.request)?;
-        if !self.is_empty() {
+        if !self.gens.is_empty() {
             state.count(Counter::BatchesFlushed, 1);
         }
+        // The flushed generations come out first: their CPUs are done with
+        // them whatever the request was. The shootdown may also have been a
+        // full flush that counts as a pass for others.
         let mut released = heapless::Vec::new();
-        while let Some(frame) = self.frames.pop_front() {
-            // SAFETY: as in `release_passed`: at most N frames.
-            unsafe { released.push_unchecked(frame) };
+        let mut frames_left = core::mem::take(&mut self.frames).into_iter();
+        let gens = core::mem::take(&mut self.gens);
+        for (i, g) in gens.into_iter().enumerate() {
+            for frame in frames_left.by_ref().take(g.frames) {
+                // SAFETY: at most N frames in all, each list of capacity N.
+                unsafe {
+                    if chosen[i] {
+                        released.push_unchecked(frame);
+                    } else {
+                        self.frames.push_unchecked(frame);
+                    }
+                }
+            }
+            if !chosen[i] {
+                // SAFETY: at most as many generations as were taken out.
+                unsafe { self.gens.push_unchecked(g) };
+            }
         }
-        self.gens.clear();
-        self.request.clear();
-        self.machine = 0;
+        if self.gens.is_empty() {
+            self.request.clear();
+            self.machine = 0;
+        } else {
+            let (more, _) = self.release_passed(arch).into_parts();
+            for frame in more {
+                // SAFETY: as above.
+                unsafe { released.push_unchecked(frame) };
+            }
+        }
         Ok(Flushed::unmapped(released, report))
     }
 }

@@ -195,16 +195,17 @@ where
     let released = pool.release_passed(arch);
     free_released(backing, released, &mut work.summary, handback);
     let poolable = !work.batch.tlb_batch().is_empty()
+        && pool.check_defer(arch, &work.batch).is_ok()
         && work
             .batch
             .held()
             .iter()
-            .all(|h| h.mapped.is_none() && !backing.is_dirty(h.frame.frame()));
+            .all(|h| !backing.is_dirty(h.frame.frame()));
     if !poolable {
         return work.run(arch, backing, handback);
     }
     if pool.room() < work.batch.len() {
-        match pool.flush(arch) {
+        match pool.flush_oldest(arch, work.batch.len() - pool.room()) {
             Ok(released) => {
                 count_shootdown(&mut work.summary, released.report());
                 free_released(backing, released, &mut work.summary, handback);
@@ -220,7 +221,8 @@ where
             work.summary.pooled += n;
             Ok(core::mem::take(&mut work.summary))
         }
-        // Writable, kernel pages, another machine: flushed as usual.
+        // Checked above; should the flush have left too little room
+        // anyway, the frames are flushed as usual.
         Err(_) => work.run(arch, backing, handback),
     }
 }

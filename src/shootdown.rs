@@ -280,6 +280,11 @@ pub(crate) fn execute_local<A: Arch>(
             FlushExtent::Pages(pages)
         }
         FlushScope::Asids(asids) => {
+            // Without tagged TLBs a CPU holds non-global entries of the
+            // loaded space only: flushing that one is a full flush, and a
+            // pass for pooled frames (epoch read before the flush).
+            let epoch = state.epoch();
+            let whole = !tagged && loaded.is_some_and(|l| asids.contains(&l));
             let mut n = 0;
             for &asid in asids {
                 if asid.is_kernel() {
@@ -290,11 +295,18 @@ pub(crate) fn execute_local<A: Arch>(
                     n += 1;
                 }
             }
+            if whole {
+                state.pass(me, epoch);
+            }
             state.count(Counter::LocalFullFlushes, n);
             FlushExtent::All
         }
         FlushScope::Everything { include_global } => {
+            // Every non-global entry goes: a pass for pooled frames (the
+            // epoch is read before the flush).
+            let epoch = state.epoch();
             arch.flush_local_all(include_global);
+            state.pass(me, epoch);
             state.count(Counter::LocalFullFlushes, 1);
             FlushExtent::All
         }

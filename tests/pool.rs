@@ -9,8 +9,8 @@ mod common;
 use common::{asid, config, owned, va};
 use tlb_batch::arch::mock::{FrameState, MockConfig, MockKernel, MockMachine, MockRmap, Violation};
 use tlb_batch::{
-    flush_tlb_batched_pending, quiescent_flush, shrink_page_list, shrink_page_list_pooled, CpuSet, Error,
-    Flushed, Frame, FramePool, FreeFrames, MappingFlags, OwnedFrame, PoolRefusal, ReclaimSummary,
+    flush_tlb_batched_pending, quiescent_flush, shrink_page_list, shrink_page_list_pooled, Arch, CpuSet,
+    Error, Flushed, Frame, FramePool, FreeFrames, MappingFlags, OwnedFrame, PoolRefusal, ReclaimSummary,
     ShootdownReport, TtuFlags, UnmapBatch, Unmapped, Verdict,
 };
 
@@ -581,7 +581,7 @@ fn reclaim_script(pool_it: bool) -> (u64, Vec<ReclaimSummary>) {
     assert_eq!((kernel.page_outs, summaries[6].paged_out), (1, 1));
     assert_eq!(m.violations(), [], "pooled: {pool_it}");
     let s = m.stats();
-    let expected = if pool_it { (24, 8, 7) } else { (0, 0, 0) };
+    let expected = if pool_it { (24, 12, 7) } else { (0, 0, 0) };
     assert_eq!(
         (s.frames_pooled, s.frames_released_by_passes, s.quiescent_flushes),
         expected
@@ -601,14 +601,17 @@ fn pooled_reclaim_over_several_calls_frees_everything_with_fewer_ipis() {
     assert_eq!(plain_ipis, 6 * 3 + 1);
     assert!(plain.iter().all(|s| s.pooled == 0));
     let col = |f: fn(&ReclaimSummary) -> usize| pooled.iter().map(f).collect::<Vec<_>>();
-    // Calls 3 and 6 find the pool full and flush it (3 IPIs each); call 4
-    // gets the generation every CPU passed back for free; the dirty call 7
-    // pools nothing and pays its own dirty flush.
+    // Calls 3 and 6 find the pool full. Call 3 flushes both generations
+    // (the second's CPUs are interrupted for the first anyway: 3 IPIs);
+    // call 6 only the oldest one, enough for its four frames (2 IPIs: CPU 1
+    // passed it at the tick after call 4), and leaves the younger one to
+    // the CPUs' ticks. Call 4 gets the generation every CPU passed back for
+    // free; the dirty call 7 pools nothing and pays its own dirty flush.
     assert_eq!(col(|s| s.pooled), [4, 4, 4, 4, 4, 4, 0]);
-    assert_eq!(col(|s| s.freed), [0, 0, 8, 4, 0, 8, 1]);
-    assert_eq!(col(|s| s.ipis_sent), [0, 0, 3, 0, 0, 3, 1]);
-    // The last generation went back through the final ticks: no IPI.
-    assert_eq!(pooled_ipis, 7);
+    assert_eq!(col(|s| s.freed), [0, 0, 8, 4, 0, 4, 1]);
+    assert_eq!(col(|s| s.ipis_sent), [0, 0, 3, 0, 0, 2, 1]);
+    // The rest went back through the final ticks: no IPI.
+    assert_eq!(pooled_ipis, 6);
     assert!(pooled_ipis < plain_ipis);
 }
 
@@ -634,4 +637,188 @@ fn pooled_pages_still_owe_the_rule_5_flush() {
         frames[0]
     );
     assert_eq!(m.violations(), []);
+}
+
+/// Generations come back in any order: CPU 3's process was pooled first,
+/// CPU 1's second; once CPU 1 alone has flushed, the younger generation
+/// comes back and the older one waits for CPU 3.
+#[test]
+fn a_younger_generation_passed_comes_back_before_an_older_one() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 3], 2);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[1], &mut pool);
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    assert!(quiescent_flush(&m.cpu(1).unwrap()));
+    let mut kernel = MockKernel::new(&rmap);
+    assert_eq!(free(&mut kernel, pool.release_passed(&cpu0)), frames[0]);
+    assert_eq!((pool.len(), pool.generations()), (2, 1));
+    assert!(pool.release_passed(&cpu0).is_empty());
+    assert!(quiescent_flush(&m.cpu(3).unwrap()));
+    assert_eq!(free(&mut kernel, pool.release_passed(&cpu0)), frames[1]);
+    assert_eq!((m.ipis_sent(), m.violations()), (0, vec![]));
+}
+
+/// `flush_oldest` interrupts only the CPUs the oldest generations still
+/// wait for, takes along younger ones those CPUs cover, and leaves the
+/// rest to the CPUs' own flushes; asking for more than the oldest holds
+/// takes the next.
+#[test]
+fn flush_oldest_releases_the_oldest_and_what_its_cpus_cover() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2, 3], 2);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<8>::new();
+    // Oldest: CPU 1's pages; then CPU 2's; then CPU 1's again.
+    pool_them(&m, &rmap, &frames[0][..1], &mut pool);
+    pool_them(&m, &rmap, &frames[1], &mut pool);
+    pool_them(&m, &rmap, &frames[0][1..], &mut pool);
+    let mut kernel = MockKernel::new(&rmap);
+    let released = pool.flush_oldest(&cpu0, 1).unwrap();
+    assert_eq!(released.report().ipis_sent, 1, "CPU 1 only");
+    let mut got = free(&mut kernel, released);
+    got.sort();
+    let mut want = frames[0].clone();
+    want.sort();
+    assert_eq!(got, want, "the oldest, and the youngest that CPU 1 covers");
+    assert_eq!((pool.len(), pool.generations()), (2, 1));
+    assert!(!uncached(&m, &frames[1]), "CPU 2 was left alone");
+    assert_eq!(free(&mut kernel, pool.flush_oldest(&cpu0, 1).unwrap()), frames[1]);
+    assert_eq!((m.ipis_sent(), m.violations()), (2, vec![]));
+}
+
+/// A CPU that a shootdown asks for a full flush (of everything, or of
+/// the one address space its untagged TLB holds) has flushed past every
+/// pooled generation; one asked for single pages has not.
+#[test]
+fn a_full_flush_by_ipi_is_a_pass_and_a_page_flush_is_not() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2], 2);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames.concat(), &mut pool);
+    let (mm1, mm2) = (rmap.spaces()[0].mm(), rmap.spaces()[1].mm());
+    // A page of CPU 2's space flushed on CPU 2: no pass.
+    tlb_batch::flush_tlb_page(&cpu0, mm2, va(7)).unwrap();
+    assert!(cpu0.shootdown_state().flush_owed(m.cpu(2).unwrap().id()));
+    // CPU 1's whole space flushed on CPU 1 (untagged: all it holds).
+    tlb_batch::flush_tlb_mm(&cpu0, mm1).unwrap();
+    assert!(!cpu0.shootdown_state().flush_owed(m.cpu(1).unwrap().id()));
+    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 2 still owes");
+    // CPU 2 asked to flush an address space it does not have loaded (CPU
+    // 1's): it still holds its own space's entries, so no pass.
+    let other = tlb_batch::FlushRequest::for_asid(mm1.asid());
+    tlb_batch::shootdown(&cpu0, &set(&m, &[2]), &other).unwrap();
+    assert!(cpu0.shootdown_state().flush_owed(m.cpu(2).unwrap().id()));
+    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 2 still owes");
+    // A flush of everything is a pass.
+    let mut everything = tlb_batch::FlushRequest::new();
+    everything.add_everything();
+    tlb_batch::shootdown(&cpu0, &set(&m, &[2]), &everything).unwrap();
+    assert!(!cpu0.shootdown_state().flush_owed(m.cpu(2).unwrap().id()));
+    let all = frames.concat();
+    assert_eq!(free(&mut MockKernel::new(&rmap), pool.release_passed(&cpu0)), all);
+    assert_eq!(m.violations(), []);
+}
+
+/// With every generation slot taken, a further batch joins the newest
+/// generation, which then waits for both batches' CPUs and the later epoch.
+#[test]
+fn a_batch_beyond_the_last_generation_joins_the_newest() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let n = tlb_batch::POOL_GENERATIONS;
+    let (rmap, frames) = procs(&m, &[1, 2], n);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<64>::new();
+    for &f in &frames[0] {
+        pool_them(&m, &rmap, &[f], &mut pool);
+    }
+    assert_eq!(pool.generations(), n);
+    pool_them(&m, &rmap, &frames[1][..1], &mut pool);
+    assert_eq!((pool.generations(), pool.len()), (n, n + 1));
+    // CPU 1 passing releases all but the newest, which CPU 2 also owes.
+    assert!(quiescent_flush(&m.cpu(1).unwrap()));
+    let mut kernel = MockKernel::new(&rmap);
+    assert_eq!(free(&mut kernel, pool.release_passed(&cpu0)), frames[0][..n - 1]);
+    assert_eq!(pool.len(), 2);
+    assert!(quiescent_flush(&m.cpu(2).unwrap()));
+    let rest = free(&mut kernel, pool.release_passed(&cpu0));
+    assert_eq!(rest, [frames[0][n - 1], frames[1][0]]);
+    assert_eq!((m.ipis_sent(), m.violations()), (0, vec![]));
+}
+
+/// A reclaim call the pool would refuse whatever its room (here: more
+/// frames than the whole pool holds) does not flush the pool first: it
+/// takes the usual path, one shootdown, and the pool keeps its frames.
+#[test]
+fn a_call_the_pool_cannot_take_does_not_empty_it() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2], 3);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<2>::new();
+    pool_them(&m, &rmap, &frames[0][..2], &mut pool);
+    let mut kernel = MockKernel::new(&rmap);
+    let mut batch = UnmapBatch::<4>::new();
+    let s = shrink_page_list_pooled(
+        &cpu0,
+        &rmap,
+        &mut kernel,
+        &mut batch,
+        &mut pool,
+        frames[1].iter().map(|&f| owned(f)),
+        &mut no_handback,
+    )
+    .unwrap();
+    assert_eq!((s.pooled, s.freed, s.shootdowns, s.ipis_sent), (0, 3, 1, 1));
+    assert_eq!(pool.len(), 2, "the pool was not flushed for nothing");
+    assert_eq!(free(&mut kernel, pool.flush(&cpu0).unwrap()), frames[0][..2]);
+    assert_eq!(m.violations(), []);
+}
+
+/// With tagged TLBs, a CPU asked to flush the address space it has loaded
+/// still holds entries of the one it ran before: that flush is no pass.
+#[test]
+fn with_tagged_tlbs_flushing_the_loaded_space_is_no_pass() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let (rmap, frames) = procs(&m, &[1], 2);
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    let other = m.new_mm(asid(9)).unwrap();
+    cpu1.switch_to(&other).unwrap();
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    tlb_batch::flush_tlb_mm(&cpu0, &other).unwrap();
+    assert!(!uncached(&m, &frames[0]), "CPU 1 keeps the first space's entries");
+    assert!(pool.release_passed(&cpu0).is_empty());
+    assert!(quiescent_flush(&cpu1));
+    assert_eq!(
+        free(&mut MockKernel::new(&rmap), pool.release_passed(&cpu0)),
+        frames[0]
+    );
+    assert_eq!(m.violations(), []);
+}
+
+/// Coming back online flushes everything (prepare_cpu_online): a pass, so
+/// the generations that counted the CPU before it left come back with no
+/// further flush of its own.
+#[test]
+fn coming_online_is_a_pass() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1], 2);
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    cpu1.go_offline();
+    cpu1.come_online();
+    assert!(!cpu0.shootdown_state().flush_owed(cpu1.id()));
+    assert!(!quiescent_flush(&cpu1));
+    assert_eq!(
+        free(&mut MockKernel::new(&rmap), pool.release_passed(&cpu0)),
+        frames[0]
+    );
+    assert_eq!((m.ipis_sent(), m.violations()), (0, vec![]));
 }

@@ -63,11 +63,11 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use tlb_batch::arch::mock::{
-    Fault, MockConfig, MockCpu, MockMachine, MockRmap, Model as Hardware, X86Invlpgb, X86Like,
+    Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, Model as Hardware, X86Invlpgb, X86Like,
 };
-use tlb_batch::{Arch, Frame, MappingFlags, PageTable, PAGE_SIZE};
+use tlb_batch::{quiescent_flush, Arch, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE};
 
-use crate::policies::{install_hook, reclaim, Peer, Shared, BROADCAST_MIN_REMOTE, SCAN};
+use crate::policies::{install_hook, reclaim, Peer, Pool, Shared, BROADCAST_MIN_REMOTE, POOL_FRAMES, SCAN};
 
 /// Simulated memory, in frames.
 pub const MEMORY: usize = 2048;
@@ -93,6 +93,11 @@ pub const KSWAPD_HIGH: usize = MEMORY / 32;
 /// model's (65536 pages of 4 KB in the measured guest), so the list's
 /// length shifted by 12 there is the length shifted by 7 here.
 pub const DEF_PRIORITY: u32 = 7;
+/// A CPU's timer tick comes every this many ticks of the model (the CPUs'
+/// ticks are spread over the period). Only the pooled policy does anything
+/// at a timer tick: `quiescent_flush`, then it hands back the generations
+/// every CPU has flushed past.
+pub const TIMER_TICKS: u64 = 16;
 /// Pages a direct reclaimer frees before it returns (SWAP_CLUSTER_MAX).
 pub const DIRECT_TARGET: u64 = 32;
 /// CPU counts of the measured table.
@@ -170,6 +175,11 @@ pub struct Figures {
     /// broadcast invalidation.
     pub shootdowns: u64,
     pub broadcasts: u64,
+    /// The pooled policy: frames pooled, frames released by the CPUs' own
+    /// flushes (no IPI), and those flushes.
+    pub pooled: u64,
+    pub released_by_passes: u64,
+    pub quiescent_flushes: u64,
 }
 
 impl Figures {
@@ -257,6 +267,10 @@ struct Model<'m, H: Hardware = X86Like> {
     /// Whether a lazy CPU catches up on skipped flushes (off only in the
     /// test that shows the oracle catching the omission).
     catch_up: bool,
+    /// The pooled policy's frame pool.
+    pool: Pool,
+    /// Ticks of the model between two timer ticks of a CPU.
+    timer: u64,
     fig: Figures,
 }
 
@@ -280,6 +294,17 @@ impl<'m, H: Hardware> Model<'m, H> {
     /// CPU `c` stops running a worker: it stays on the space it had, lazily.
     fn go_lazy(&mut self, c: usize, run: Run) {
         self.cpus[c].run = run;
+        if self.peer == Peer::TlbBatchPool {
+            // Not lazily: an idle CPU (or kswapd) leaves the user address
+            // space for the kernel's, which drops its TLB (untagged) and
+            // takes it out of the space's CPU set, so no pooled generation
+            // waits for it.
+            let cpu = self.cpu(c);
+            if cpu.current_mm().is_some_and(|mm| !mm.is_kernel()) {
+                cpu.switch_to(self.m.kernel_mm()).expect("switch");
+            }
+            return;
+        }
         if self.peer.skips_lazy() && self.cpus[c].lazy_gen.is_none() {
             if let Some(mm) = self.cpu(c).current_mm() {
                 self.cpus[c].lazy_gen = Some(self.gens.get(&mm.asid().value()).copied().unwrap_or(0));
@@ -389,9 +414,15 @@ impl<'m, H: Hardware> Model<'m, H> {
             .count() as u64;
         self.fig.all_calls += 1;
         let mut kept = Vec::new();
-        let call = reclaim(self.peer, &cpu, &self.rmap, &self.shared, candidates, &mut |f| {
-            kept.push(f)
-        });
+        let call = reclaim(
+            self.peer,
+            &cpu,
+            &self.rmap,
+            &self.shared,
+            &mut self.pool,
+            candidates,
+            &mut |f| kept.push(f),
+        );
         for f in kept {
             self.add_to_lru(c, f);
         }
@@ -412,13 +443,25 @@ impl<'m, H: Hardware> Model<'m, H> {
     fn alloc(&mut self, c: usize) -> Frame {
         loop {
             if let Ok(f) = self.m.alloc_frame() {
-                if self.m.free_frames() < KSWAPD_LOW && self.kswapd.is_none() {
+                if self.m.free_frames() < self.low() && self.kswapd.is_none() {
                     self.kswapd = Some(Scan::new());
                 }
                 return f;
             }
             if self.kswapd.is_none() {
                 self.kswapd = Some(Scan::new());
+            }
+            if !self.pool.is_empty() {
+                // Out of memory with frames pooled: what every CPU has
+                // flushed past first, and if there is none, the kernel
+                // cannot wait for the CPUs' own flushes.
+                let cpu = self.cpu(c);
+                let mut released = self.pool.release_passed(&cpu);
+                if released.is_empty() {
+                    released = self.pool.flush_oldest(&cpu, READAHEAD).expect("not nested");
+                }
+                self.free_released(released);
+                continue;
             }
             let mut freed = 0;
             let mut scan = Scan::new();
@@ -476,8 +519,56 @@ impl<'m, H: Hardware> Model<'m, H> {
         }
     }
 
+    /// The free-frame count below which kswapd wakes: with a pool, raised
+    /// by what the pool may hold, so that allocations do not run out
+    /// while pooled frames wait for the CPUs' ticks.
+    fn low(&self) -> usize {
+        KSWAPD_LOW + self.reserve()
+    }
+
+    /// The free-frame count at which kswapd sleeps again.
+    fn high(&self) -> usize {
+        KSWAPD_HIGH + self.reserve()
+    }
+
+    fn reserve(&self) -> usize {
+        if self.peer == Peer::TlbBatchPool {
+            POOL_FRAMES
+        } else {
+            0
+        }
+    }
+
+    /// Frees what the pool handed back, and counts it as reclaimed.
+    fn free_released(&mut self, mut released: Flushed<POOL_FRAMES>) {
+        let n = released.len() as u64;
+        MockKernel::new(&self.rmap).free_batch(released.frames_mut());
+        assert!(released.is_empty(), "the mock frees every released frame");
+        self.fig.reclaimed += n;
+    }
+
+    /// The pooled policy's timer ticks: each busy CPU whose turn it is
+    /// flushes itself if a pooled generation counts it, and hands back
+    /// what every CPU has flushed past.
+    fn timer_ticks(&mut self) {
+        let n = self.cpus.len() as u64;
+        for c in 0..self.cpus.len() {
+            let turn = (self.now + c as u64 * self.timer / n) % self.timer == 0;
+            if !turn || self.cpus[c].run == Run::Idle {
+                continue;
+            }
+            let cpu = self.cpu(c);
+            quiescent_flush(&cpu);
+            let released = self.pool.release_passed(&cpu);
+            self.free_released(released);
+        }
+    }
+
     fn tick(&mut self) {
         self.schedule();
+        if self.peer == Peer::TlbBatchPool {
+            self.timer_ticks();
+        }
         let n = self.cpus.len();
         let start = self.random(n);
         for i in 0..n {
@@ -487,7 +578,7 @@ impl<'m, H: Hardware> Model<'m, H> {
                 Run::Worker(t) => self.step_worker(c, t),
                 Run::Kswapd => {
                     let mut scan = self.kswapd.unwrap_or_else(Scan::new);
-                    if self.m.free_frames() >= KSWAPD_HIGH || self.lru.is_empty() {
+                    if self.m.free_frames() >= self.high() || self.lru.is_empty() {
                         self.kswapd = None;
                         self.cpus[c].run = Run::Idle;
                     } else {
@@ -509,13 +600,19 @@ impl<'m, H: Hardware> Model<'m, H> {
 /// The calibrated workload on `cpus` CPUs with `peer`'s policy, pooled
 /// over [`SEEDS`].
 pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
+    run_timer(cpus, tasks, peer, TIMER_TICKS)
+}
+
+/// [`run`] with a timer tick every `timer` ticks of the model (what the
+/// pooled policy's releases depend on).
+pub fn run_timer(cpus: usize, tasks: Tasks, peer: Peer, timer: u64) -> Figures {
     let mut total = Figures::default();
     for seed in SEEDS {
         let f = match peer {
             Peer::BroadcastAlways | Peer::BroadcastWide => {
-                run_seed::<X86Invlpgb>(cpus, tasks, peer, seed, true)
+                run_seed::<X86Invlpgb>(cpus, tasks, peer, seed, true, timer)
             }
-            _ => run_seed::<X86Like>(cpus, tasks, peer, seed, true),
+            _ => run_seed::<X86Like>(cpus, tasks, peer, seed, true, timer),
         };
         total.reclaimed += f.reclaimed;
         total.calls += f.calls;
@@ -532,19 +629,34 @@ pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
         total.violations += f.violations;
         total.broadcasts += f.broadcasts;
         total.shootdowns += f.shootdowns;
+        total.pooled += f.pooled;
+        total.released_by_passes += f.released_by_passes;
+        total.quiescent_flushes += f.quiescent_flushes;
     }
     total
 }
 
 /// One run with one seed.
-fn run_seed<H: Hardware>(cpus: usize, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Figures {
+fn run_seed<H: Hardware>(
+    cpus: usize,
+    tasks: Tasks,
+    peer: Peer,
+    seed: u64,
+    catch_up: bool,
+    timer: u64,
+) -> Figures {
     let m = machine::<H>(cpus, peer);
     let mut model = Model::new(&m, tasks, peer, seed, catch_up);
+    model.timer = timer.max(1);
     for t in 0..cpus {
         model.place(t, t);
     }
     while !model.done() {
         model.tick();
+    }
+    if !model.pool.is_empty() {
+        let released = model.pool.flush(&m.cpu(0).expect("a CPU")).expect("not nested");
+        model.free_released(released);
     }
     let mut fig = model.fig;
     fig.ticks = model.now;
@@ -555,6 +667,9 @@ fn run_seed<H: Hardware>(cpus: usize, tasks: Tasks, peer: Peer, seed: u64, catch
     let stats = m.stats();
     fig.broadcasts = stats.broadcasts;
     fig.shootdowns = stats.shootdowns;
+    fig.pooled = stats.frames_pooled;
+    fig.released_by_passes = stats.frames_released_by_passes;
+    fig.quiescent_flushes = stats.quiescent_flushes;
     fig
 }
 
@@ -616,6 +731,8 @@ impl<'m, H: Hardware> Model<'m, H> {
             rng: seed,
             now: 0,
             catch_up,
+            pool: Pool::new(),
+            timer: TIMER_TICKS,
             fig: Figures::default(),
         };
         model

@@ -486,6 +486,12 @@ fn main() -> ExitCode {
     let cal = report::run_all();
     violations += cal.violations;
     text.push_str(&cal.text);
+    let _ = writeln!(
+        text,
+        "\nGoal cells met: {} of {}",
+        2 * report::GOAL_CPUS.len() - cal.goals_missed,
+        2 * report::GOAL_CPUS.len()
+    );
 
     let _ = writeln!(
         text,

@@ -18,6 +18,13 @@
 //!   active. Its initiators wait with interrupts on, which changes nothing
 //!   in a synchronous machine and is not charged.
 //! - **tlb-batch**: the crate's `shrink_page_list` with a 32-page batch.
+//! - **tlb-batch pool**: the crate's `shrink_page_list_pooled`: a call
+//!   whose frames are all clean moves them into a `FramePool` of
+//!   [`POOL_FRAMES`] instead of flushing; CPUs flush themselves at their
+//!   timer ticks (`quiescent_flush`) and on switches, idle CPUs leave the
+//!   user address spaces, and the pool hands frames back without IPIs once
+//!   every CPU that could cache them has flushed, or with one shootdown
+//!   when it is full or memory runs out (`calibrated.rs` drives it).
 //!
 //! The by-hand policies reach their targets through the machine's IPI
 //! hook: the initiator leaves its request in [`Shared`], each target reads
@@ -29,8 +36,8 @@ use std::sync::{Arc, Mutex};
 
 use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Model};
 use tlb_batch::{
-    page_referenced, shrink_page_list, try_to_unmap, Arch, Asid, CpuSet, Frame, OwnedFrame, PageTable, Rmap,
-    TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
+    page_referenced, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, Frame,
+    FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
 };
 
 /// The seed's list: what fits in a page beside its CPU mask and count.
@@ -40,6 +47,12 @@ pub const ASTERINAS_OPS: usize = 32;
 /// Pages a reclaim call scans (Linux's SWAP_CLUSTER_MAX), and the crate's
 /// batch size.
 pub const SCAN: usize = 32;
+/// The pool of [`Peer::TlbBatchPool`]: 256 frames, an eighth of the
+/// model's memory (1 MiB of 4 KiB pages; the measured guest had 256 MiB).
+pub const POOL_FRAMES: usize = 256;
+
+/// The pool the crate's pooled policy keeps across reclaim calls.
+pub type Pool = FramePool<POOL_FRAMES>;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Peer {
@@ -48,6 +61,8 @@ pub enum Peer {
     Linux61,
     Asterinas,
     TlbBatch,
+    /// tlb-batch with a frame pool released at the CPUs' own flushes.
+    TlbBatchPool,
     /// tlb-batch on x86 with AMD's broadcast invalidation (`INVLPGB`; the
     /// mock's `X86Invlpgb`), broadcasting every flush that reaches another
     /// CPU.
@@ -64,12 +79,13 @@ pub enum Peer {
 pub const BROADCAST_MIN_REMOTE: usize = 2;
 
 impl Peer {
-    pub const ALL: [Peer; 5] = [
+    pub const ALL: [Peer; 6] = [
         Peer::NoBatching,
         Peer::Seed,
         Peer::Linux61,
         Peer::Asterinas,
         Peer::TlbBatch,
+        Peer::TlbBatchPool,
     ];
 
     /// The policies on broadcast hardware, reported beside the others.
@@ -82,6 +98,7 @@ impl Peer {
             Peer::Linux61 => "Linux 6.1",
             Peer::Asterinas => "Asterinas",
             Peer::TlbBatch => "tlb-batch",
+            Peer::TlbBatchPool => "tlb-batch pool",
             Peer::BroadcastAlways => "bcast always",
             Peer::BroadcastWide => "bcast >=2",
         }
@@ -169,16 +186,36 @@ pub struct Call {
 }
 
 /// One reclaim call of `peer` on `cpu` over `candidates` (taken from the
-/// LRU's tail); frames kept go to `keep`.
+/// LRU's tail); frames kept go to `keep`. Only the pooled policy uses
+/// `pool`.
 pub fn reclaim<H: Model>(
     peer: Peer,
     cpu: &MockCpu<'_, H>,
     rmap: &MockRmap<'_, H>,
     shared: &Shared,
+    pool: &mut Pool,
     candidates: Vec<Frame>,
     keep: &mut dyn FnMut(Frame),
 ) -> Call {
     match peer {
+        Peer::TlbBatchPool => {
+            let mut kernel = MockKernel::new(rmap);
+            let mut batch = UnmapBatch::<SCAN>::new();
+            let s = shrink_page_list_pooled(
+                cpu,
+                rmap,
+                &mut kernel,
+                &mut batch,
+                pool,
+                candidates.into_iter().map(handle),
+                &mut |f, _| keep(f.into_frame()),
+            )
+            .expect("not nested");
+            Call {
+                freed: s.freed as u64,
+                flushed: Vec::new(),
+            }
+        }
         Peer::TlbBatch | Peer::BroadcastAlways | Peer::BroadcastWide => {
             let mut kernel = MockKernel::new(rmap);
             let mut batch = UnmapBatch::<SCAN>::new();
