@@ -84,15 +84,34 @@ impl TlbFlushUnmapBatch {
     /// Records the flush of `page` in `mm`, checked by
     /// [`check_add`](Self::check_add) with the same `arch`.
     pub(crate) fn record<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange) {
+        self.record_for(arch, mm, page, &mm.flush_targets(arch));
+    }
+
+    /// [`record`](Self::record) with `mm`'s flush targets already read
+    /// (after the PTE was cleared).
+    fn record_for<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange, targets: &CpuSet) {
         self.machine = machine_id(arch);
         self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
-        self.targets = self.targets.union(&mm.flush_targets(arch));
+        self.targets = self.targets.union(targets);
     }
 
     /// Records a deferred unmap (see [`add_pending`](Self::add_pending))
     /// after [`check_add`](Self::check_add) passed.
     pub(crate) fn record_pending<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange, old: Pte) {
-        self.record(arch, mm, page);
+        self.record_pending_for(arch, mm, page, old, &mm.flush_targets(arch));
+    }
+
+    /// [`record_pending`](Self::record_pending) with `mm`'s flush targets
+    /// already read (after the PTE was cleared).
+    pub(crate) fn record_pending_for<A: Arch>(
+        &mut self,
+        arch: &A,
+        mm: &MmTlbState,
+        page: PageRange,
+        old: Pte,
+        targets: &CpuSet,
+    ) {
+        self.record_for(arch, mm, page, targets);
         self.writable |= old.is_writable() || old.is_dirty();
         mm.note_batched_pending();
         arch.shootdown_state().count(Counter::PagesDeferred, 1);

@@ -7,9 +7,12 @@ use core::ops::ControlFlow;
 
 use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
-use crate::mm::{flush_tlb_page, MmTlbState};
+use crate::cpuset::CpuSet;
+use crate::mm::MmTlbState;
 use crate::pte::{check_aligned, Frame, Pte};
 use crate::range::PageRange;
+use crate::request::FlushRequest;
+use crate::shootdown::shootdown;
 use crate::validate::{check_asid, check_va};
 use crate::Error;
 
@@ -438,7 +441,6 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 ) -> Result<Cleared, (bool, Error)> {
     let mm = m.space.tlb_state();
     let page = batch.check_add(arch, mm, m.va).map_err(|e| (false, e))?;
-    let defer = TlbFlushUnmapBatch::should_defer(arch, mm, flags);
     let current = m.space.lookup(m.va);
     let replacement = if poisoned {
         Pte::hwpoison(frame)
@@ -453,16 +455,26 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     if old.is_dirty() {
         rmap.set_dirty(frame);
     }
+    // Read once, after the exchange (as `flush_targets` requires), for the
+    // decision and for the flush alike: what `should_defer` would answer,
+    // without reading the CPU set a second time.
+    let targets = mm.flush_targets(arch);
+    let defer = flags.contains(TtuFlags::BATCH_FLUSH)
+        && A::CLEAN_WRITE_REWALK
+        && !targets.difference(&CpuSet::single(arch.current_cpu())).is_empty();
     if defer {
-        batch.record_pending(arch, mm, page, old);
-        Ok(Cleared {
+        batch.record_pending_for(arch, mm, page, old, &targets);
+        return Ok(Cleared {
             owed: true,
             writable: old.is_writable() || old.is_dirty(),
-        })
-    } else if let Err(e) = flush_tlb_page(arch, mm, m.va) {
+        });
+    }
+    let mut request = FlushRequest::new();
+    request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
+    if let Err(e) = shootdown(arch, &targets, &request) {
         // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
-        batch.record_pending(arch, mm, page, old);
+        batch.record_pending_for(arch, mm, page, old, &targets);
         Err((true, e))
     } else {
         Ok(Cleared::default())
