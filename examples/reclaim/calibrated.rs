@@ -494,11 +494,16 @@ impl<'m, H: Hardware> Model<'m, H> {
             Err(f) => panic!("unexpected fault {f:?}"),
         }
         // A miss: read ahead, then sleep on the disk. Every reclaim call
-        // has finished its flush before it returns, so no deferred flush
-        // can be pending here: the fault path does not call
-        // `flush_tlb_batched_pending` (which would shoot the whole address
-        // space down again: the crate's marker stays set after a batch's
-        // own flush). The oracle checks that nothing stale survives.
+        // but the pooled policy's has finished its flush before it returns,
+        // so no deferred flush can be pending here: the fault path does
+        // not call `flush_tlb_batched_pending` (which would shoot the whole
+        // address space down again: the crate's marker stays set after a
+        // batch's own flush). The pool holds only frames whose entries were
+        // clean and read-only: a stale one can only read the old frame,
+        // which holds the same file data and stays allocated until every
+        // CPU has flushed it (the duty `tlb_batch::pool` states: flush
+        // before new data goes into such a page; nothing writes here). The
+        // oracle checks that nothing stale survives a free.
         for p in page..(page + READAHEAD).min(pages) {
             if self.rmap.spaces()[space].lookup(va(first + p)).is_present() {
                 continue;
