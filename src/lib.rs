@@ -34,6 +34,11 @@
 //! - [`shootdown`] and the `flush_tlb_*` functions for immediate flushes.
 //! - [`shrink_page_list`], [`migrate_pages`] and [`MmuGather`]: the reclaim,
 //!   migration and teardown drivers, one flush per flush point.
+//! - [`FramePool`], [`quiescent_flush`] and [`shrink_page_list_pooled`]:
+//!   fewer flush points still. Clean unmapped frames stay allocated in a
+//!   pool until every CPU that could cache them has flushed on its own (a
+//!   timer tick, idle, an untagged switch), then come back with no IPI;
+//!   one shootdown only when the kernel cannot wait ([`pool`]).
 //!
 //! # Cargo features
 //!

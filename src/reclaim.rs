@@ -163,9 +163,11 @@ where
 /// back, and are freed through `backing`, when every CPU that could cache
 /// them has flushed on its own ([`quiescent_flush`](crate::quiescent_flush),
 /// an address-space switch), which this call checks first, or when the
-/// pool is full, in which case one shootdown releases the whole pool.
-/// Anything else (a dirty page, a frame still mapped) takes
-/// `shrink_page_list`'s path.
+/// pool lacks room for this call's frames, in which case one shootdown
+/// releases its oldest generations ([`FramePool::flush_oldest`]).
+/// Anything else (a dirty page, a frame still mapped, a writable mapping,
+/// more frames than the pool holds) takes `shrink_page_list`'s path, and
+/// leaves the pool alone.
 ///
 /// [`ReclaimSummary::freed`] counts the frames freed by this call, pooled
 /// ones released now included; [`ReclaimSummary::pooled`] the frames it

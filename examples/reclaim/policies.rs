@@ -198,35 +198,16 @@ pub fn reclaim<H: Model>(
     keep: &mut dyn FnMut(Frame),
 ) -> Call {
     match peer {
-        Peer::TlbBatchPool => {
+        Peer::TlbBatch | Peer::TlbBatchPool | Peer::BroadcastAlways | Peer::BroadcastWide => {
             let mut kernel = MockKernel::new(rmap);
             let mut batch = UnmapBatch::<SCAN>::new();
-            let s = shrink_page_list_pooled(
-                cpu,
-                rmap,
-                &mut kernel,
-                &mut batch,
-                pool,
-                candidates.into_iter().map(handle),
-                &mut |f, _| keep(f.into_frame()),
-            )
-            .expect("not nested");
-            Call {
-                freed: s.freed as u64,
-                flushed: Vec::new(),
+            let frames = candidates.into_iter().map(handle);
+            let mut back = |f: OwnedFrame, _| keep(f.into_frame());
+            let s = if peer == Peer::TlbBatchPool {
+                shrink_page_list_pooled(cpu, rmap, &mut kernel, &mut batch, pool, frames, &mut back)
+            } else {
+                shrink_page_list(cpu, rmap, &mut kernel, &mut batch, frames, &mut back)
             }
-        }
-        Peer::TlbBatch | Peer::BroadcastAlways | Peer::BroadcastWide => {
-            let mut kernel = MockKernel::new(rmap);
-            let mut batch = UnmapBatch::<SCAN>::new();
-            let s = shrink_page_list(
-                cpu,
-                rmap,
-                &mut kernel,
-                &mut batch,
-                candidates.into_iter().map(handle),
-                &mut |f, _| keep(f.into_frame()),
-            )
             .expect("not nested");
             Call {
                 freed: s.freed as u64,
