@@ -2,8 +2,8 @@
 # Runs the tests that exercise the shootdown protocol, the batch and the
 # mock machine under Miri, which reports undefined behaviour and data races
 # (including between the real threads of the threaded mock machine): the
-# unit tests, tests/batch.rs, tests/shootdown.rs and tests/mock_machine.rs,
-# then tests/soundness.rs (the typed batch's unchecked pushes, error paths
+# unit tests, tests/batch.rs, tests/shootdown.rs, tests/mock_machine.rs and
+# tests/pool.rs (the frame pool's unchecked pushes), then tests/soundness.rs (the typed batch's unchecked pushes, error paths
 # and retries; its sparse-range test, which maps 2,000 pages, is left to
 # the normal run).
 # The other integration tests drive the same code through the reverse-map,
@@ -11,7 +11,7 @@
 # Tests that loop many times run fewer rounds under Miri (`cfg!(miri)`).
 #
 # No MIRIFLAGS: the default checks (Stacked Borrows, data races, leaks,
-# isolation from the host) all apply. About 6 minutes on 2 cores.
+# isolation from the host) all apply. About 7 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,5 +23,5 @@ if ! grep -q '^miri' <<<"$installed" || ! grep -q '^rust-src' <<<"$installed"; t
     rustup component add --toolchain nightly miri rust-src
 fi
 
-cargo +nightly miri test --lib --test batch --test shootdown --test mock_machine "$@"
+cargo +nightly miri test --lib --test batch --test shootdown --test mock_machine --test pool "$@"
 cargo +nightly miri test --test soundness -- --skip sparse
