@@ -3,9 +3,10 @@
 # mock machine under Miri, which reports undefined behaviour and data races
 # (including between the real threads of the threaded mock machine): the
 # unit tests, tests/batch.rs, tests/shootdown.rs, tests/mock_machine.rs and
-# tests/pool.rs (the frame pool's unchecked pushes), then tests/soundness.rs (the typed batch's unchecked pushes, error paths
-# and retries; its sparse-range test, which maps 2,000 pages, is left to
-# the normal run).
+# tests/pool.rs (the frame pool's unchecked pushes), then
+# tests/soundness.rs (the typed batch's unchecked pushes, error paths and
+# retries; its sparse-range test, which maps 2,000 pages, is left to the
+# normal run).
 # The other integration tests drive the same code through the reverse-map,
 # reclaim, migration and teardown layers and take far longer to interpret.
 # Tests that loop many times run fewer rounds under Miri (`cfg!(miri)`).
