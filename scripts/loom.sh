@@ -5,7 +5,8 @@
 # MAX_CPUS = 64 and MAX_FLUSH_ENTRIES = 4 to keep the state small, so loom
 # explores the interleavings and weak-memory outcomes of the real
 # `shootdown`, `ipi_sync` and `handle_flush_ipi` (inboxes, `ipi_pending`
-# flags, request slots and their `remaining` acknowledgement counters).
+# flags, request slots and their `remaining` acknowledgement counters) and
+# of `FramePool`'s flush epochs and passes.
 # Each simulated CPU is a loom thread whose Arch latches IPIs and takes
 # them at its instruction boundaries while its interrupts are enabled.
 # The models check that:
@@ -28,11 +29,21 @@
 #       the page afterwards, or still pending;
 #   (g) of two `flush_tlb_batched_pending` callers, one that skips comes
 #       after the other's flush;
+#   (h) a frame pooled by a reclaimer (`UnmapBatch::try_to_unmap`,
+#       `FramePool::defer`) comes back from `FramePool::release_passed`
+#       only once the CPU that cached it flushed past its epoch in
+#       `quiescent_flush`, even though that CPU's TLB may refill the entry
+#       right after its flush (the pass's epoch is read before the flush,
+#       the generation's is published after the PTE clear);
+#   (h') the same when the CPU passes by `switch_mm` to another address
+#       space without tagged TLBs;
+#   (h'') the same when the CPU switches into the address space
+#       (`switch_mm`, untagged), which may refill the entry as it loads;
 #
-# and in every execution: every shootdown returns only after every target
-# has carried its request out, each request is carried out exactly once,
-# no inbox keeps a request, no latched IPI is left untaken, and the crate's
-# counters agree with what the simulated CPUs did.
+# and, in every execution of (a) to (d): every shootdown returns only
+# after every target has carried its request out, each request is carried
+# out exactly once, no inbox keeps a request, no latched IPI is left
+# untaken, and the crate's counters agree with what the simulated CPUs did.
 #
 # Each model has a preemption bound (in tests/loom.rs); LOOM_MAX_PREEMPTIONS
 # overrides it for all of them. About 5 minutes on 2 cores. Which model

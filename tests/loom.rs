@@ -4,8 +4,8 @@
 //! Under `--cfg loom` the crate's own atomics are loom's (`src/sync.rs`), so
 //! these models explore the interleavings and weak-memory outcomes of the
 //! real `shootdown`, `ipi_sync` and `handle_flush_ipi` and of the inboxes,
-//! `ipi_pending` flags and acknowledgement counters behind them, not of a
-//! copy.
+//! `ipi_pending` flags and acknowledgement counters behind them (and of the
+//! real `FramePool`'s flush epochs and passes), not of a copy.
 //!
 //! Each simulated CPU is a loom thread with an [`Arch`] of its own
 //! ([`Cpu`]). Sending the flush IPI sets the target's "interrupt pending"
@@ -44,12 +44,25 @@
 //!   cleared PTE; if it did not, the deferral is still pending;
 //! - (g) two CPUs run `flush_tlb_batched_pending` for one deferral: one
 //!   flushes; the other, if it finds the deferral already covered and
-//!   skips, finds the stale entry gone too.
+//!   skips, finds the stale entry gone too;
+//! - (h) a reclaimer unmaps a page with its flush deferred
+//!   (`UnmapBatch::try_to_unmap`), pools the frame (`FramePool::defer`) and
+//!   asks for it back (`FramePool::release_passed`) while the CPU caching
+//!   the page runs `quiescent_flush`, and its TLB may refill the entry
+//!   right after the flush: the frame comes back only once that CPU holds
+//!   no entry for it, and some execution does give it back (the pass's
+//!   epoch is read before the flush, the generation's published after the
+//!   PTE clear);
+//! - (h') the same, with the CPU passing by `switch_mm` to another address
+//!   space (untagged TLB) instead;
+//! - (h'') the same, with the CPU switching *into* the address space
+//!   (`switch_mm`, untagged TLB), whose TLB may refill the page as it
+//!   loads it: the frame comes back only once no entry can map it.
 //!
-//! Every model ends by checking that nothing was lost: every shootdown and
-//! sync returned, each target carried out each request exactly once, no
-//! inbox still holds a request, no latched IPI was left untaken, and the
-//! crate's counters agree with what the CPUs did.
+//! Models (a) to (d) end by checking that nothing was lost: every
+//! shootdown and sync returned, each target carried out each request
+//! exactly once, no inbox still holds a request, no latched IPI was left
+//! untaken, and the crate's counters agree with what the CPUs did.
 //!
 //! Bounds: each model has a preemption bound (`LOOM_MAX_PREEMPTIONS`
 //! overrides them all): loom explores every interleaving with at most that
@@ -61,6 +74,7 @@
 #![cfg(loom)]
 
 use std::cell::Cell;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
 
@@ -69,8 +83,10 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use tlb_batch::{
-    flush_tlb_batched_pending, handle_flush_ipi, ipi_sync, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet,
-    FlushRequest, MmTlbState, ShootdownReport, TlbShootdown, PAGE_SIZE,
+    flush_tlb_batched_pending, handle_flush_ipi, ipi_sync, quiescent_flush, shootdown, switch_mm, Arch, Asid,
+    CpuId, CpuSet, FlushRequest, Frame, FramePool, Mapping, MappingFlags, MmTlbState, OwnedFrame, PageTable,
+    Pte, PteFlags, Rmap, ShootdownReport, SwapResult, TlbShootdown, TtuFlags, UnmapBatch, Unmapped,
+    PAGE_SIZE,
 };
 
 /// The most CPUs a model runs (loom allows 5 threads, the main one included).
@@ -100,8 +116,8 @@ const BASE: u64 = 0x40_0000;
 /// Pages the models use.
 const PAGES: usize = 4;
 
-/// The models' one page-table entry (models (e) to (g)): the PTE of page 0,
-/// `MAPPED` or `EMPTY`.
+/// The models' one page-table entry (models (e) to (h'')): the PTE of page
+/// 0, `MAPPED` or `EMPTY`.
 const MAPPED: u64 = 1;
 const EMPTY: u64 = 0;
 
@@ -127,19 +143,23 @@ fn request_of(page: usize) -> FlushRequest {
 /// The state all simulated CPUs share.
 struct Machine {
     cpus: usize,
-    tlb: TlbShootdown,
+    /// Boxed: loom runs a model's main thread on a 32 KiB stack, and a
+    /// `TlbShootdown` of loom atomics (12 KiB, 64 CPUs) built in place and
+    /// moved into the `Arc` overflows it.
+    tlb: Box<TlbShootdown>,
     /// Per CPU: the interrupt controller's latch for the flush vector.
     irq_pending: Vec<AtomicBool>,
     /// Per CPU and page: how many times the CPU invalidated the page.
     flushes: Vec<Vec<AtomicUsize>>,
     /// Flush IPIs the crate asked for, in all.
     ipis_sent: AtomicUsize,
-    /// The PTE of page 0 (models (e) to (g)); starts `MAPPED`.
+    /// The PTE of page 0 (models (e) to (h'')); starts `MAPPED`.
     pte: AtomicU64,
     /// Per CPU: whether its TLB holds an entry for page 0 (models (e) to
-    /// (g)). Set by [`Cpu::walk`], cleared by a whole-ASID flush or an
-    /// address-space switch (the page flushes of models (a) to (d) leave it
-    /// alone, so that those models have no more states than before).
+    /// (h'')). Set by [`Cpu::walk`], cleared by a whole-ASID or full flush
+    /// or an address-space switch (the page flushes of models (a) to (d)
+    /// leave it alone, so that those models have no more states than
+    /// before; those of (h'') clear it: see [`Cpu::refill_after_flush`]).
     cached: Vec<AtomicBool>,
     /// CPUs done with their part of the model.
     done: AtomicUsize,
@@ -154,7 +174,7 @@ impl Machine {
         assert!(cpus <= MAX_MODEL_CPUS);
         Arc::new(Machine {
             cpus,
-            tlb: TlbShootdown::new(),
+            tlb: Box::new(TlbShootdown::new()),
             irq_pending: (0..cpus).map(|_| AtomicBool::new(false)).collect(),
             flushes: (0..cpus)
                 .map(|_| (0..PAGES).map(|_| AtomicUsize::new(0)).collect())
@@ -192,9 +212,12 @@ struct Seen {
     served_while_waiting: StdAtomicUsize,
     /// One interrupt that carried out two requests.
     coalesced: StdAtomicUsize,
-    /// Models (e) to (g): executions that ended one way or the other (see
-    /// each model).
+    /// Models (e) to (h''): executions that ended one way or the other
+    /// (see each model).
     outcomes: [StdAtomicUsize; 2],
+    /// Models (h') and (h''): executions whose reclaimer found CPU 1 out of
+    /// the address space and flushed page 0 at once instead of deferring.
+    flushed_at_once: StdAtomicUsize,
 }
 
 impl Seen {
@@ -229,6 +252,13 @@ struct Cpu {
     /// Whether the CPU touches page 0 after each interrupt it takes
     /// (models (f), (g)): a TLB miss walks the page table again.
     walks_after_irq: Cell<bool>,
+    /// Models (h) to (h''): whether the CPU's TLB may refill page 0's
+    /// entry by itself right after a full flush, or right after loading
+    /// ASID 1 (hardware walks page tables speculatively whenever it likes,
+    /// so an entry can be back before the flushing code's next
+    /// instruction, if the PTE still maps the page); a flush of page 0
+    /// alone then drops the entry too.
+    refill_after_flush: Cell<bool>,
 }
 
 impl Cpu {
@@ -251,6 +281,7 @@ impl Cpu {
             progressed: Cell::new(false),
             fruitless: Cell::new(0),
             walks_after_irq: Cell::new(false),
+            refill_after_flush: Cell::new(false),
         }
     }
 
@@ -368,6 +399,9 @@ unsafe impl Arch for Cpu {
             self.seen.served_while_waiting.fetch_add(1, StdOrdering::Relaxed);
         }
         self.m.flushes[self.index][page].fetch_add(1, Ordering::Relaxed);
+        if page == 0 && self.refill_after_flush.get() {
+            self.m.cached[self.index].store(false, Ordering::Relaxed);
+        }
         self.progressed.set(true);
     }
 
@@ -380,7 +414,14 @@ unsafe impl Arch for Cpu {
     }
 
     fn flush_local_all(&self, _include_global: bool) {
-        panic!("cpu{}: a full flush; the models send single pages", self.index);
+        // Only a pool's pass (`quiescent_flush`, model (h)) flushes
+        // everything; page 0 is the only page the TLB model caches, and no
+        // model has a global entry.
+        self.m.cached[self.index].store(false, Ordering::Relaxed);
+        self.progressed.set(true);
+        if self.refill_after_flush.get() {
+            self.walk();
+        }
     }
 
     fn send_flush_ipi(&self, targets: &CpuSet) {
@@ -400,9 +441,13 @@ unsafe impl Arch for Cpu {
         }
     }
 
-    unsafe fn switch_address_space(&self, _asid: Asid, _root: u64) {
+    unsafe fn switch_address_space(&self, asid: Asid, _root: u64) {
         // Untagged TLB: loading a root drops every non-global entry.
         self.m.cached[self.index].store(false, Ordering::Relaxed);
+        // Page 0 is ASID 1's: loading that one may refill it at once.
+        if asid == self::asid() && self.refill_after_flush.get() {
+            self.walk();
+        }
     }
 
     fn relax(&self) {
@@ -669,7 +714,7 @@ fn e_switch_mm_races_with_an_unmapper() {
     seen.both_outcomes(["cpu1 was no target", "cpu1 was a target"]);
 }
 
-/// Sets up model (f) and (g)'s CPU `index`: it runs `mm` and has page 0
+/// Sets up CPU `index` of models (f) to (h'): it runs `mm` and has page 0
 /// cached, before the model's CPUs start.
 fn cached_on(m: &Arc<Machine>, seen: &StdArc<Seen>, index: usize, mm: &MmTlbState) {
     let cpu = Cpu::detached(index, m, seen);
@@ -766,4 +811,243 @@ fn g_skipped_batched_pending_flush_comes_after_the_flush() {
         seen.outcome(cpu0_flushed);
     });
     seen.both_outcomes(["cpu0 skipped", "cpu0 flushed"]);
+}
+
+/// Model (h)'s frames: page 0's, which the model's reclaimer unmaps, and
+/// page 1's, an older generation pooled before the model's CPUs start.
+const FRAME0: Frame = Frame(0x100);
+const FRAME1: Frame = Frame(0x101);
+
+/// How many times model (h)'s reclaimer asks its pool for passed frames.
+const RELEASE_TRIES: usize = 2;
+
+/// Model (h)'s address space as the crate's reverse-map walk sees it:
+/// page 0's PTE is [`Machine::pte`] (`MAPPED` stands for a present,
+/// read-only, clean entry for [`FRAME0`]), page 1's is its own (for
+/// [`FRAME1`]; no CPU's TLB model caches it).
+struct PoolSpace {
+    m: Arc<Machine>,
+    mm: Arc<MmTlbState>,
+    page1: AtomicU64,
+}
+
+impl PoolSpace {
+    /// The PTE for `va`, and the frame its `MAPPED` stands for.
+    fn entry(&self, va: u64) -> (&AtomicU64, Frame) {
+        match va {
+            BASE => (&self.m.pte, FRAME0),
+            _ if va == BASE + PAGE_SIZE => (&self.page1, FRAME1),
+            _ => panic!("model (h) has no PTE for {va:#x}"),
+        }
+    }
+
+    fn pte_of(value: u64, frame: Frame) -> Pte {
+        match value {
+            MAPPED => Pte::new(frame, PteFlags::PRESENT | PteFlags::USER),
+            _ => Pte::EMPTY,
+        }
+    }
+}
+
+// SAFETY: a model: `exchange` is one atomic swap (the entry has no
+// accessed or dirty bit for hardware to set), `lookup` loads the entry as
+// it is, and `tlb_state` is the address space the CPUs run.
+unsafe impl PageTable for PoolSpace {
+    fn tlb_state(&self) -> &MmTlbState {
+        &self.mm
+    }
+
+    fn lookup(&self, va: u64) -> Pte {
+        let (pte, frame) = self.entry(va);
+        PoolSpace::pte_of(pte.load(Ordering::Relaxed), frame)
+    }
+
+    fn exchange(&self, va: u64, new: Pte) -> Pte {
+        assert_eq!(new, Pte::EMPTY, "model (h) only clears PTEs");
+        let (pte, frame) = self.entry(va);
+        // Relaxed, the weakest: only the crate's own orderings may order
+        // the clear before the pool's epoch (the full fence in
+        // `flush_targets`, which the unmap runs after the clear, and
+        // `publish_epoch`'s `fetch_add`).
+        PoolSpace::pte_of(pte.swap(EMPTY, Ordering::Relaxed), frame)
+    }
+
+    fn test_and_clear_accessed(&self, _va: u64) -> bool {
+        false
+    }
+
+    fn set(&self, va: u64, pte: Pte) {
+        panic!("model (h) never sets a PTE ({va:#x}: {pte:?})");
+    }
+}
+
+/// Model (h)'s reverse map: each frame has its one mapping in
+/// [`PoolSpace`].
+struct PoolRmap(PoolSpace);
+
+// SAFETY: `walk` reports the one place each frame is mapped.
+unsafe impl Rmap for PoolRmap {
+    type Space = PoolSpace;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, PoolSpace>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let va = if frame == FRAME0 { BASE } else { BASE + PAGE_SIZE };
+        visit(Mapping {
+            space: &self.0,
+            va,
+            flags: MappingFlags::empty(),
+        })
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        panic!("model (h)'s PTEs are clean ({frame:?})");
+    }
+}
+
+/// Unmaps `frame` through the crate's reverse-map walk with its flush
+/// deferred (`UnmapBatch::try_to_unmap`), and pools it (`FramePool::defer`).
+fn pool_frame(cpu: &Cpu, rmap: &PoolRmap, pool: &mut FramePool<2>, frame: Frame) {
+    let mut batch = UnmapBatch::<1>::new();
+    // SAFETY: a model: the frame is never freed.
+    let page = unsafe { OwnedFrame::new(frame) };
+    let unmapped = batch.try_to_unmap(cpu, rmap, page, TtuFlags::IGNORE_ACCESS);
+    assert_eq!(unmapped, Ok(Unmapped::Held(SwapResult::Success)));
+    assert_eq!(pool.defer(cpu, &mut batch), Ok(1));
+    assert!(batch.is_empty());
+}
+
+/// How CPU 1 flushes its TLB in models (h) to (h'').
+#[derive(Clone, Copy, PartialEq)]
+enum Pass {
+    /// `quiescent_flush`, as at a timer tick (model (h)).
+    Quiescent,
+    /// `switch_mm` from the address space to another one, without tagged
+    /// TLBs (model (h')).
+    SwitchAway,
+    /// `switch_mm` from another address space into this one, without
+    /// tagged TLBs (model (h'')).
+    SwitchIn,
+}
+
+/// (h) CPU 1 runs the address space with page 0 cached, and owes a flush
+/// to an older pooled generation (page 1's, epoch 1). CPU 0, a reclaimer,
+/// unmaps page 0 with its flush deferred (`UnmapBatch::try_to_unmap`) and
+/// pools the frame (`FramePool::defer`: epoch 2), then asks the pool for
+/// passed frames (`release_passed`) up to [`RELEASE_TRIES`] times; CPU 1
+/// meanwhile runs `quiescent_flush`, and its TLB may refill page 0 right
+/// after the flush. If CPU 0 gets page 0's frame back, CPU 1 no longer
+/// caches it: CPU 1 read epoch 2 before it flushed, so the PTE was cleared
+/// by then and the refill found nothing (the clear comes before the
+/// epoch's `fetch_add`, the passer's load of the epoch acquires it; the
+/// pool's load of `passed` acquires the flush). Reading the epoch after the
+/// flush, or giving page 0's generation no epoch of its own, lets the frame
+/// come back while the refilled entry maps it; without the refill neither
+/// shows.
+#[test]
+fn h_pooled_frame_released_only_after_its_cpu_flushed_past_it() {
+    pool_model("(h) FramePool vs quiescent_flush", Pass::Quiescent);
+}
+
+/// (h') Model (h), but CPU 1 passes by switching to another address space
+/// (`switch_mm`, untagged TLB) instead of `quiescent_flush`. CPU 0's unmap
+/// may then find CPU 1 gone from the address space and flush at once (to
+/// no CPU): that frame comes back at the first try. Recording the pass
+/// before the switch lets the frame come back while CPU 1 still caches it.
+#[test]
+fn h2_pooled_frame_released_only_after_its_cpu_switched_away() {
+    pool_model("(h') FramePool vs switch_mm away", Pass::SwitchAway);
+}
+
+/// (h'') CPU 1 runs another address space, and switches into page 0's
+/// (`switch_mm`, untagged TLB) while CPU 0 unmaps and pools page 0 as in
+/// (h); loading the address space may refill page 0 at once. Either CPU
+/// 0's unmap missed CPU 1 and CPU 1's refill finds the PTE cleared (model
+/// (e)'s fence pair), or CPU 1 is a target and the frame comes back only
+/// once CPU 1 passed epoch 2, which it read before it switched, after the
+/// clear. Reading the epoch after the switch lets the frame come back while
+/// the refilled entry maps it.
+#[test]
+fn h3_pooled_frame_released_only_after_its_cpu_switched_in() {
+    pool_model("(h'') FramePool vs switch_mm in", Pass::SwitchIn);
+}
+
+/// Models (h) to (h''): see there.
+fn pool_model(name: &str, pass: Pass) {
+    let seen = check(name, 4, move |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
+        if pass == Pass::SwitchIn {
+            // SAFETY: a model: the root is never dereferenced.
+            unsafe { switch_mm(&Cpu::detached(1, &m, seen), None, &other).unwrap() };
+        } else {
+            cached_on(&m, seen, 1, &mm);
+        }
+        let rmap = PoolRmap(PoolSpace {
+            m: m.clone(),
+            mm: mm.clone(),
+            page1: AtomicU64::new(MAPPED),
+        });
+        let mut pool = FramePool::<2>::new();
+        pool_frame(&Cpu::detached(0, &m, seen), &rmap, &mut pool, FRAME1);
+        let deferred_before = m.tlb.stats().pages_deferred;
+
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            pool_frame(&cpu, &rmap, &mut pool, FRAME0);
+            let mut released = false;
+            for _ in 0..RELEASE_TRIES {
+                let mut back = pool.release_passed(&cpu);
+                if back.frames_mut().iter().any(|f| f.frame() == FRAME0) {
+                    assert!(
+                        !cpu.m.cached[1].load(Ordering::Relaxed),
+                        "the pool handed page 0's frame back while cpu1 still caches it"
+                    );
+                    released = true;
+                    break;
+                }
+                thread::yield_now();
+            }
+            cpu.finish();
+            usize::from(released)
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            cpu.refill_after_flush.set(true);
+            match pass {
+                Pass::Quiescent => {
+                    assert!(quiescent_flush(&cpu), "cpu1 owes page 1's generation a flush");
+                }
+                // SAFETY (both): a model: the roots are never dereferenced.
+                Pass::SwitchAway => unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() },
+                Pass::SwitchIn => unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() },
+            }
+            // Takes interrupts until both are done: in (h'') CPU 0's unmap
+            // may miss CPU 1 when it decides whether to defer, then find it
+            // when it flushes at once, and shoot page 0 at it.
+            cpu.finish()
+        });
+        let released = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        // Nor does CPU 1 cache the frame again later.
+        assert!(!released || !m.cached[1].load(Ordering::Relaxed));
+        seen.outcome(released);
+        if m.tlb.stats().pages_deferred == deferred_before {
+            seen.flushed_at_once.fetch_add(1, StdOrdering::Relaxed);
+        }
+    });
+    seen.both_outcomes([
+        "cpu0 never got page 0's frame back",
+        "cpu0 got page 0's frame back",
+    ]);
+    let at_once = seen.flushed_at_once.load(StdOrdering::Relaxed);
+    if pass == Pass::Quiescent {
+        assert_eq!(at_once, 0, "cpu1 never leaves the address space in (h)");
+    } else {
+        assert!(
+            at_once > 0,
+            "no execution where cpu0's unmap missed cpu1 and flushed at once"
+        );
+    }
 }
