@@ -1,10 +1,13 @@
 //! Property tests over the mock's operation model: any sequence of maps,
 //! accesses, switches, unmaps (low-level and typed, batched or not, blind to
 //! accessed bits or not), aging, flushes (with injected failures and their
-//! retries), write-outs, frees, reclaims, migrations, mprotects, teardowns,
-//! CPUs going offline and back, and hostile input, from any CPU, on untagged
-//! and tagged TLBs, keeps the safety contract (the oracle sees nothing after
-//! every step); and batching changes no page state.
+//! retries), write-outs, frees, reclaims (into a frame pool or not),
+//! timer ticks and pool flushes, migrations, mprotects, teardowns, CPUs
+//! going offline and back, and hostile input, from any CPU, on untagged and
+//! tagged TLBs, keeps the safety contract (the oracle sees nothing after
+//! every step); and batching changes no page state. Sequences made for the
+//! pool (module `pool`) line up what random bytes rarely do: a page cached,
+//! pooled, and a tick.
 
 use proptest::prelude::*;
 use tlb_batch::arch::mock::ops::{self, check, ops_from_bytes, run, BadInput, Io, Op};
@@ -50,6 +53,7 @@ fn write(cpu: u8, space: u8, page: u8) -> Op {
         space,
         page,
         write: true,
+        tick: false,
     }
 }
 
@@ -76,6 +80,7 @@ fn busy_sequence() -> Vec<Op> {
             space: 1,
             page: p,
             write: false,
+            tick: false,
         });
     }
     for p in 0..4 {
@@ -153,6 +158,8 @@ fn the_model_covers_every_driver_typed_batches_failures_and_the_kernel_space() {
             io: Io::Queued,
             refuse_free: false,
             fail: true,
+            pooled: false,
+            aged: false,
         },
         EndIo { index: 0 },
         Teardown {
@@ -235,18 +242,178 @@ fn hostile_input_is_refused_with_nothing_changed() {
     .unwrap();
 }
 
+fn ro(space: u8, page: u8) -> Op {
+    Map {
+        space,
+        page,
+        writable: false,
+    }
+}
+
+fn read(cpu: u8, space: u8, page: u8) -> Op {
+    Access {
+        cpu,
+        space,
+        page,
+        write: false,
+        tick: false,
+    }
+}
+
+fn pooled_reclaim(cpu: u8, space: u8, pages: u8, fail: bool) -> Op {
+    Reclaim {
+        cpu,
+        space,
+        pages,
+        io: Io::Synchronous,
+        refuse_free: false,
+        fail,
+        pooled: true,
+        aged: false,
+    }
+}
+
+/// CPU 1 runs space 0 and CPU 2 space 1, each reading read-only pages that
+/// CPU 0 reclaims into the pool (each reclaim twice: the first finds the
+/// pages referenced and ages them). A tick on CPU 1 hands its frames back
+/// with no IPI; a later reclaim finds the pool too full, and its pool
+/// flush fails first, then retries; pool flushes of the oldest frames and
+/// of everything (each failing first), and the end of the run, empty it.
+fn pool_sequence() -> Vec<Op> {
+    let mut ops = Vec::new();
+    let cache = |ops: &mut Vec<Op>, cpu: u8, space: u8, pages: &[u8]| {
+        for &p in pages {
+            ops.extend([ro(space, p), read(cpu, space, p)]);
+        }
+    };
+    cache(&mut ops, 1, 0, &[0, 1, 2]);
+    cache(&mut ops, 2, 1, &[0, 1]);
+    for (space, pages) in [(0, 0b0111), (1, 0b0011)] {
+        ops.extend([pooled_reclaim(0, space, pages, false); 2]);
+    }
+    ops.push(Tick { cpu: 1 });
+    cache(&mut ops, 1, 0, &[0, 1, 2]);
+    ops.extend([pooled_reclaim(0, 0, 0b0111, false); 2]);
+    cache(&mut ops, 2, 1, &[2, 3]);
+    ops.extend([pooled_reclaim(0, 1, 0b1100, true); 2]);
+    ops.extend([
+        PoolFlush {
+            cpu: 0,
+            fail: true,
+            oldest: 2,
+        },
+        PoolFlush {
+            cpu: 2,
+            fail: true,
+            oldest: 0,
+        },
+    ]);
+    cache(&mut ops, 1, 0, &[3]);
+    ops.extend([pooled_reclaim(0, 0, 0b1000, false); 2]);
+    ops
+}
+
+#[test]
+fn the_model_exercises_the_pool_and_it_saves_ipis() {
+    let ops = pool_sequence();
+    check(&ops).unwrap();
+    let (pooled, plain) = (run(&ops, true).unwrap(), run(&ops, false).unwrap());
+    assert!(pooled.pooled >= 9, "pooled {}", pooled.pooled);
+    assert!(
+        pooled.released_by_passes >= 3,
+        "released by passes {}",
+        pooled.released_by_passes
+    );
+    assert_eq!(plain.pooled, 0, "the plain run has no pool");
+    assert!(
+        pooled.ipis < plain.ipis,
+        "{} IPIs pooled, {} plain",
+        pooled.ipis,
+        plain.ipis
+    );
+    assert_eq!(pooled.state, plain.state, "the pool changes no end state");
+}
+
 /// Every committed fuzz seed (fuzz/seeds/ops), replayed on stable with
-/// each `cargo test`.
+/// each `cargo test` as the fuzz target reads it: its first byte picks the
+/// TLB kind (`check` runs both), the rest are the operations.
 #[test]
 fn the_committed_fuzz_seeds_keep_the_contract() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/ops");
     let mut seen = 0;
     for entry in std::fs::read_dir(&dir).unwrap() {
         let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-        check(&ops_from_bytes(&bytes)).unwrap();
+        if let Some((_, ops)) = bytes.split_first() {
+            check(&ops_from_bytes(ops)).unwrap();
+        }
         seen += 1;
     }
     assert!(seen >= 4, "only {seen} seeds in {}", dir.display());
+}
+
+/// Sequences made for the pool: few spaces and pages, read-only maps and
+/// reads (so that frames are clean and cached), pooled reclaims, ticks and
+/// pool flushes likely, among switches, CPUs going offline and back, and
+/// the other drivers; random bytes alone rarely line these up.
+mod pool {
+    use super::checked;
+    use proptest::prelude::*;
+    use tlb_batch::arch::mock::ops::{Io, Op};
+
+    fn io() -> impl Strategy<Value = Io> {
+        prop_oneof![
+            6 => Just(Io::Synchronous),
+            1 => Just(Io::Queued),
+            1 => Just(Io::Failing),
+        ]
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let (cpu, space, page) = (0..3u8, 0..2u8, 0..4u8);
+        prop_oneof![
+            4 => (space.clone(), page.clone(), prop::bool::weighted(0.2))
+                .prop_map(|(space, page, writable)| Op::Map { space, page, writable }),
+            6 => (cpu.clone(), space.clone(), page.clone(), prop::bool::weighted(0.1))
+                .prop_map(|(cpu, space, page, write)| Op::Access { cpu, space, page, write, tick: false }),
+            2 => (cpu.clone(), space.clone(), page.clone())
+                .prop_map(|(cpu, space, page)| Op::Access { cpu, space, page, write: false, tick: true }),
+            1 => (space.clone(), page.clone()).prop_map(|(space, page)| Op::Share { space, page }),
+            1 => (cpu.clone(), space.clone()).prop_map(|(cpu, space)| Op::Switch { cpu, space }),
+            6 => (cpu.clone(), space.clone(), 1..16u8, io(), prop::bool::weighted(0.1), any::<bool>(),
+                  prop::bool::weighted(0.85), any::<bool>())
+                .prop_map(|(cpu, space, pages, io, refuse_free, fail, pooled, aged)| Op::Reclaim {
+                    cpu, space, pages, io, refuse_free, fail, pooled, aged,
+                }),
+            4 => cpu.clone().prop_map(|cpu| Op::Tick { cpu }),
+            2 => (cpu.clone(), any::<bool>(), any::<u8>())
+                .prop_map(|(cpu, fail, oldest)| Op::PoolFlush { cpu, fail, oldest }),
+            1 => cpu.clone().prop_map(|cpu| Op::Offline { cpu }),
+            1 => cpu.clone().prop_map(|cpu| Op::Online { cpu }),
+            1 => (cpu.clone(), space.clone(), any::<bool>())
+                .prop_map(|(cpu, space, fail)| Op::Teardown { cpu, space, fail }),
+            1 => (cpu.clone(), space.clone(), page.clone(), any::<bool>())
+                .prop_map(|(cpu, space, page, fail)| Op::Migrate { cpu, space, page, no_memory: false, fail }),
+            1 => (cpu.clone(), space, page, 1..4u8, any::<bool>())
+                .prop_map(|(cpu, space, first, count, fail)| Op::Protect { cpu, space, first, count, fail }),
+            1 => (cpu, any::<u8>()).prop_map(|(cpu, batch)| Op::Flush { cpu, batch, typed: false, fail: true }),
+            1 => any::<u8>().prop_map(|index| Op::EndIo { index }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: 256,
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Pooled frames come back only once no CPU can cache them, every
+        /// frame is accounted for, and the plain run ends the same.
+        #[test]
+        fn pool_sequences_keep_the_contract(ops in prop::collection::vec(op(), 1..80)) {
+            checked(&ops)?;
+        }
+    }
 }
 
 mod concurrent {

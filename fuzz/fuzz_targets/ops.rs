@@ -1,8 +1,10 @@
 //! Drives the mock machine with a sequence of operations decoded from the
 //! input (see `tlb_batch::arch::mock::ops`: any CPU initiating, two user
 //! address spaces and the kernel's, low-level and typed batches, the
-//! reclaim, migration, mprotect and teardown drivers, injected flush
-//! failures and their retries, CPUs going offline and back, hostile input).
+//! reclaim, migration, mprotect and teardown drivers, a frame pool filled by
+//! pooled reclaims and emptied by timer ticks and pool flushes, injected
+//! flush failures and their retries, CPUs going offline and back, hostile
+//! input).
 //! The first byte picks untagged or tagged TLBs; the sequence runs batched,
 //! with the oracle checking the safety contract after every step, and the
 //! sequence made blind to accessed bits must end in the same page states

@@ -61,6 +61,9 @@ pub(super) struct OpsKernel<'d, 'r, 'm> {
     pub(super) io: Io,
     pub(super) refuse_free: bool,
     pub(super) no_memory: bool,
+    /// Every frame the batched free took, in order: what the driver's
+    /// bookkeeping checks a reclaim or a pool release against.
+    pub(super) freed: Vec<Frame>,
 }
 
 impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
@@ -110,6 +113,7 @@ impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
             io,
             refuse_free,
             no_memory,
+            freed: Vec::new(),
         }
     }
 }
@@ -127,6 +131,7 @@ impl FreeFrames for OpsKernel<'_, '_, '_> {
         }
         for f in taken {
             let frame = f.into_frame();
+            self.freed.push(frame);
             if self.handles_are_holds {
                 put(self.m, self.rmap, self.holders, frame);
             } else {

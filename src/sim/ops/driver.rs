@@ -12,13 +12,15 @@ use std::vec::Vec;
 
 mod drivers;
 mod hostile;
+mod pool;
 
 use super::backing::{put, Holders};
 use super::{va, EndState, BATCHES};
-use super::{Op, CPUS, FRAMES, PAGES, SPACES};
+use super::{Op, CPUS, FRAMES, PAGES, POOL_FRAMES, SPACES};
 use crate::arch::Asid;
 use crate::batch::TlbFlushUnmapBatch;
 use crate::mm::{flush_tlb_batched_pending, MmTlbState};
+use crate::pool::FramePool;
 use crate::pte::{Frame, Pte};
 use crate::rmap::{page_referenced, try_to_unmap, MappingFlags, PageTable, TtuFlags};
 use crate::sim::{FrameState, MockCpu, MockMachine, MockRmap, MockSpace};
@@ -45,6 +47,10 @@ pub(super) struct Driver<'m> {
     pending: Vec<Pending>,
     typed: [UnmapBatch<TYPED>; BATCHES],
     under_io: Vec<Frame>,
+    /// The pool pooled reclaims fill, kept across steps (a batching run
+    /// only), and the frames it holds, each with one hold in `holders`.
+    pool: FramePool<POOL_FRAMES>,
+    pooled: Vec<Frame>,
     batching: bool,
 }
 
@@ -74,6 +80,8 @@ impl<'m> Driver<'m> {
             pending: Vec::new(),
             typed: [UnmapBatch::new(), UnmapBatch::new()],
             under_io: Vec::new(),
+            pool: FramePool::new(),
+            pooled: Vec::new(),
             batching,
         })
     }
@@ -214,6 +222,16 @@ impl<'m> Driver<'m> {
                     self.rmap
                         .map(f, s, va(s, p), writable, MappingFlags::empty())
                         .map_err(|e| format!("{e:?}"))?;
+                    // The fault came from a CPU running the space (if one
+                    // does), which reads the page as it returns.
+                    let running = m.cpus().find(|c| {
+                        m.online().contains(c.id())
+                            && c.current_mm().is_some_and(|cur| Arc::ptr_eq(&cur, self.mm(s)))
+                    });
+                    if let Some(c) = running {
+                        c.read(va(s, p))
+                            .map_err(|e| format!("a fresh mapping faulted: {e:?}"))?;
+                    }
                 }
             }
             Op::Share { space, page } => {
@@ -236,6 +254,7 @@ impl<'m> Driver<'m> {
                 space,
                 page,
                 write,
+                tick,
             } => {
                 let (s, p) = at(space, page);
                 let Some(c) = self.cpu(cpu) else {
@@ -250,6 +269,9 @@ impl<'m> Driver<'m> {
                 } else {
                     c.read(va(s, p)).map(|_| ())
                 };
+                if tick {
+                    self.tick(cpu)?;
+                }
             }
             Op::Switch { cpu, space } => {
                 let s = usize::from(space) % SPACES;
@@ -431,7 +453,9 @@ impl<'m> Driver<'m> {
                 io,
                 refuse_free,
                 fail,
-            } => self.reclaim(cpu, space, pages, io, refuse_free, fail)?,
+                pooled,
+                aged,
+            } => self.reclaim(cpu, space, pages, (io, refuse_free), fail, pooled, aged)?,
             Op::EndIo { index } => {
                 if !self.under_io.is_empty() {
                     let f = self.under_io.remove(usize::from(index) % self.under_io.len());
@@ -472,12 +496,14 @@ impl<'m> Driver<'m> {
                     self.hostile(&c, kind)?;
                 }
             }
+            Op::Tick { cpu } => self.tick(cpu)?,
+            Op::PoolFlush { cpu, fail, oldest } => self.pool_flush(cpu, fail, oldest)?,
         }
         Ok(())
     }
 
-    /// The end of a run: every batch flushed, every held frame put (an I/O
-    /// under way completes first).
+    /// The end of a run: every batch and the pool flushed, every held frame
+    /// put (an I/O under way completes first).
     pub(super) fn finish(&mut self) -> Result<(), String> {
         for cpu in 0..CPUS as u8 {
             self.step(0, Op::Online { cpu })?;
@@ -487,6 +513,7 @@ impl<'m> Driver<'m> {
             self.flush_low(&c, b, false)?;
             self.flush_typed(&c, b, false)?;
         }
+        self.drain_pool(&c)?;
         for f in core::mem::take(&mut self.under_io) {
             self.m.end_io(f).map_err(|e| format!("{e:?}"))?;
             self.put(f);

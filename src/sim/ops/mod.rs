@@ -4,13 +4,21 @@
 //!
 //! What it covers: three CPUs, any of which initiates; two user address
 //! spaces and the kernel's (whose last page is the last page of the address
-//! space); maps, shared mappings, accesses and switches; the low-level API
+//! space); maps (a CPU running the space reads the new page, as after the
+//! fault that made it), shared mappings, accesses (each maybe followed by
+//! the CPU's timer tick) and switches; the low-level API
 //! ([`try_to_unmap`](crate::try_to_unmap) into one of two
 //! [`TlbFlushUnmapBatch`](crate::TlbFlushUnmapBatch)es, with and without
 //! [`TtuFlags::IGNORE_ACCESS`](crate::TtuFlags::IGNORE_ACCESS), aging,
 //! flush, dirty flush, write-out, free) and the typed one (two
 //! [`UnmapBatch`](crate::UnmapBatch)es); the reclaim, migration, mprotect
-//! and teardown drivers; failures injected into flushes
+//! and teardown drivers (a reclaim's pages maybe aged first); a
+//! [`FramePool`](crate::FramePool) of [`POOL_FRAMES`] frames that pooled
+//! reclaims ([`shrink_page_list_pooled`](crate::shrink_page_list_pooled))
+//! fill, and that CPUs' ticks ([`quiescent_flush`](crate::quiescent_flush),
+//! then [`release_passed`](crate::FramePool::release_passed)), switches,
+//! coming online and pool flushes (whole or oldest first) empty; failures
+//! injected into flushes
 //! ([`MockCpu::in_shootdown`](super::MockCpu::in_shootdown)) followed by
 //! the documented retry; CPUs going offline and coming back; hostile input
 //! (non-canonical addresses, ranges across the hole or past the top, ASIDs
@@ -19,8 +27,10 @@
 //!
 //! The driver keeps frames the way a kernel with reference counts does: a
 //! frame is freed when no mapping and no holder (a batch, a reclaim or
-//! migration in progress, an I/O) is left, and only ever through the
-//! crate's flush points.
+//! migration in progress, an I/O, the pool) is left, and only ever through
+//! the crate's flush points. Every frame a reclaim is given must end freed,
+//! handed back or pooled, exactly once, and every pooled frame must come
+//! out of the pool exactly once; the pool is flushed at the end of a run.
 //!
 //! [`run`] returns the end state (which frame each page maps and how, and
 //! every frame's life-cycle state), so that a batched and an unbatched run
@@ -31,7 +41,7 @@
 //! allows.
 //!
 //! Runs reuse one machine per thread and configuration
-//! ([`MockMachine::reset`]), so a fuzzer pays for the operations, not for
+//! ([`MockMachine::reset`](super::MockMachine::reset)), so a fuzzer pays for the operations, not for
 //! building machines.
 //!
 //! With the `arbitrary` feature, [`Op`] implements `arbitrary::Arbitrary`,
@@ -40,14 +50,14 @@
 mod backing;
 pub mod concurrent;
 mod driver;
+mod run;
 
-use std::cell::RefCell;
-use std::format;
-use std::string::String;
+#[cfg(feature = "arbitrary")]
 use std::vec::Vec;
 
-use super::{FrameState, MockConfig, MockMachine, Violation};
-use crate::pte::{Frame, PAGE_SIZE};
+use crate::pte::PAGE_SIZE;
+
+pub use run::{check, check_with, run, run_with, EndState, Failure, Outcome, RunConfig};
 
 /// CPUs of the modelled machine.
 pub const CPUS: usize = 3;
@@ -59,6 +69,10 @@ pub const PAGES: usize = 4;
 pub const FRAMES: usize = 48;
 /// Batches of each kind the driver keeps at once.
 pub const BATCHES: usize = 2;
+/// Frames the driver's [`FramePool`](crate::FramePool) holds: fewer than
+/// two reclaims' worth, so that it fills often and reclaims flush its
+/// oldest generations to make room.
+pub const POOL_FRAMES: usize = 6;
 
 const BASE: u64 = 0x40_0000;
 /// The kernel's pages end at the last page of the address space.
@@ -115,7 +129,10 @@ pub enum BadInput {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum Op {
-    /// Map a new frame at `page` of `space`.
+    /// Map a new frame at `page` of `space`; the first online CPU that runs
+    /// the space (if one does) then reads it, as it would on return from
+    /// the fault that asked for the page (so that pages are cached, and
+    /// reclaims and the pool meet live TLB entries).
     Map {
         /// Address space.
         space: u8,
@@ -133,7 +150,8 @@ pub enum Op {
         page: u8,
     },
     /// CPU `cpu` switches to `space` if it is a user space it does not run,
-    /// then reads or writes `page`.
+    /// then reads or writes `page`; then, when `tick`, its timer tick
+    /// arrives ([`Op::Tick`]).
     Access {
         /// CPU.
         cpu: u8,
@@ -143,6 +161,8 @@ pub enum Op {
         page: u8,
         /// Write rather than read.
         write: bool,
+        /// The CPU's timer tick follows the access.
+        tick: bool,
     },
     /// CPU `cpu` switches to user space `space`.
     Switch {
@@ -231,7 +251,10 @@ pub enum Op {
         index: u8,
     },
     /// Reclaim the frames mapped in `space` at the pages of `pages` (a bit
-    /// mask) with [`shrink_page_list`](crate::shrink_page_list).
+    /// mask) with [`shrink_page_list`](crate::shrink_page_list), or with
+    /// [`shrink_page_list_pooled`](crate::shrink_page_list_pooled) into the
+    /// driver's pool when `pooled` (in a batching run: the plain run
+    /// reclaims with `shrink_page_list`, which flushes at once).
     Reclaim {
         /// Initiating CPU.
         cpu: u8,
@@ -245,6 +268,13 @@ pub enum Op {
         refuse_free: bool,
         /// Inject a failed flush first, then retry.
         fail: bool,
+        /// Clean unmapped frames go into the driver's pool, unflushed.
+        pooled: bool,
+        /// The pages were aged first ([`UnmapBatch::page_referenced`](crate::UnmapBatch::page_referenced),
+        /// as Linux's scan of the active list does before pages reach the
+        /// inactive one), so that pages CPUs still cache are reclaimed
+        /// (and pooled) rather than found referenced.
+        aged: bool,
     },
     /// A queued write-out completes.
     EndIo {
@@ -307,6 +337,28 @@ pub enum Op {
         /// What.
         kind: BadInput,
     },
+    /// CPU `cpu`'s timer tick: [`quiescent_flush`](crate::quiescent_flush),
+    /// then [`FramePool::release_passed`](crate::FramePool::release_passed)
+    /// of the driver's pool, whose frames are freed (a batching run only:
+    /// the plain run has no pool).
+    Tick {
+        /// CPU.
+        cpu: u8,
+    },
+    /// The driver's pool shot down from `cpu`:
+    /// [`FramePool::flush`](crate::FramePool::flush) when `oldest` is 0
+    /// modulo `POOL_FRAMES + 2`, otherwise
+    /// [`flush_oldest`](crate::FramePool::flush_oldest) of that remainder
+    /// less one frames; a failure injected first when `fail` (the pool
+    /// must be unchanged), then the documented retry. A batching run only.
+    PoolFlush {
+        /// Initiating CPU.
+        cpu: u8,
+        /// Inject a failed flush first.
+        fail: bool,
+        /// The whole pool (0) or its oldest frames (see above).
+        oldest: u8,
+    },
 }
 
 impl Op {
@@ -352,68 +404,6 @@ impl Op {
     }
 }
 
-/// Checks `ops` on an untagged or a tagged machine: the sequence runs
-/// batched and must keep the contract (its `Unmap` steps that do not ask
-/// for batching flush at once, so both paths run); then the sequence made
-/// blind to accessed bits ([`Op::ignoring_access`]) runs batched and
-/// unbatched, and both must keep the contract and end in the same page
-/// states. Returns the batched and unbatched outcomes of the blind
-/// sequence.
-pub fn check_with(ops: &[Op], tagged: bool) -> Result<(Outcome, Outcome), Failure> {
-    let blind: Vec<Op> = ops.iter().filter_map(|op| op.ignoring_access()).collect();
-    if blind != ops {
-        run_with(
-            ops,
-            RunConfig {
-                batching: true,
-                tagged,
-            },
-        )?;
-    }
-    let batched = run_with(
-        &blind,
-        RunConfig {
-            batching: true,
-            tagged,
-        },
-    )?;
-    let plain = run_with(
-        &blind,
-        RunConfig {
-            batching: false,
-            tagged,
-        },
-    )?;
-    if batched.state != plain.state {
-        return Err(Failure {
-            step: blind.len(),
-            op: None,
-            violations: Vec::new(),
-            reason: format!(
-                "batching changed the end state (tagged: {tagged}):\n batched {:?}\n plain   {:?}",
-                batched.state, plain.state
-            ),
-        });
-    }
-    Ok((batched, plain))
-}
-
-/// [`check_with`] on an untagged and on a tagged machine, and the full
-/// sequence unbatched too; returns the untagged outcomes.
-pub fn check(ops: &[Op]) -> Result<(Outcome, Outcome), Failure> {
-    for tagged in [false, true] {
-        run_with(
-            ops,
-            RunConfig {
-                batching: false,
-                tagged,
-            },
-        )?;
-    }
-    let tagged = check_with(ops, true);
-    check_with(ops, false).and_then(|untagged| tagged.map(|_| untagged))
-}
-
 /// Decodes `bytes` into operations, one after another until the bytes run
 /// out (so that every byte counts: `Vec::arbitrary` would read a "go on?"
 /// flag before each element and stop after a couple of them).
@@ -430,148 +420,4 @@ pub fn ops_from_bytes(bytes: &[u8]) -> Vec<Op> {
         }
     }
     ops
-}
-
-/// How a run is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct RunConfig {
-    /// Whether `Unmap` steps that ask for batching get it.
-    pub batching: bool,
-    /// Whether TLB entries survive address-space switches (PCID).
-    pub tagged: bool,
-}
-
-/// What a run ends with.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EndState {
-    /// For each (space, page), the kernel's included: the mapped frame and
-    /// whether it is writable.
-    pub mappings: Vec<Option<(Frame, bool)>>,
-    /// For each frame: its life-cycle state and dirty flag.
-    pub frames: Vec<(FrameState, bool)>,
-}
-
-/// The end state and a few counts (which differ between batched and
-/// unbatched runs, so they are not part of [`EndState`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
-    /// The end state.
-    pub state: EndState,
-    /// Flush IPIs sent.
-    pub ipis: u64,
-    /// Pages whose flush was deferred.
-    pub deferred: u64,
-}
-
-/// Why a run stopped.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// Index of the step.
-    pub step: usize,
-    /// The step.
-    pub op: Option<Op>,
-    /// The oracle's findings (empty when the crate returned an error).
-    pub violations: Vec<Violation>,
-    /// What went wrong.
-    pub reason: String,
-}
-
-std::thread_local! {
-    /// One machine per TLB kind (untagged, tagged) and thread, reset
-    /// between runs: a fuzzer's thread runs millions of inputs on them.
-    static MACHINES: [RefCell<Option<MockMachine>>; 2] = const { [RefCell::new(None), RefCell::new(None)] };
-}
-
-/// Runs `f` on the thread's machine for `tagged`, reset (made on first
-/// use).
-fn with_machine<R>(tagged: bool, f: impl FnOnce(&MockMachine) -> R) -> Result<R, String> {
-    MACHINES.with(|machines| {
-        let mut slot = machines[usize::from(tagged)].borrow_mut();
-        match slot.as_ref() {
-            Some(m) => m.reset(),
-            None => {
-                let m = MockMachine::new(MockConfig {
-                    frames: FRAMES,
-                    table_frames: 16,
-                    tlb_entries: 16,
-                    tagged_tlb: tagged,
-                    ..MockConfig::x86_like(CPUS)
-                })
-                .map_err(|e| format!("{e}"))?;
-                *slot = Some(m);
-            }
-        }
-        match slot.as_ref() {
-            Some(m) => Ok(f(m)),
-            None => Err("no machine".into()),
-        }
-    })
-}
-
-/// Runs `ops` on an untagged machine, with `Unmap` steps batched as they
-/// ask (`batching`) or never. See [`run_with`].
-pub fn run(ops: &[Op], batching: bool) -> Result<Outcome, Failure> {
-    run_with(
-        ops,
-        RunConfig {
-            batching,
-            tagged: false,
-        },
-    )
-}
-
-/// Runs `ops` on a fresh (reset) machine of [`CPUS`] CPUs, [`SPACES`] user
-/// address spaces and the kernel's, [`PAGES`] pages each and [`FRAMES`]
-/// frames. After every step the oracle's record must be empty, and after
-/// every change of a range no CPU may keep an entry that disagrees with the
-/// page table; at the end every batch is flushed, every held frame put, and
-/// the end state read.
-pub fn run_with(ops: &[Op], config: RunConfig) -> Result<Outcome, Failure> {
-    let fail = |step: usize, op: Option<Op>, violations: Vec<Violation>, reason: String| Failure {
-        step,
-        op,
-        violations,
-        reason,
-    };
-    with_machine(config.tagged, |m| run_on(m, ops, config.batching))
-        .map_err(|r| fail(0, None, Vec::new(), r))?
-}
-
-fn run_on(m: &MockMachine, ops: &[Op], batching: bool) -> Result<Outcome, Failure> {
-    let fail = |step: usize, op: Option<Op>, violations: Vec<Violation>, reason: String| Failure {
-        step,
-        op,
-        violations,
-        reason,
-    };
-    let mut driver = driver::Driver::new(m, batching).map_err(|r| fail(0, None, Vec::new(), r))?;
-    for (step, &op) in ops.iter().enumerate() {
-        driver
-            .step(step, op)
-            .map_err(|reason| fail(step, Some(op), m.violations(), reason))?;
-        if m.violation_count() != 0 {
-            return Err(fail(
-                step,
-                Some(op),
-                m.violations(),
-                "the oracle saw a violation".into(),
-            ));
-        }
-    }
-    let last = ops.len();
-    driver
-        .finish()
-        .map_err(|reason| fail(last, None, m.violations(), reason))?;
-    if m.violation_count() != 0 {
-        return Err(fail(last, None, m.violations(), "violation at the end".into()));
-    }
-    let state = driver
-        .end_state()
-        .map_err(|reason| fail(last, None, m.violations(), reason))?;
-    let stats = m.stats();
-    Ok(Outcome {
-        state,
-        ipis: stats.ipis_sent,
-        deferred: stats.pages_deferred,
-    })
 }

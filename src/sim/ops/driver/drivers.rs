@@ -1,74 +1,23 @@
-//! The operation model's steps that run the crate's drivers (reclaim,
-//! migration, mprotect, teardown), each with an injected failure and the
-//! documented retry when the operation asks for one.
+//! The operation model's steps that run the crate's drivers (migration,
+//! mprotect, teardown; reclaim is with the pool, in `pool.rs`), each with
+//! an injected failure and the documented retry when the operation asks
+//! for one.
 
 use std::format;
 use std::string::String;
 use std::vec::Vec;
 
 use super::super::backing::OpsKernel;
-use super::super::{va, Io, CPUS, PAGES, SPACES};
+use super::super::{va, CPUS, PAGES, SPACES};
 use super::{at, crate_error, Driver};
 use crate::gather::{MmuGather, TableFreePolicy};
 use crate::migrate::{migrate_pages, MigrateOutcome};
 use crate::mprotect::change_protection;
-use crate::pte::{Frame, Pte, PteFlags};
+use crate::pte::{Pte, PteFlags};
 use crate::range::{PageRange, TABLE_PAGES, TABLE_SPAN};
-use crate::reclaim::{shrink_page_list, Verdict};
-use crate::unmap::{OwnedFrame, UnmapBatch};
+use crate::unmap::UnmapBatch;
 
 impl<'m> Driver<'m> {
-    /// `Op::Reclaim`: the reclaim driver over the frames picked, with its
-    /// documented retry after an injected failure.
-    pub(super) fn reclaim(
-        &mut self,
-        cpu: u8,
-        space: u8,
-        pages: u8,
-        io: Io,
-        refuse_free: bool,
-        fail: bool,
-    ) -> Result<(), String> {
-        let s = usize::from(space) % (SPACES + 1);
-        let Some(c) = self.cpu(cpu) else {
-            return Ok(());
-        };
-        let mut picked = Vec::new();
-        for p in (0..PAGES).filter(|p| pages & (1 << p) != 0) {
-            if let Some(f) = self.free_to_take(s, p).filter(|f| !picked.contains(f)) {
-                picked.push(f);
-            }
-        }
-        let handles: Vec<OwnedFrame> = picked.iter().map(|&f| self.hold(f)).collect();
-        let mut back: Vec<(Frame, Verdict)> = Vec::new();
-        {
-            let rmap = &self.rmap;
-            let mut kernel = OpsKernel::for_reclaim(self.m, &self.rmap, &mut self.holders, io, refuse_free);
-            let mut handback = |f: OwnedFrame, v: Verdict| back.push((f.into_frame(), v));
-            let mut batch = UnmapBatch::<PAGES>::new();
-            let first = if fail {
-                c.in_shootdown(|| shrink_page_list(&c, rmap, &mut kernel, &mut batch, handles, &mut handback))
-                    .map_err(crate_error)?
-            } else {
-                shrink_page_list(&c, rmap, &mut kernel, &mut batch, handles, &mut handback)
-            };
-            if let Err(retry) = first {
-                // The documented retry.
-                retry
-                    .retry(&c, &mut kernel, &mut handback)
-                    .map_err(|r| format!("reclaim retry failed: {:?}", r.error()))?;
-            }
-        }
-        for (f, verdict) in back {
-            if verdict == Verdict::Writeback {
-                self.under_io.push(f);
-            } else {
-                self.put(f);
-            }
-        }
-        Ok(())
-    }
-
     /// `Op::Migrate`: one frame through the migration driver, with its
     /// documented retry.
     pub(super) fn migrate(
