@@ -822,3 +822,25 @@ fn coming_online_is_a_pass() {
     );
     assert_eq!((m.ipis_sent(), m.violations()), (0, vec![]));
 }
+
+/// What a pool says of itself, and what its flushes count: `Debug` names
+/// its frames, generations and targets; a flush of a pool holding frames
+/// counts one flushed batch, a flush of an empty one none.
+#[test]
+fn a_pool_reports_what_it_holds_and_counts_its_flushes() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2], 1);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(pool.flush(&cpu0).map(|f| f.len()), Ok(0));
+    assert_eq!(m.stats().batches_flushed, 0, "an empty pool flushes no batch");
+    pool_them(&m, &rmap, &frames.concat(), &mut pool);
+    let shown = format!("{pool:?}");
+    assert!(shown.starts_with("FramePool"), "{shown}");
+    assert!(shown.contains("frames: 2") && shown.contains("generations: 1"), "{shown}");
+    let before = m.stats().batches_flushed;
+    let back = free(&mut MockKernel::new(&rmap), pool.flush(&cpu0).unwrap());
+    assert_eq!(back, frames.concat());
+    assert_eq!(m.stats().batches_flushed, before + 1);
+    assert_eq!(m.violations(), []);
+}
