@@ -14,8 +14,10 @@
 //!   next timer tick or idle entry through [`quiescent_flush`] (the idea of
 //!   LATR, ASPLOS 2018). The frames then go back with no IPI at all; or
 //! - the kernel cannot wait: the pool is full, free memory is low, or it
-//!   must reuse a pooled frame. [`FramePool::flush`] then sends one
-//!   shootdown for the whole pool, to the CPUs that have not flushed yet.
+//!   must reuse a pooled frame. [`FramePool::flush_oldest`] then sends one
+//!   shootdown for the oldest generations (and any younger one whose CPUs
+//!   it interrupts anyway), [`FramePool::flush`] one for everything, each
+//!   only to the CPUs that have not flushed yet.
 //!
 //! # How a CPU is known to have flushed
 //!
@@ -53,10 +55,10 @@
 //!   space marked until then.
 //!
 //! Only frames whose deferred mappings were all clean and read-only go into
-//! a pool, so no CPU can write to a pooled frame (a write through a clean
-//! entry re-walks the page table and faults, which is why deferral needs
-//! [`Arch::CLEAN_WRITE_REWALK`]). Kernel pages (global entries, which a
-//! local flush of every ASID keeps) never do.
+//! a pool, so no stale entry of a pooled frame allows a write: whatever a
+//! CPU still caches, it can only read the old contents, which stay in the
+//! frame until it is released. Kernel pages (global entries, which a local
+//! flush of every ASID keeps) never do.
 
 use crate::arch::Arch;
 use crate::batch::machine_id;
