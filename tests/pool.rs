@@ -837,7 +837,10 @@ fn a_pool_reports_what_it_holds_and_counts_its_flushes() {
     pool_them(&m, &rmap, &frames.concat(), &mut pool);
     let shown = format!("{pool:?}");
     assert!(shown.starts_with("FramePool"), "{shown}");
-    assert!(shown.contains("frames: 2") && shown.contains("generations: 1"), "{shown}");
+    assert!(
+        shown.contains("frames: 2") && shown.contains("generations: 1"),
+        "{shown}"
+    );
     let before = m.stats().batches_flushed;
     let back = free(&mut MockKernel::new(&rmap), pool.flush(&cpu0).unwrap());
     assert_eq!(back, frames.concat());

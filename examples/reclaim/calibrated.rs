@@ -36,8 +36,11 @@
 //! - **Lazy CPUs.** A CPU that goes idle, or runs kswapd, keeps the
 //!   address space it ran last loaded: it is *lazy* on it, as Linux's
 //!   kernel threads borrow the previous address space. Every policy but
-//!   Linux's counts such CPUs among an address space's CPUs and
-//!   interrupts them. For Linux's, the model takes a lazy CPU out of the
+//!   Linux's and the pooled one counts such CPUs among an address space's
+//!   CPUs and interrupts them. The pooled policy has no lazy CPUs: an idle
+//!   CPU, or kswapd's, switches to the kernel's address space, which flushes
+//!   its TLB (untagged) and takes it out of the user space's CPU set.
+//!   For Linux's, the model takes a lazy CPU out of the
 //!   machine's online set, which the mock's `flush_targets` and its
 //!   free-time oracle then leave out. Linux's lazy CPU must catch up before
 //!   it uses the space again: each address space has a flush generation,
@@ -56,6 +59,14 @@
 //! such a CPU's entries at its next switch back rather than at the free
 //! (the stand-in hides them from the free-time check altogether, and only
 //! reads catch a mistake).
+//!
+//! - **Timer ticks.** Every [`TIMER_TICKS`] ticks of the model each busy
+//!   CPU takes its timer tick (the CPUs' ticks spread over the period);
+//!   only the pooled policy does anything there: `quiescent_flush`, then
+//!   it hands back what every CPU has flushed past. With a pool, kswapd's
+//!   watermarks are raised by the pool's size (pooled frames are not free
+//!   memory), and an allocation that finds no free frame takes what has
+//!   passed, or else flushes the pool's oldest generations.
 //!
 //! The constants were fitted once against the whole of the measured
 //! table, not per cell; what each stands for is written beside it.

@@ -21,7 +21,7 @@
 //! model (`calibrated.rs`) adds what decides that in Linux (per-CPU LRU add
 //! batches, scan priorities, readahead and I/O sleeps, kswapd and direct
 //! reclaim, a scheduler, lazy CPUs), reproduces Linux 6.1's measured
-//! shootdowns per page with Linux's policy, and runs five policies on it
+//! shootdowns per page with Linux's policy, and runs six policies on it
 //! side by side (`policies.rs`, tables in `report.rs`). Migration figures
 //! close the run.
 //!

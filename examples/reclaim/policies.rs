@@ -1,4 +1,4 @@
-//! The five flush policies the calibrated model compares, each as one
+//! The six flush policies the calibrated model compares, each as one
 //! reclaim call: age the candidates, unmap the cold ones, flush, free.
 //!
 //! - **no batching**: every unmap is flushed at once, through the crate's
