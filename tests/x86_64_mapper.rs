@@ -17,9 +17,9 @@ use common::asid;
 use tlb_batch::arch::mock::{CountingTable, MmuTable, MockConfig, MockMachine};
 use tlb_batch::mapper::{MapperError, OffsetSpace, OffsetTeardown};
 use tlb_batch::{
-    change_protection, try_to_unmap, BoundedRmap, Frame, FrameKind, FreeFrames, MappingFlags, MmTlbState,
-    MmuGather, OwnedFrame, PageRange, PageState, PageTable, Pte, PteFlags, SwapResult, TableFreePolicy,
-    TeardownBacking, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
+    change_protection, try_to_unmap, BoundedRmap, DetachedTable, Frame, FrameKind, FreeFrames, MappingFlags,
+    MmTlbState, MmuGather, OwnedFrame, PageRange, PageState, PageTable, Pte, PteFlags, SwapResult,
+    TableFreePolicy, TeardownBacking, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
 };
 use x86_64::structures::paging::mapper::{Translate, TranslateResult};
 use x86_64::structures::paging::{
@@ -700,4 +700,348 @@ fn addresses_no_four_level_table_translates_are_empty_and_never_panic() {
     assert_eq!(space.detach_table(hole), None);
     assert_eq!(space.detach_table(PageRange::EMPTY), None);
     assert!(space.lookup(top).is_present());
+}
+
+/// Maps a page at each of `vas` with the `x86_64` crate and clears it
+/// again: the tables on the way to each stay linked, and empty.
+fn empty_tables_at(t: &mut Tables, vas: &[u64]) {
+    let (mut mapper, mut pool) = t.mapper();
+    for &va in vas {
+        map::<Size4KiB>(&mut mapper, &mut pool, va, 0x5000, user_rw());
+    }
+    let tlb = MmTlbState::new(asid(1), 0);
+    let space = OffsetSpace::new(&mut mapper, &tlb);
+    for &va in vas {
+        assert!(space.clear(va).maps(Frame(5)));
+    }
+}
+
+/// What detaching the table that the level-`level` entry (4 to 2) for `va`
+/// names must answer: that table's frame, and the span the entry maps.
+fn table_named(root: u64, va: u64, level: u32) -> DetachedTable {
+    let span = PAGE_SIZE << (9 * (level - 1));
+    let raw = upper_entry(root, va, level).load(Ordering::SeqCst);
+    assert_eq!(raw & 1, 1, "{va:#x}: no table below level {level}");
+    DetachedTable {
+        frame: Frame((raw & 0x000f_ffff_ffff_f000) >> 12),
+        range: PageRange::new(va & !(span - 1), span / PAGE_SIZE).unwrap(),
+    }
+}
+
+/// Every table `detach_table` hands out for `range`, in order, until it
+/// answers `None` (at most 64: a wrong answer must not loop for ever).
+fn detach_all(space: &OffsetTeardown<'_>, range: PageRange) -> Vec<DetachedTable> {
+    std::iter::from_fn(|| space_detach(space, range))
+        .take(64)
+        .collect()
+}
+
+/// The pages of `first..=last`.
+fn pages_through(first: u64, last: u64) -> PageRange {
+    PageRange::new(first, (last - first) / PAGE_SIZE + 1).unwrap()
+}
+
+/// Leaf tables the range only partly covers stay linked, at both ends, even
+/// when empty: a range that starts one page into one leaf table's 2 MiB and
+/// ends one page short of another's detaches exactly the empty leaf tables
+/// in between, and not their level-2 table (the range covers only part of
+/// its GiB); a leaf table the range covers whole but that still maps a page
+/// stays too.
+#[test]
+fn detach_table_leaves_leaf_tables_the_range_covers_only_in_part() {
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    let slot = |i: u64| GIB + i * MIB2;
+    // Empty leaf tables at the 2 MiB slots 0 to 3 of the second GiB; slot 4
+    // keeps a page.
+    empty_tables_at(&mut t, &[slot(0), slot(1), slot(2), slot(3)]);
+    let (mut mapper, mut pool) = t.mapper();
+    map::<Size4KiB>(&mut mapper, &mut pool, slot(4) + PAGE_SIZE, 0x7000, user_rw());
+    let want = [table_named(root, slot(1), 2), table_named(root, slot(2), 2)];
+    let partial = [slot(0), slot(3)].map(|va| table_named(root, va, 2));
+    let kept = table_named(root, slot(4), 2);
+    let level_2 = table_named(root, GIB, 3);
+
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: nothing is freed (the test calls `detach_table` only, and the
+    // tables are leaked); no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+    // One page into slot 0 up to one page short of the end of slot 3; then
+    // one page into slot 3 up to the end of slot 4.
+    let range = pages_through(slot(0) + PAGE_SIZE, slot(4) - 2 * PAGE_SIZE);
+    assert_eq!(detach_all(&space, range), want);
+    let range = pages_through(slot(3) + PAGE_SIZE, slot(5) - PAGE_SIZE);
+    assert_eq!(detach_all(&space, range), [], "slot 3 in part, slot 4 in use");
+
+    for table in partial.iter().chain([&kept]) {
+        let va = table.range.start();
+        assert_eq!(table_named(root, va, 2), *table, "{va:#x}: still linked");
+    }
+    assert_eq!(table_named(root, GIB, 3), level_2);
+    assert!(space.lookup(slot(4) + PAGE_SIZE).maps(Frame(7)));
+    let mmu = HostMmu { root };
+    assert!(mmu.entry(slot(1)).is_none() && mmu.entry(slot(2)).is_none());
+    assert!(mmu.entry(slot(0)).is_some() && mmu.entry(slot(3)).is_some());
+}
+
+/// The same one level up: level-2 tables (1 GiB each) that the range covers
+/// only in part stay linked once the teardown emptied them, those it covers
+/// whole go after their leaf tables. The range starts in one level-2
+/// table's GiB, so leaf tables at the start of the next ones, which the
+/// scan reaches from an earlier table, are found too.
+#[test]
+fn detach_table_leaves_level_2_tables_the_range_covers_only_in_part() {
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    // A leaf table at 2 MiB slot 5 of the first GiB; at slot 0 of the
+    // second, third and fourth.
+    let vas = [5 * MIB2, GIB, 2 * GIB, 3 * GIB];
+    empty_tables_at(&mut t, &vas);
+    let leaves = vas.map(|va| table_named(root, va, 2));
+    let level_2 = vas.map(|va| table_named(root, va, 3));
+    let level_3 = table_named(root, 0, 4);
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: as above: nothing is freed, no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+
+    // From slot 2 of the first GiB to the end of slot 1 of the fourth: all
+    // four leaf tables, and the level-2 tables of the second and third GiB.
+    let range = pages_through(2 * MIB2, 3 * GIB + 2 * MIB2 - PAGE_SIZE);
+    let mut want = leaves.to_vec();
+    want.extend([level_2[1], level_2[2]]);
+    assert_eq!(detach_all(&space, range), want);
+    for (i, &va) in vas.iter().enumerate() {
+        assert!(HostMmu { root }.entry(va).is_none(), "{va:#x}");
+        if i == 0 || i == 3 {
+            assert_eq!(table_named(root, va, 3), level_2[i], "{va:#x}: only in part");
+        }
+    }
+    assert_eq!(table_named(root, 0, 4), level_3);
+}
+
+/// And at the top: level-3 tables (512 GiB each, named by the level-4
+/// table) that the range covers only in part stay linked; the one it
+/// covers whole goes after its level-2 and leaf tables. Again the scan
+/// reaches tables at index 0 from an earlier one.
+#[test]
+fn detach_table_leaves_level_3_tables_the_range_covers_only_in_part() {
+    const TIB_HALF: u64 = 512 * GIB;
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    // Level-4 entries 1, 2 and 3: one page in the second GiB of the first,
+    // at the very start of the second and third.
+    let vas = [TIB_HALF + GIB, 2 * TIB_HALF, 3 * TIB_HALF];
+    empty_tables_at(&mut t, &vas);
+    let leaves = vas.map(|va| table_named(root, va, 2));
+    let level_2 = vas.map(|va| table_named(root, va, 3));
+    let level_3 = vas.map(|va| table_named(root, va, 4));
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: as above: nothing is freed, no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+
+    // From the second GiB of entry 1 to the end of the first two GiB of
+    // entry 3.
+    let range = pages_through(TIB_HALF + GIB, 3 * TIB_HALF + 2 * GIB - PAGE_SIZE);
+    let mut want = leaves.to_vec();
+    want.extend(level_2);
+    want.push(level_3[1]);
+    assert_eq!(detach_all(&space, range), want);
+    assert_eq!(table_named(root, vas[0], 4), level_3[0], "only in part");
+    assert_eq!(table_named(root, vas[2], 4), level_3[2], "only in part");
+    assert_eq!(upper_entry(root, vas[1], 4).load(Ordering::SeqCst), 0);
+}
+
+/// A huge entry's PAT bit is bit 12, the lowest bit of a 4 KiB frame
+/// number: the 4 KiB view of every piece moves it to bit 7 and keeps it out
+/// of the frame, at an even piece (where a leaked bit 12 would show as the
+/// next frame) as at an odd one, for 2 MiB and 1 GiB pages alike.
+#[test]
+fn a_huge_pages_pat_bit_never_shows_in_its_frames() {
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    let (mut mapper, mut pool) = t.mapper();
+    let two = 0x4000_0000;
+    let one = 0x80_0000_0000;
+    map::<Size2MiB>(&mut mapper, &mut pool, two, 0x1_0000_0000, user_rw());
+    map::<Size1GiB>(&mut mapper, &mut pool, one, 0x40_0000_0000, user_rw());
+    const PAT: u64 = 1 << 12;
+    upper_entry(root, two, 2).fetch_or(PAT, Ordering::SeqCst);
+    upper_entry(root, one, 3).fetch_or(PAT, Ordering::SeqCst);
+    let tlb = MmTlbState::new(asid(1), 0);
+    let space = OffsetSpace::new(&mut mapper, &tlb);
+    let flags = PteFlags::PRESENT | PteFlags::WRITABLE | PteFlags::USER;
+    let piece = |frame: u64| Pte(Pte::new(Frame(frame), flags).0 | 1 << 7);
+    for (base, frame, pieces) in [(two, 0x10_0000, 512), (one, 0x400_0000, 1 << 18)] {
+        for i in [0, 1, 2, 4, pieces - 2, pieces - 1] {
+            assert_eq!(
+                space.lookup(base + i * PAGE_SIZE),
+                piece(frame + i),
+                "{base:#x}: piece {i}"
+            );
+        }
+    }
+}
+
+/// `OffsetTeardown` is the same address space: each primitive, called on
+/// it, reads and changes the entry words its `OffsetSpace` does, and its
+/// address-space state is the one it was made with.
+#[test]
+fn offset_teardown_forwards_every_primitive_to_its_space() {
+    let mut t = Tables::new();
+    let (mut mapper, mut pool) = t.mapper();
+    let va = 0x40_0000;
+    map::<Size4KiB>(&mut mapper, &mut pool, va, 0x5000, user_rw() | F::ACCESSED);
+    map::<Size4KiB>(&mut mapper, &mut pool, va + 3 * PAGE_SIZE, 0x6000, user_rw());
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: nothing is freed: no teardown runs.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+    assert!(std::ptr::eq(space.tlb_state(), &tlb));
+    assert!(std::ptr::eq(space.space().tlb_state(), &tlb));
+
+    assert_eq!(space.lookup(va), Pte(0x5000 | (user_rw() | F::ACCESSED).bits()));
+    assert!(space.test_and_clear_accessed(va), "the accessed bit was set");
+    assert!(!space.space().lookup(va).is_accessed(), "and is cleared");
+    assert!(!space.test_and_clear_accessed(va));
+    assert!(!space.test_and_clear_accessed(va + 3 * PAGE_SIZE));
+
+    let ro = Pte::new(Frame(8), PteFlags::PRESENT | PteFlags::USER);
+    space.set(va, ro);
+    assert_eq!(space.space().lookup(va), ro);
+    assert_eq!(space.exchange(va, Pte::EMPTY), ro);
+    assert_eq!(space.space().lookup(va), Pte::EMPTY);
+    let table = PageRange::new(va, 512).unwrap();
+    assert_eq!(space.next_populated(table), Some(va + 3 * PAGE_SIZE));
+}
+
+/// `next_populated` answers only addresses inside its range: stepping over
+/// an absent GiB can land on a huge page just past the range's end, which
+/// it does not report.
+#[test]
+fn next_populated_never_answers_a_huge_page_past_the_range() {
+    let mut t = Tables::new();
+    let (mut mapper, mut pool) = t.mapper();
+    let two = 0x4000_0000;
+    map::<Size2MiB>(&mut mapper, &mut pool, two, 0x1_0000_0000, user_rw());
+    let tlb = MmTlbState::new(asid(1), 0);
+    let space = OffsetSpace::new(&mut mapper, &tlb);
+    // The last 2 MiB of the first GiB (no level-2 table), and its last page.
+    assert_eq!(
+        space.next_populated(PageRange::new(two - MIB2, 512).unwrap()),
+        None
+    );
+    assert_eq!(
+        space.next_populated(PageRange::page(two - PAGE_SIZE).unwrap()),
+        None
+    );
+    // One page more reaches it.
+    assert_eq!(
+        space.next_populated(PageRange::new(two - MIB2, 513).unwrap()),
+        Some(two)
+    );
+}
+
+/// A table address that is not page-aligned is unusable, so what it would
+/// translate is absent (module documentation): with a physical-memory
+/// offset of 8, the level-3 table a level-4 entry names would start 8
+/// bytes into a page, and nothing there is read (its first word, which
+/// would map a 1 GiB page, is neither reported nor changed).
+#[test]
+fn a_table_address_that_is_not_page_aligned_translates_nothing() {
+    let root: &'static mut X86Table = Box::leak(Box::new(X86Table::new()));
+    // Two zeroed pages: the "table" at offset 8 into them is mapped,
+    // readable and writable, as `from_raw_parts` asks.
+    let below: &'static mut [X86Table; 2] = Box::leak(Box::new([X86Table::new(), X86Table::new()]));
+    let below = below.as_mut_ptr() as u64;
+    // SAFETY: `below` is a leaked 8 KiB host allocation; word 1 of it (its
+    // bytes 8 to 15) is the first word of the table seen at offset 8.
+    let seen = unsafe { &*((below + 8) as *const AtomicU64) };
+    seen.store(0x4000_0000 | (user_rw() | F::HUGE_PAGE).bits(), Ordering::SeqCst);
+    root[0].set_addr(PhysAddr::new(below), user_rw());
+    let root = &*root as *const X86Table as u64;
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: the level-4 table is a leaked, aligned host page; the one
+    // frame its entries name (`below`) is mapped, readable and writable,
+    // at 8 plus its address, for the whole test. Nothing else changes it.
+    let space = unsafe { OffsetSpace::from_raw_parts(VirtAddr::new(root), VirtAddr::new(8), &tlb) };
+    let first = PageRange::new(0, 512).unwrap();
+    assert_eq!(space.lookup(0), Pte::EMPTY);
+    assert_eq!(space.lookup(0x1000), Pte::EMPTY);
+    assert_eq!(space.next_populated(first), None);
+    assert_eq!(space.check_no_huge(first), Ok(()));
+    assert!(!space.test_and_clear_accessed(0));
+    assert_eq!(seen.load(Ordering::SeqCst) & PteFlags::ACCESSED.bits(), 0);
+}
+
+/// What `MapperError` and `OffsetSpace` print.
+#[test]
+fn mapper_errors_and_spaces_print_what_they_hold() {
+    let huge = MapperError::HugePage {
+        va: 0x4000_0000,
+        size: MIB2,
+    };
+    assert_eq!(huge.to_string(), "a huge page of 0x200000 bytes maps 0x40000000");
+    let far = MapperError::FrameOutOfRange {
+        frame: Frame(1 << 40),
+    };
+    assert_eq!(
+        far.to_string(),
+        "pfn(0x10000000000) lies beyond 52 bits of physical address"
+    );
+    let err: &dyn std::error::Error = &far;
+    assert!(err.source().is_none());
+
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(3), 0);
+    let space = OffsetSpace::new(&mut mapper, &tlb);
+    let want = format!("OffsetSpace {{ level_4: {root:#x}, offset: 0x0, asid: asid(3) }}");
+    assert_eq!(format!("{space:?}"), want);
+    // SAFETY: nothing is freed: no teardown runs.
+    let teardown = unsafe { space.for_teardown() };
+    assert_eq!(
+        format!("{teardown:?}"),
+        format!("OffsetTeardown {{ space: {want} }}")
+    );
+}
+
+/// A range with an end in the non-canonical hole is refused whole, as
+/// `check_range` refuses it for the gather: nothing is detached, not even
+/// empty tables that lie wholly inside its canonical part, and those same
+/// tables go once the range stops at the edge of the hole.
+#[test]
+fn detach_table_refuses_a_range_with_an_end_in_the_hole() {
+    const LOWER_LAST_GIB: u64 = 0x7fff_c000_0000;
+    const HOLE: u64 = 0x0000_8000_0000_0000;
+    const UPPER: u64 = 0xffff_8000_0000_0000;
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    // An empty leaf table in the last 2 MiB of the lower half and one in
+    // the first 2 MiB of the upper half.
+    let vas = [HOLE - MIB2, UPPER];
+    empty_tables_at(&mut t, &vas);
+    let want = vas.map(|va| [table_named(root, va, 2), table_named(root, va, 3)]);
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: nothing is freed: the test calls `detach_table` only, and
+    // the tables are leaked; no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+
+    // The last GiB of the lower half and the hole's first page; the hole's
+    // first page and the upper half's first GiB.
+    assert_eq!(detach_all(&space, pages_through(LOWER_LAST_GIB, HOLE)), []);
+    assert_eq!(
+        detach_all(&space, pages_through(HOLE, UPPER + GIB - PAGE_SIZE)),
+        []
+    );
+    for (va, tables) in vas.iter().zip(&want) {
+        assert_eq!([table_named(root, *va, 2), table_named(root, *va, 3)], *tables);
+    }
+
+    let lower = pages_through(LOWER_LAST_GIB, HOLE - PAGE_SIZE);
+    assert_eq!(detach_all(&space, lower), want[0]);
+    let upper = pages_through(UPPER, UPPER + GIB - PAGE_SIZE);
+    assert_eq!(detach_all(&space, upper), want[1]);
 }
