@@ -39,6 +39,13 @@ pub struct TlbFlushUnmapBatch {
     targets: CpuSet,
     request: FlushRequest,
     writable: bool,
+    /// A flush epoch that every CPU holding an entry this batch owes a
+    /// flush for has not yet flushed past: each deferred mapping was found
+    /// with its accessed bit clear, on hardware whose fills set it, and its
+    /// frame's aging epoch was known ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch)).
+    /// `u64::MAX` when that is not known of every entry (only an epoch
+    /// opened after the clears will do); 0 while empty.
+    aged: u64,
     /// The address of the filling machine's `TlbShootdown` (0: none yet).
     /// Only compared, never dereferenced.
     machine: usize,
@@ -57,6 +64,7 @@ impl TlbFlushUnmapBatch {
             targets: CpuSet::new(),
             request: FlushRequest::new(),
             writable: false,
+            aged: 0,
             machine: 0,
         }
     }
@@ -81,37 +89,38 @@ impl TlbFlushUnmapBatch {
         PageRange::page(va)
     }
 
-    /// Records the flush of `page` in `mm`, checked by
-    /// [`check_add`](Self::check_add) with the same `arch`.
-    pub(crate) fn record<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange) {
-        self.record_for(arch, mm, page, &mm.flush_targets(arch));
-    }
-
-    /// [`record`](Self::record) with `mm`'s flush targets already read
-    /// (after the PTE was cleared).
-    fn record_for<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange, targets: &CpuSet) {
+    /// Records the flush of `page` in `mm` for `targets` (`mm`'s flush
+    /// targets, read after the PTE changed), checked by
+    /// [`check_add`](Self::check_add) with the same `arch`. `aged`: an
+    /// epoch past which no CPU holds an entry for the page (see the
+    /// field), if one is known.
+    pub(crate) fn record<A: Arch>(
+        &mut self,
+        arch: &A,
+        mm: &MmTlbState,
+        page: PageRange,
+        targets: &CpuSet,
+        aged: Option<u64>,
+    ) {
         self.machine = machine_id(arch);
         self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
         self.targets = self.targets.union(targets);
+        self.aged = self.aged.max(aged.unwrap_or(u64::MAX));
     }
 
     /// Records a deferred unmap (see [`add_pending`](Self::add_pending))
-    /// after [`check_add`](Self::check_add) passed.
-    pub(crate) fn record_pending<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, page: PageRange, old: Pte) {
-        self.record_pending_for(arch, mm, page, old, &mm.flush_targets(arch));
-    }
-
-    /// [`record_pending`](Self::record_pending) with `mm`'s flush targets
-    /// already read (after the PTE was cleared).
-    pub(crate) fn record_pending_for<A: Arch>(
+    /// after [`check_add`](Self::check_add) passed; `old` is the entry the
+    /// clear returned, the rest as for [`record`](Self::record).
+    pub(crate) fn record_pending<A: Arch>(
         &mut self,
         arch: &A,
         mm: &MmTlbState,
         page: PageRange,
         old: Pte,
         targets: &CpuSet,
+        aged: Option<u64>,
     ) {
-        self.record_for(arch, mm, page, targets);
+        self.record(arch, mm, page, targets, aged);
         self.writable |= old.is_writable() || old.is_dirty();
         mm.note_batched_pending();
         arch.shootdown_state().count(Counter::PagesDeferred, 1);
@@ -147,7 +156,7 @@ impl TlbFlushUnmapBatch {
         old: Pte,
     ) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
-        self.record_pending(arch, mm, page, old);
+        self.record_pending(arch, mm, page, old, &mm.flush_targets(arch), None);
         Ok(())
     }
 
@@ -158,8 +167,15 @@ impl TlbFlushUnmapBatch {
     /// as for [`add_pending`](Self::add_pending).
     pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
-        self.record(arch, mm, page);
+        self.record(arch, mm, page, &mm.flush_targets(arch), None);
         Ok(())
+    }
+
+    /// An epoch past which no CPU holds any entry this batch owes a flush
+    /// for, when one is known (see [`Rmap::aged_epoch`](crate::Rmap::aged_epoch));
+    /// for [`FramePool`](crate::FramePool).
+    pub(crate) fn aged_epoch(&self) -> Option<u64> {
+        (self.aged != u64::MAX).then_some(self.aged)
     }
 
     /// The pending request (for [`FramePool`](crate::FramePool)).

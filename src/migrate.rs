@@ -95,6 +95,10 @@ pub struct MigrateSummary {
 /// stood for, now mapping `new` (every bit the migration did not own is
 /// kept: see [`Pte::from_migration`]); `new == old` undoes a migration.
 fn remove_migration_ptes<R: Rmap + ?Sized>(rmap: &R, old: Frame, new: Frame) {
+    // The restored entries have their accessed bit clear, while a CPU may
+    // still cache the old mapping (an undo comes before the batch's
+    // flush): no aging epoch vouches for them any more.
+    rmap.set_aged_epoch(new, None);
     let _ = rmap.walk(old, &mut |m| {
         let pte = m.space.lookup(m.va);
         if pte.is_migration() && pte.frame() == old {

@@ -3,7 +3,7 @@
 //! first, table by table under each table's lock.
 
 use crate::arch::Arch;
-use crate::pte::Pte;
+use crate::pte::{Pte, PteFlags};
 use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
@@ -47,6 +47,12 @@ use crate::Error;
 /// address space (as a pending batched flush), so that retrying the call,
 /// or any later change of this address space's mappings, flushes it first.
 /// Until a call returns `Ok` the change is not in effect on every CPU.
+///
+/// The accessed bit of an entry that keeps its frame is kept, whatever
+/// `update` returns: it is the hardware's record that a CPU may have
+/// cached the mapping, and clearing it is [`page_referenced`](crate::page_referenced)'s
+/// job (a [`FramePool`](crate::FramePool) relies on a clear bit meaning
+/// that no CPU cached the page since the aging that cleared it).
 pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     arch: &A,
     space: &S,
@@ -61,7 +67,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     let walked = walk_range(arch, space, range, &mut |va, pte| {
         if pte.is_present() {
             let old = space.clear(va);
-            let new = update(old);
+            let new = keep_accessed(old, update(old));
             space.set(va, new);
             if new != old {
                 match PageRange::page(va) {
@@ -83,4 +89,14 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
         return Err(e);
     }
     Ok(changed)
+}
+
+/// `new` with the accessed bit of `old` when both map the same frame (see
+/// [`change_protection`]).
+fn keep_accessed(old: Pte, new: Pte) -> Pte {
+    if old.is_accessed() && new.is_present() && new.frame() == old.frame() {
+        Pte(new.0 | PteFlags::ACCESSED.bits())
+    } else {
+        new
+    }
 }

@@ -272,7 +272,12 @@ impl<const N: usize> FramePool<N> {
     /// Call it only after the batch's PTEs were cleared (as
     /// [`UnmapBatch::try_to_unmap`] does): the generation's epoch is opened
     /// here, and CPUs that flush after reading it are trusted to hold no
-    /// entry for the frames.
+    /// entry for the frames. When the reverse map keeps aging epochs and
+    /// the hardware's fills set the accessed bit, a batch whose mappings
+    /// were all found with the bit clear takes the frames' aging epoch
+    /// instead ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch)): CPUs that
+    /// flushed since the aging need not flush again, so such frames often
+    /// come back from the next [`release_passed`](Self::release_passed).
     ///
     /// Refused, with `batch` and the pool unchanged (flush the batch as
     /// usual then), when a held frame is still mapped, a deferred mapping
@@ -294,8 +299,14 @@ impl<const N: usize> FramePool<N> {
         let state = arch.shootdown_state();
         // After the PTE clears (the batch recorded each one after it was
         // done): a CPU that reads this epoch and then flushes holds none
-        // of the batch's entries.
-        let epoch = state.publish_epoch();
+        // of the batch's entries. When every entry was found with its
+        // accessed bit clear, an older epoch, read after the frames' last
+        // aging, does as well (see `Rmap::aged_epoch`); it may not be
+        // published yet.
+        let epoch = match tlb.aged_epoch() {
+            Some(aged) if aged <= state.epoch() => aged,
+            _ => state.publish_epoch(),
+        };
         let targets = tlb.targets();
         for cpu in &targets {
             state.owe(cpu, epoch);
@@ -310,9 +321,9 @@ impl<const N: usize> FramePool<N> {
         if let Err(generation) = self.gens.push(generation) {
             // Every slot in use: join the newest generation, which then
             // waits for both epochs' CPUs (the newer epoch covers the
-            // older, since epochs only grow).
+            // older; an aged generation's may be the older one).
             if let Some(newest) = self.gens.last_mut() {
-                newest.epoch = generation.epoch;
+                newest.epoch = newest.epoch.max(generation.epoch);
                 newest.targets = newest.targets.union(&generation.targets);
                 newest.frames += generation.frames;
             }

@@ -135,6 +135,20 @@ pub struct Mapping<'a, S: ?Sized> {
 /// unaligned or non-canonical one, or an address space whose ASID the
 /// hardware cannot tag, makes the calling function return an error before
 /// it changes any entry of the frame.
+///
+/// A reverse map that keeps aging epochs ([`aged_epoch`](Rmap::aged_epoch)
+/// returns `Some` for some frame) also guarantees, for each such frame:
+///
+/// - `aged_epoch` returns the value [`set_aged_epoch`](Rmap::set_aged_epoch)
+///   last stored for it, or `None`;
+/// - it returns `None` from the moment anything other than this crate
+///   writes a present entry for the frame with its accessed bit clear, or
+///   clears that bit (the kernel mapping the frame, again or anew; aging
+///   of its own), until the crate stores a new value. A kernel keeps this
+///   by calling `set_aged_epoch(frame, None)` before such a write.
+///
+/// A [`FramePool`](crate::FramePool) frees frames on the strength of these
+/// values (see [`aged_epoch`](Rmap::aged_epoch)). The defaults keep none.
 pub unsafe trait Rmap {
     /// The address-space type mappings refer to.
     type Space: PageTable + ?Sized;
@@ -157,6 +171,34 @@ pub unsafe trait Rmap {
     fn is_hwpoisoned(&self, frame: Frame) -> bool {
         let _ = frame;
         false
+    }
+
+    /// The aging epoch of `frame`: the flush epoch the crate stored with
+    /// [`set_aged_epoch`](Rmap::set_aged_epoch) after it last cleared the
+    /// accessed bits of the frame's mappings ([`page_referenced`], or
+    /// [`try_to_unmap`] finding a mapping young). On hardware whose TLB
+    /// fills set the accessed bit ([`Arch::FILL_SETS_ACCESSED`]), a mapping
+    /// found unmapped with the bit still clear can only be cached by CPUs
+    /// that have not flushed since that epoch, so a
+    /// [`FramePool`](crate::FramePool) generation of such frames waits for
+    /// this epoch instead of a new one: the CPUs' usual flushes since the
+    /// aging (timer ticks, switches, idle) release it, with no IPI.
+    ///
+    /// `None` (the default) when the map keeps no aging epochs or knows
+    /// none for the frame: the pool then waits for flushes after the unmap.
+    /// See the trait's `# Safety` for what `Some` promises.
+    fn aged_epoch(&self, frame: Frame) -> Option<u64> {
+        let _ = frame;
+        None
+    }
+
+    /// Stores the aging epoch of `frame` (`None`: forget it). The crate
+    /// calls it after clearing accessed bits of the frame's mappings; a
+    /// kernel calls it with `None` before it writes a present entry for the
+    /// frame with the accessed bit clear itself. The default stores
+    /// nothing.
+    fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
+        let _ = (frame, epoch);
     }
 
     /// How many present PTEs map `frame` (migration and hwpoison entries
@@ -411,9 +453,34 @@ fn clear_young<A: Arch, S: PageTable + ?Sized>(
     };
     let young = space.test_and_clear_accessed(va);
     if let (true, Some(page)) = (young, page) {
-        batch.record(arch, space.tlb_state(), page);
+        let mm = space.tlb_state();
+        batch.record(arch, mm, page, &mm.flush_targets(arch), None);
     }
     Ok(young)
+}
+
+/// Stores `frame`'s aging epoch after its accessed bits were cleared (see
+/// [`Rmap::aged_epoch`]): a new epoch, published after the clears. A CPU
+/// that flushes after reading that epoch (or a later one) flushes after
+/// every clear, so it drops whatever it cached before them; whatever it
+/// caches afterwards sets the accessed bit again, which an unmap then
+/// sees. (Publishing here rather than waiting for the next pool
+/// generation's epoch lets the CPUs' flushes in between count.)
+///
+/// When nothing was cleared (`cleared` false) a known epoch stays: it is
+/// older, and still true, since no bit was cleared after it. An unknown one
+/// is set all the same: every entry cached before now is dropped by a CPU
+/// that flushes past the new epoch, and every later one sets the bit.
+fn note_aged<A: Arch, R: Rmap + ?Sized>(arch: &A, rmap: &R, frame: Frame, cleared: bool) {
+    if !A::FILL_SETS_ACCESSED || (!cleared && rmap.aged_epoch(frame).is_some()) {
+        return;
+    }
+    // A read-modify-write that releases the clears (atomic operations of
+    // any strength, by the kernel's `PageTable`) to every CPU that reads
+    // this epoch or a later one before it flushes: its refills afterwards
+    // come after the clears, and set the bit again where an unmap sees it.
+    let epoch = arch.shootdown_state().publish_epoch();
+    rmap.set_aged_epoch(frame, Some(epoch));
 }
 
 /// What removing one mapping left behind.
@@ -455,6 +522,13 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     if old.is_dirty() {
         rmap.set_dirty(frame);
     }
+    // Found with the accessed bit clear: no CPU cached the mapping since
+    // the frame's last aging, so flushing past its aging epoch is enough.
+    let aged = if A::FILL_SETS_ACCESSED && !old.is_accessed() {
+        rmap.aged_epoch(frame)
+    } else {
+        None
+    };
     // Read once, after the exchange (as `flush_targets` requires), for the
     // decision and for the flush alike: what `should_defer` would answer,
     // without reading the CPU set a second time.
@@ -463,7 +537,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
         && A::CLEAN_WRITE_REWALK
         && !targets.difference(&CpuSet::single(arch.current_cpu())).is_empty();
     if defer {
-        batch.record_pending_for(arch, mm, page, old, &targets);
+        batch.record_pending(arch, mm, page, old, &targets, aged);
         return Ok(Cleared {
             owed: true,
             writable: old.is_writable() || old.is_dirty(),
@@ -474,7 +548,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     if let Err(e) = shootdown(arch, &targets, &request) {
         // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
-        batch.record_pending_for(arch, mm, page, old, &targets);
+        batch.record_pending(arch, mm, page, old, &targets, aged);
         Err((true, e))
     } else {
         Ok(Cleared::default())
@@ -597,6 +671,10 @@ pub(crate) fn unmap_frame<A: Arch, R: Rmap + ?Sized>(
         cached |= cleared.writable;
         Ok(ControlFlow::Continue(()))
     });
+    if verdict == Some(SwapResult::Fail) {
+        // A young mapping's accessed bit was cleared.
+        note_aged(arch, rmap, frame, true);
+    }
     let result = walked.map(|()| match verdict {
         Some(v) => v,
         None if flags.contains(TtuFlags::MUNLOCK) => SwapResult::Again,
@@ -644,7 +722,7 @@ pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
     batch.check_machine(arch)?;
     check_mappings(arch, rmap, frame)?;
     let mut found = Referenced::default();
-    walk_mapped(arch, rmap, frame, |m| {
+    let walked = walk_mapped(arch, rmap, frame, |m| {
         found.mapped += 1;
         if m.flags.contains(MappingFlags::LOCKED) {
             found.mlocked = true;
@@ -652,6 +730,10 @@ pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
         }
         found.referenced += usize::from(clear_young(arch, m.space, m.va, batch)?);
         Ok(ControlFlow::Continue(()))
-    })?;
+    });
+    // Whatever the walk cleared before it stopped, and the bits it found
+    // clear, date from before this point.
+    note_aged(arch, rmap, frame, found.referenced > 0);
+    walked?;
     Ok(found)
 }

@@ -47,6 +47,7 @@ use crate::stats::TraceEvent;
 unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     const CLEAN_WRITE_REWALK: bool = M::CLEAN_WRITE_REWALK;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = M::ACCESSED_CLEAR_NEEDS_FLUSH;
+    const FILL_SETS_ACCESSED: bool = M::FILL_SETS_ACCESSED;
     const BROADCAST_INVALIDATE: bool = M::BROADCAST_INVALIDATE;
 
     fn current_cpu(&self) -> CpuId {

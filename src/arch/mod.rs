@@ -81,6 +81,19 @@ pub unsafe trait Arch {
     /// re-set only makes a page look older than it is (seed 003).
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
 
+    /// The hardware never caches a translation whose PTE has its accessed
+    /// bit clear: a TLB fill sets the bit in memory, atomically, before the
+    /// entry can be used (Intel SDM vol. 3, 4.10.2.3; AMD APM vol. 2,
+    /// 5.4.2). So a PTE found with the bit clear has not been cached by any
+    /// CPU since the bit was last cleared, and a
+    /// [`FramePool`](crate::FramePool) may count a CPU's flush made after
+    /// that clear as enough (see [`Rmap::aged_epoch`](crate::Rmap::aged_epoch)).
+    /// Claim it only with that guarantee: a TLB that caches entries without
+    /// setting the bit (software-managed accessed flags, or arm64 without
+    /// hardware access-flag updates, which faults instead) would let a pool
+    /// free a frame some CPU still maps. The default is false.
+    const FILL_SETS_ACCESSED: bool = false;
+
     /// Above this many pages a ranged flush becomes one full flush. Values
     /// above [`MAX_FLUSH_ENTRIES`](crate::MAX_FLUSH_ENTRIES) are treated as
     /// that limit.

@@ -808,10 +808,13 @@ fn unregistered(apic_id: u32) -> ! {
 // serializing for the TLB); PCID use is enabled only with INVPCID, so an
 // inactive PCID's page can be flushed; the constants hold on x86 (a write
 // through a clean entry re-walks to set the dirty bit and faults if the PTE
-// is gone; a cleared accessed bit needs no flush to be set again later).
+// is gone; a cleared accessed bit needs no flush to be set again later;
+// no translation is cached before the processor has set the accessed bit
+// of every paging-structure entry it used, SDM vol. 3 4.10.2.3).
 unsafe impl Arch for X86_64 {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    const FILL_SETS_ACCESSED: bool = true;
 
     fn current_cpu(&self) -> CpuId {
         let apic_id = self.apic.id();

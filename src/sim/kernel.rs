@@ -23,6 +23,9 @@ pub struct MockRmap<'m, M: Model = X86Like> {
     machine: &'m MockMachine<M>,
     spaces: Vec<MockSpace<'m, M>>,
     map: Mutex<BTreeMap<Frame, Vec<Entry>>>,
+    /// Aging epochs the crate stored ([`Rmap::aged_epoch`]), forgotten
+    /// whenever this map writes a mapping of the frame.
+    aged: Mutex<BTreeMap<Frame, u64>>,
 }
 
 impl<'m, M: Model> MockRmap<'m, M> {
@@ -33,6 +36,7 @@ impl<'m, M: Model> MockRmap<'m, M> {
             machine,
             spaces,
             map: Mutex::new(BTreeMap::new()),
+            aged: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -55,16 +59,46 @@ impl<'m, M: Model> MockRmap<'m, M> {
         let s = self.spaces.get(space).ok_or(MockError::UnknownAddressSpace)?;
         // Recorded first: a mapping is known before any CPU can use it.
         lock(&self.map).entry(frame).or_default().push((space, va, flags));
+        // The new entry's accessed bit is clear, and a CPU may still cache
+        // an older mapping of the frame here: its aging epoch no longer
+        // vouches for it.
+        lock(&self.aged).remove(&frame);
         self.machine.map(s.mm(), va, frame, writable)
+    }
+
+    /// [`map`](Self::map) for a frame just allocated, which no CPU can
+    /// cache (a free frame is cached nowhere): its aging epoch
+    /// ([`Rmap::aged_epoch`]) becomes 0, so an unmap that finds the entry
+    /// never accessed needs no CPU's flush at all. A frame with mappings
+    /// recorded already is not fresh: it is mapped as by `map`, its epoch
+    /// forgotten.
+    pub fn map_fresh(
+        &self,
+        frame: Frame,
+        space: usize,
+        va: u64,
+        writable: bool,
+        flags: MappingFlags,
+    ) -> Result<(), MockError> {
+        let fresh = lock(&self.map).get(&frame).map_or(true, Vec::is_empty);
+        self.map(frame, space, va, writable, flags)?;
+        if fresh {
+            lock(&self.aged).insert(frame, 0);
+        }
+        Ok(())
     }
 
     /// Forgets every mapping of `frame`.
     pub fn remove_frame(&self, frame: Frame) {
         lock(&self.map).remove(&frame);
+        lock(&self.aged).remove(&frame);
     }
 
     /// Moves every recorded mapping of `old` to `new`.
     pub fn move_frame(&self, old: Frame, new: Frame) {
+        let mut aged = lock(&self.aged);
+        aged.remove(&old);
+        aged.remove(&new);
         let mut map = lock(&self.map);
         if let Some(entries) = map.remove(&old) {
             map.entry(new).or_default().extend(entries);
@@ -82,7 +116,10 @@ impl<'m, M: Model> MockRmap<'m, M> {
 }
 
 // SAFETY: `walk` visits every mapping recorded for the frame, and the mock
-// records a mapping (through `map`) before setting its PTE. A test that sets
+// records a mapping (through `map`) before setting its PTE. `aged_epoch`
+// returns what the crate last stored, forgotten by `map` (the mock's only
+// writer of present entries besides the crate; the simulated hardware only
+// ever sets accessed bits) and when mappings move or go. A test that sets
 // PTEs behind the map's back gets wrong answers about simulated memory only,
 // which the oracle then reports; no real memory is at stake.
 unsafe impl<'m, M: Model> Rmap for MockRmap<'m, M> {
@@ -114,6 +151,18 @@ unsafe impl<'m, M: Model> Rmap for MockRmap<'m, M> {
 
     fn set_dirty(&self, frame: Frame) {
         let _ = self.machine.set_frame_dirty(frame);
+    }
+
+    fn aged_epoch(&self, frame: Frame) -> Option<u64> {
+        lock(&self.aged).get(&frame).copied()
+    }
+
+    fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
+        let mut aged = lock(&self.aged);
+        match epoch {
+            Some(e) => aged.insert(frame, e),
+            None => aged.remove(&frame),
+        };
     }
 
     fn is_hwpoisoned(&self, frame: Frame) -> bool {

@@ -10,6 +10,11 @@ pub trait Model: Send + Sync + 'static {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
     /// See [`Arch::BROADCAST_INVALIDATE`](crate::Arch::BROADCAST_INVALIDATE).
     const BROADCAST_INVALIDATE: bool;
+    /// See [`Arch::FILL_SETS_ACCESSED`](crate::Arch::FILL_SETS_ACCESSED).
+    /// Every simulated fill sets the accessed bit before it caches (the
+    /// page-table walk's locked update), whatever this says; it only says
+    /// whether the crate is told so.
+    const FILL_SETS_ACCESSED: bool = false;
 }
 
 /// x86-like hardware: writes through clean entries re-walk, clearing the
@@ -21,6 +26,7 @@ impl Model for X86Like {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
     const BROADCAST_INVALIDATE: bool = false;
+    const FILL_SETS_ACCESSED: bool = true;
 }
 
 /// Hardware that writes through a cached clean entry without looking at
@@ -55,6 +61,7 @@ impl Model for X86Invlpgb {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
     const BROADCAST_INVALIDATE: bool = true;
+    const FILL_SETS_ACCESSED: bool = true;
 }
 
 /// How IPIs reach their target.

@@ -1,0 +1,275 @@
+//! Aging epochs (`Rmap::aged_epoch`, `Arch::FILL_SETS_ACCESSED`): a pooled
+//! frame whose mappings were found with the accessed bit clear waits only
+//! for the CPUs' flushes since its last aging, not for new ones; and every
+//! way the bit can be clear while a CPU still caches the page (a refill
+//! after the aging, a second aging, a remap, an mprotect whose flush
+//! failed) makes the pool wait for a new flush. The oracle checks every
+//! free; each test frees whatever the pool hands back.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{asid, config, owned, va};
+use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap};
+use tlb_batch::{
+    change_protection, page_referenced, quiescent_flush, Frame, FramePool, FreeFrames, MappingFlags,
+    MmTlbState, PageRange, Pte, PteFlags, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, Unmapped,
+};
+
+/// A machine of three CPUs: CPU 0 reclaims, CPU 1 runs the address space
+/// (and caches its page), CPU 2 runs another one.
+struct World {
+    m: MockMachine,
+}
+
+impl World {
+    fn new() -> Self {
+        World {
+            m: MockMachine::new(config(3, 64)).unwrap(),
+        }
+    }
+}
+
+/// The address space with one page mapped (by `map`, or by `map_fresh`
+/// when `fresh`), CPU 1 running it, CPU 2 running another space.
+fn setup(w: &World, fresh: bool) -> (MockRmap<'_>, Frame, Arc<MmTlbState>) {
+    let m = &w.m;
+    let mm = m.new_mm(asid(1)).unwrap();
+    let other = m.new_mm(asid(2)).unwrap();
+    let rmap = MockRmap::new(m, vec![m.space(&mm), m.space(&other)]);
+    let f = m.alloc_frame().unwrap();
+    if fresh {
+        rmap.map_fresh(f, 0, va(0), false, MappingFlags::empty()).unwrap();
+    } else {
+        rmap.map(f, 0, va(0), false, MappingFlags::empty()).unwrap();
+    }
+    m.cpu(0).unwrap().switch_to(&other).unwrap();
+    m.cpu(1).unwrap().switch_to(&mm).unwrap();
+    m.cpu(2).unwrap().switch_to(&other).unwrap();
+    (rmap, f, other)
+}
+
+fn cpu(w: &World, c: usize) -> MockCpu<'_> {
+    w.m.cpu(c).unwrap()
+}
+
+/// `page_referenced` from CPU 0; returns how many mappings were young.
+fn age(w: &World, rmap: &MockRmap<'_>, f: Frame) -> usize {
+    let mut scratch = TlbFlushUnmapBatch::new();
+    let found = page_referenced(&cpu(w, 0), rmap, f, &mut scratch).unwrap();
+    // x86-like hardware needs no flush after clearing accessed bits.
+    assert!(scratch.is_empty());
+    found.referenced
+}
+
+/// CPU 1 flushes by switching away and back (untagged TLB): it stays in
+/// the address space's CPU set, with its TLB empty.
+fn pass_by_switching(w: &World, rmap: &MockRmap<'_>, other: &Arc<MmTlbState>) {
+    let c = cpu(w, 1);
+    c.switch_to(other).unwrap();
+    c.switch_to(rmap.spaces()[0].mm()).unwrap();
+}
+
+/// CPU 0 unmaps `f` (its flush deferred) and pools it; returns how many
+/// frames the pool hands back at once, freed through the mock kernel.
+fn unmap_pool_release(w: &World, rmap: &MockRmap<'_>, f: Frame, pool: &mut FramePool<8>) -> usize {
+    let c0 = cpu(w, 0);
+    let mut batch = UnmapBatch::<4>::new();
+    let r = batch.try_to_unmap(&c0, rmap, owned(f), TtuFlags::IGNORE_ACCESS);
+    assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+    assert_eq!(pool.defer(&c0, &mut batch), Ok(1));
+    release(w, rmap, pool)
+}
+
+/// What the pool hands back now, freed (the oracle checks the free).
+fn release(w: &World, rmap: &MockRmap<'_>, pool: &mut FramePool<8>) -> usize {
+    let mut back = pool.release_passed(&cpu(w, 0));
+    let n = back.len();
+    MockKernel::new(rmap).free_batch(back.frames_mut());
+    assert!(back.is_empty());
+    n
+}
+
+fn no_violations(w: &World) {
+    assert!(w.m.violations().is_empty(), "{:?}", w.m.violations());
+}
+
+#[test]
+fn a_page_left_alone_since_its_aging_comes_back_without_any_new_flush() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    assert!(rmap.aged_epoch(f).is_some());
+    // CPU 1's TLB is emptied after the aging (any flush it makes anyway).
+    pass_by_switching(&w, &rmap, &other);
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 1);
+    assert!(pool.is_empty());
+    assert_eq!(w.m.ipis_sent(), 0);
+    assert_eq!(w.m.stats().quiescent_flushes, 0);
+    no_violations(&w);
+}
+
+#[test]
+fn an_entry_cached_before_the_aging_keeps_the_frame_until_its_cpu_flushes() {
+    let w = World::new();
+    let (rmap, f, _other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    let mut pool = FramePool::<8>::new();
+    // CPU 1 still caches the page from before the aging.
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
+    assert!(quiescent_flush(&cpu(&w, 1)), "CPU 1 owes the generation a flush");
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    assert_eq!(w.m.ipis_sent(), 0);
+    no_violations(&w);
+}
+
+#[test]
+fn a_refill_after_the_aging_needs_a_flush_after_the_unmap() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    pass_by_switching(&w, &rmap, &other);
+    // The refill sets the accessed bit again: the unmap sees it.
+    cpu(&w, 1).read(va(0)).unwrap();
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
+    assert!(quiescent_flush(&cpu(&w, 1)));
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    no_violations(&w);
+}
+
+#[test]
+fn a_second_aging_that_clears_a_bit_moves_the_epoch() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    let first = rmap.aged_epoch(f).unwrap();
+    pass_by_switching(&w, &rmap, &other);
+    cpu(&w, 1).read(va(0)).unwrap();
+    // The second aging clears the refill's bit while CPU 1 keeps its entry.
+    assert_eq!(age(&w, &rmap, f), 1);
+    assert!(rmap.aged_epoch(f).unwrap() > first);
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
+    assert!(quiescent_flush(&cpu(&w, 1)));
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    no_violations(&w);
+}
+
+#[test]
+fn an_aging_that_clears_nothing_keeps_the_older_epoch() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    let first = rmap.aged_epoch(f).unwrap();
+    pass_by_switching(&w, &rmap, &other);
+    // Nothing cached since: the second aging finds the bit clear.
+    assert_eq!(age(&w, &rmap, f), 0);
+    assert_eq!(rmap.aged_epoch(f), Some(first));
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 1);
+    no_violations(&w);
+}
+
+#[test]
+fn an_aging_of_a_page_with_no_known_epoch_opens_one() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    // Mapped by `map`: no epoch known, and the bit is clear.
+    assert_eq!(rmap.aged_epoch(f), None);
+    assert_eq!(age(&w, &rmap, f), 0);
+    assert!(rmap.aged_epoch(f).is_some());
+    pass_by_switching(&w, &rmap, &other);
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 1);
+    no_violations(&w);
+}
+
+#[test]
+fn remapping_a_frame_forgets_its_aging() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    pass_by_switching(&w, &rmap, &other);
+    cpu(&w, 1).read(va(0)).unwrap();
+    // A reclaimer unmaps the page with its flush deferred (CPU 1 keeps its
+    // entry), and a fault maps the same frame again before that flush, as
+    // a swap-cache hit does: the new entry's accessed bit is clear.
+    let mut first = TlbFlushUnmapBatch::new();
+    let r = tlb_batch::try_to_unmap(
+        &cpu(&w, 0),
+        &rmap,
+        f,
+        TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+        &mut first,
+    );
+    assert!(r.unwrap().is_unmapped());
+    assert!(!first.is_empty());
+    rmap.map(f, 0, va(0), false, MappingFlags::empty()).unwrap();
+    assert_eq!(rmap.aged_epoch(f), None);
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
+    assert!(quiescent_flush(&cpu(&w, 1)));
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    no_violations(&w);
+    first.flush(&cpu(&w, 0)).unwrap();
+}
+
+#[test]
+fn a_fresh_frame_never_read_needs_no_flush_and_a_read_one_does() {
+    let w = World::new();
+    let (rmap, f, _other) = setup(&w, true);
+    assert_eq!(rmap.aged_epoch(f), Some(0));
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 1);
+    assert_eq!(w.m.stats().quiescent_flushes, 0);
+
+    let g = w.m.alloc_frame().unwrap();
+    rmap.map_fresh(g, 0, va(1), false, MappingFlags::empty()).unwrap();
+    cpu(&w, 1).read(va(1)).unwrap();
+    assert_eq!(unmap_pool_release(&w, &rmap, g, &mut pool), 0);
+    assert!(quiescent_flush(&cpu(&w, 1)));
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    no_violations(&w);
+}
+
+#[test]
+fn map_fresh_of_a_frame_already_mapped_forgets_instead() {
+    let w = World::new();
+    let (rmap, f, _other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    rmap.map_fresh(f, 1, va(3), false, MappingFlags::SHARED).unwrap();
+    assert_eq!(rmap.aged_epoch(f), None);
+}
+
+#[test]
+fn change_protection_keeps_the_accessed_bit_even_when_its_flush_fails() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    pass_by_switching(&w, &rmap, &other);
+    cpu(&w, 1).read(va(0)).unwrap();
+    // An update that would clear the accessed bit (and change nothing
+    // else), whose flush fails: CPU 1 keeps its entry.
+    let space = &rmap.spaces()[0];
+    let clear_young = |p: Pte| Pte(p.0 & !PteFlags::ACCESSED.bits());
+    let failed = cpu(&w, 0)
+        .in_shootdown(|| change_protection(&cpu(&w, 0), space, PageRange::page(va(0)).unwrap(), clear_young))
+        .unwrap();
+    assert!(matches!(failed, Ok(0) | Err(_)), "{failed:?}");
+    assert!(w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
+    assert!(quiescent_flush(&cpu(&w, 1)));
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    no_violations(&w);
+}
