@@ -57,7 +57,13 @@
 //!   space (untagged TLB) instead;
 //! - (h'') the same, with the CPU switching *into* the address space
 //!   (`switch_mm`, untagged TLB), whose TLB may refill the page as it
-//!   loads it: the frame comes back only once no entry can map it.
+//!   loads it: the frame comes back only once no entry can map it;
+//! - (i) a reclaimer ages page 0 (`page_referenced`: the accessed bit is
+//!   cleared, the frame's aging epoch published after), then unmaps and
+//!   pools it, while the CPU caching it runs `quiescent_flush` and its TLB
+//!   refills the entry, setting the accessed bit as x86 hardware does: the
+//!   frame comes back only once that CPU holds no entry for it, whether the
+//!   pool waited for the aging epoch (the bit was found clear) or a new one.
 //!
 //! Models (a) to (d) end by checking that nothing was lost: every
 //! shootdown and sync returned, each target carried out each request
@@ -83,10 +89,10 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use tlb_batch::{
-    flush_tlb_batched_pending, handle_flush_ipi, ipi_sync, quiescent_flush, shootdown, switch_mm, Arch, Asid,
-    CpuId, CpuSet, FlushRequest, Frame, FramePool, Mapping, MappingFlags, MmTlbState, OwnedFrame, PageTable,
-    Pte, PteFlags, Rmap, ShootdownReport, SwapResult, TlbShootdown, TtuFlags, UnmapBatch, Unmapped,
-    PAGE_SIZE,
+    flush_tlb_batched_pending, handle_flush_ipi, ipi_sync, page_referenced, quiescent_flush, shootdown,
+    switch_mm, Arch, Asid, CpuId, CpuSet, FlushRequest, Frame, FramePool, Mapping, MappingFlags, MmTlbState,
+    OwnedFrame, PageTable, Pte, PteFlags, Rmap, ShootdownReport, SwapResult, TlbFlushUnmapBatch,
+    TlbShootdown, TtuFlags, UnmapBatch, Unmapped, PAGE_SIZE,
 };
 
 /// The most CPUs a model runs (loom allows 5 threads, the main one included).
@@ -120,6 +126,8 @@ const PAGES: usize = 4;
 /// 0, `MAPPED` or `EMPTY`.
 const MAPPED: u64 = 1;
 const EMPTY: u64 = 0;
+/// Model (i): the accessed bit of page 0's PTE (with `MAPPED`).
+const YOUNG: u64 = 2;
 
 fn asid() -> Asid {
     Asid::new(1).unwrap()
@@ -259,6 +267,10 @@ struct Cpu {
     /// instruction, if the PTE still maps the page); a flush of page 0
     /// alone then drops the entry too.
     refill_after_flush: Cell<bool>,
+    /// Model (i): a walk sets the PTE's accessed bit (an atomic
+    /// read-modify-write, as x86 hardware's locked update) before it
+    /// caches the entry (`Arch::FILL_SETS_ACCESSED`).
+    walk_sets_accessed: Cell<bool>,
 }
 
 impl Cpu {
@@ -282,6 +294,7 @@ impl Cpu {
             fruitless: Cell::new(0),
             walks_after_irq: Cell::new(false),
             refill_after_flush: Cell::new(false),
+            walk_sets_accessed: Cell::new(false),
         }
     }
 
@@ -312,8 +325,28 @@ impl Cpu {
     /// caches what it finds mapped. Returns whether the TLB now holds it.
     fn walk(&self) -> bool {
         let cached = &self.m.cached[self.index];
-        if !cached.load(Ordering::Relaxed) && self.m.pte.load(Ordering::Relaxed) == MAPPED {
-            cached.store(true, Ordering::Relaxed);
+        if !cached.load(Ordering::Relaxed) {
+            if self.walk_sets_accessed.get() {
+                // Model (i): the accessed bit is set first, atomically on
+                // the entry as it is then (Relaxed: the hardware's update
+                // is ordered by nothing but the entry's own coherence).
+                let mut v = self.m.pte.load(Ordering::Relaxed);
+                while v & MAPPED != 0 {
+                    match self
+                        .m
+                        .pte
+                        .compare_exchange(v, v | YOUNG, Ordering::Relaxed, Ordering::Relaxed)
+                    {
+                        Ok(_) => {
+                            cached.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                        Err(now) => v = now,
+                    }
+                }
+            } else if self.m.pte.load(Ordering::Relaxed) == MAPPED {
+                cached.store(true, Ordering::Relaxed);
+            }
         }
         cached.load(Ordering::Relaxed)
     }
@@ -377,6 +410,9 @@ impl Cpu {
 unsafe impl Arch for Cpu {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    // Only model (i)'s walks set the bit, and only model (i)'s reverse map
+    // keeps aging epochs; the other models never find one.
+    const FILL_SETS_ACCESSED: bool = true;
 
     fn current_cpu(&self) -> CpuId {
         cpu_id(self.index)
@@ -842,10 +878,14 @@ impl PoolSpace {
     }
 
     fn pte_of(value: u64, frame: Frame) -> Pte {
-        match value {
-            MAPPED => Pte::new(frame, PteFlags::PRESENT | PteFlags::USER),
-            _ => Pte::EMPTY,
+        if value & MAPPED == 0 {
+            return Pte::EMPTY;
         }
+        let mut flags = PteFlags::PRESENT | PteFlags::USER;
+        if value & YOUNG != 0 {
+            flags |= PteFlags::ACCESSED;
+        }
+        Pte::new(frame, flags)
     }
 }
 
@@ -872,8 +912,11 @@ unsafe impl PageTable for PoolSpace {
         PoolSpace::pte_of(pte.swap(EMPTY, Ordering::Relaxed), frame)
     }
 
-    fn test_and_clear_accessed(&self, _va: u64) -> bool {
-        false
+    fn test_and_clear_accessed(&self, va: u64) -> bool {
+        // Relaxed, the weakest: the crate's publish of the aging epoch
+        // must order the clear by itself (model (i)).
+        let (pte, _) = self.entry(va);
+        pte.fetch_and(!YOUNG, Ordering::Relaxed) & YOUNG != 0
     }
 
     fn set(&self, va: u64, pte: Pte) {
@@ -882,8 +925,9 @@ unsafe impl PageTable for PoolSpace {
 }
 
 /// Model (h)'s reverse map: each frame has its one mapping in
-/// [`PoolSpace`].
-struct PoolRmap(PoolSpace);
+/// [`PoolSpace`]. It keeps page 0's aging epoch (model (i); `u64::MAX`:
+/// none).
+struct PoolRmap(PoolSpace, AtomicU64);
 
 // SAFETY: `walk` reports the one place each frame is mapped.
 unsafe impl Rmap for PoolRmap {
@@ -904,6 +948,17 @@ unsafe impl Rmap for PoolRmap {
 
     fn set_dirty(&self, frame: Frame) {
         panic!("model (h)'s PTEs are clean ({frame:?})");
+    }
+
+    fn aged_epoch(&self, frame: Frame) -> Option<u64> {
+        let e = self.1.load(Ordering::Relaxed);
+        (frame == FRAME0 && e != u64::MAX).then_some(e)
+    }
+
+    fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
+        if frame == FRAME0 {
+            self.1.store(epoch.unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
     }
 }
 
@@ -986,11 +1041,14 @@ fn pool_model(name: &str, pass: Pass) {
         } else {
             cached_on(&m, seen, 1, &mm);
         }
-        let rmap = PoolRmap(PoolSpace {
-            m: m.clone(),
-            mm: mm.clone(),
-            page1: AtomicU64::new(MAPPED),
-        });
+        let rmap = PoolRmap(
+            PoolSpace {
+                m: m.clone(),
+                mm: mm.clone(),
+                page1: AtomicU64::new(MAPPED),
+            },
+            AtomicU64::new(u64::MAX),
+        );
         let mut pool = FramePool::<2>::new();
         pool_frame(&Cpu::detached(0, &m, seen), &rmap, &mut pool, FRAME1);
         let deferred_before = m.tlb.stats().pages_deferred;
@@ -1050,4 +1108,71 @@ fn pool_model(name: &str, pass: Pass) {
             "no execution where cpu0's unmap missed cpu1 and flushed at once"
         );
     }
+}
+
+/// (i) Page 0 is young and cached on CPU 1, which owes an older pooled
+/// generation (page 1's) a flush. CPU 0 ages page 0 (`page_referenced`:
+/// clears the accessed bit, publishes the aging epoch), unmaps it with its
+/// flush deferred and pools it, then asks for passed frames; CPU 1 runs
+/// `quiescent_flush`, and its TLB refills page 0 right after the flush,
+/// setting the accessed bit first. If the unmap found the bit clear, the
+/// generation waits for the aging epoch only; CPU 1 then flushed after the
+/// clear (it read that epoch, published after the clear), and any refill
+/// since would have set the bit. Publishing no new epoch at the aging (the
+/// current one instead), or trusting the aging epoch although the bit was
+/// found set, lets the frame come back while CPU 1 caches it.
+#[test]
+fn i_aged_frame_released_only_after_its_cpu_flushed_past_the_aging() {
+    let seen = check("(i) aging epochs vs quiescent_flush", 4, move |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        cached_on(&m, seen, 1, &mm);
+        m.pte.store(MAPPED | YOUNG, Ordering::Relaxed);
+        let rmap = PoolRmap(
+            PoolSpace {
+                m: m.clone(),
+                mm: mm.clone(),
+                page1: AtomicU64::new(MAPPED),
+            },
+            AtomicU64::new(u64::MAX),
+        );
+        let mut pool = FramePool::<2>::new();
+        pool_frame(&Cpu::detached(0, &m, seen), &rmap, &mut pool, FRAME1);
+
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            let mut scratch = TlbFlushUnmapBatch::new();
+            page_referenced(&cpu, &rmap, FRAME0, &mut scratch).unwrap();
+            assert!(scratch.is_empty());
+            pool_frame(&cpu, &rmap, &mut pool, FRAME0);
+            let mut released = false;
+            for _ in 0..RELEASE_TRIES {
+                let mut back = pool.release_passed(&cpu);
+                if back.frames_mut().iter().any(|f| f.frame() == FRAME0) {
+                    assert!(
+                        !cpu.m.cached[1].load(Ordering::Relaxed),
+                        "the pool handed page 0's frame back while cpu1 still caches it"
+                    );
+                    released = true;
+                    break;
+                }
+                thread::yield_now();
+            }
+            cpu.finish();
+            usize::from(released)
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            cpu.refill_after_flush.set(true);
+            cpu.walk_sets_accessed.set(true);
+            assert!(quiescent_flush(&cpu), "cpu1 owes page 1's generation a flush");
+            cpu.finish()
+        });
+        let released = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        assert!(!released || !m.cached[1].load(Ordering::Relaxed));
+        seen.outcome(released);
+    });
+    seen.both_outcomes([
+        "cpu0 never got page 0's frame back",
+        "cpu0 got page 0's frame back",
+    ]);
 }
