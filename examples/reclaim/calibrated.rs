@@ -521,7 +521,7 @@ impl<'m, H: Hardware> Model<'m, H> {
             }
             let f = self.alloc(c);
             self.rmap
-                .map(f, space, va(first + p), false, MappingFlags::empty())
+                .map_fresh(f, space, va(first + p), false, MappingFlags::empty())
                 .expect("a known space");
             self.add_to_lru(c, f);
         }

@@ -97,9 +97,11 @@ fn the_calibration_holds() {
 }
 
 /// The pooled policy on 8 CPUs: far fewer IPIs than Linux 6.1's policy,
-/// most frames released by the CPUs' own flushes, the oracle quiet. With
-/// timer ticks so rare that no generation passes before the pool must be
-/// flushed, it sends more IPIs: the passes are what saves them.
+/// most frames released by the CPUs' own flushes, the oracle quiet. The
+/// pages it reclaims were aged a whole LRU cycle before, so most
+/// generations wait only for flushes the CPUs made since (switches to
+/// idle), and even with timer ticks so rare that none comes during the run
+/// the CPUs' switches release them.
 #[test]
 fn the_pool_releases_frames_at_the_cpus_own_flushes() {
     for tasks in [Tasks::Processes, Tasks::Threads] {
@@ -114,15 +116,10 @@ fn the_pool_releases_frames_at_the_cpus_own_flushes() {
             linux.ipis
         );
         assert!(pool.released_by_passes * 2 > pool.pooled);
-        assert!(pool.quiescent_flushes > 0);
         let rare = run_seed::<X86Like>(8, tasks, Peer::TlbBatchPool, SEEDS[0], true, 1 << 40);
         assert_eq!(rare.violations, 0);
-        assert!(
-            rare.ipis > pool.ipis,
-            "{}: {} vs {}",
-            tasks.name(),
-            rare.ipis,
-            pool.ipis
-        );
+        assert_eq!(rare.quiescent_flushes, 0, "{}", tasks.name());
+        assert!(rare.released_by_passes * 2 > rare.pooled, "{}", tasks.name());
+        assert!(rare.ipis * 5 < linux.ipis, "{}", tasks.name());
     }
 }

@@ -220,7 +220,7 @@ impl<'m> Driver<'m> {
                 flush_tlb_batched_pending(&c, self.mm(s)).map_err(crate_error)?;
                 if let Ok(f) = m.alloc_frame() {
                     self.rmap
-                        .map(f, s, va(s, p), writable, MappingFlags::empty())
+                        .map_fresh(f, s, va(s, p), writable, MappingFlags::empty())
                         .map_err(|e| format!("{e:?}"))?;
                     // The fault came from a CPU running the space (if one
                     // does), which reads the page as it returns.
