@@ -21,6 +21,12 @@
 //!   [`Delivery::Threaded`] and [`MockMachine::run_threaded`], to CPUs that
 //!   are real threads.
 //! - A [`CostModel`] charges cycles for IPIs, invalidations and refills.
+//! - A switch hook ([`MockMachine::set_switch_hook`]) runs test code in
+//!   the middle of an address-space switch, after the CPU loaded the new
+//!   root and before [`switch_mm`](crate::switch_mm) finished recording
+//!   it: the way to test a kernel's code against the CR3 window of
+//!   CVE-2025-37964 (the switching CPU fills its TLB from the new tables
+//!   while other CPUs unmap, flush and free).
 
 use core::sync::atomic::Ordering;
 use std::vec::Vec;
@@ -133,6 +139,10 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
             // An untagged TLB loses every non-global entry on a switch.
             self.flush_local_all(false);
         }
+        // The CR3 window: the new root is loaded and may be walked, and
+        // `switch_mm` has not finished its bookkeeping. No lock is held
+        // here, so the hook may use this CPU and any other.
+        self.machine.run_switch_hook(self);
     }
 
     fn broadcast_flush_page(&self, asid: Asid, va: u64) {

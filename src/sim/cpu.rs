@@ -55,13 +55,19 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// Errors (nothing changes): [`MockError::UnknownAddressSpace`] for an
     /// address space this machine did not create, and whatever
     /// [`switch_mm`] refuses.
+    ///
+    /// A [switch hook](MockMachine::set_switch_hook) runs in the middle of
+    /// it; meanwhile [`current_mm`](Self::current_mm) still reports the
+    /// address space this CPU is leaving.
     pub fn switch_to(&self, next: &Arc<MmTlbState>) -> Result<(), MockError> {
         self.machine.known(next)?;
-        let mut current = lock(&self.state().mm);
+        // Not locked across the switch: the switch hook may look at this
+        // CPU's address space, or switch another CPU.
+        let prev = lock(&self.state().mm).clone();
         // SAFETY: every root the mock hands out names one of its own page
         // tables, and the mock's `switch_address_space` only records it.
-        unsafe { switch_mm(self, current.as_deref(), next) }?;
-        *current = Some(Arc::clone(next));
+        unsafe { switch_mm(self, prev.as_deref(), next) }?;
+        *lock(&self.state().mm) = Some(Arc::clone(next));
         Ok(())
     }
 

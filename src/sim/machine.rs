@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::vec::Vec;
 
 use super::{
-    cost, lock, new_root, oracle, MmuTable, MockConfig, MockCpu, Model, Table, Tlb, Violation, X86Like,
+    cost, lock, new_root, oracle, MmuTable, MockConfig, MockCpu, Model, SwitchHook, Table, Tlb, Violation,
+    X86Like,
 };
 use crate::arch::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
@@ -71,6 +72,10 @@ pub struct MockMachine<M: Model = X86Like> {
     pub(crate) tracing: AtomicBool,
     pub(crate) trace_log: Mutex<Vec<TraceEvent>>,
     pub(crate) ipi_hook: Mutex<Option<IpiHook<M>>>,
+    pub(crate) switch_hook: Mutex<Option<SwitchHook<M>>>,
+    /// The threads running the switch hook now (a switch they make runs
+    /// none).
+    pub(crate) switch_hook_threads: Mutex<Vec<std::thread::ThreadId>>,
     pub(crate) _model: PhantomData<M>,
 }
 
@@ -139,6 +144,8 @@ impl<M: Model> MockMachine<M> {
             tracing: AtomicBool::new(false),
             trace_log: Mutex::new(Vec::new()),
             ipi_hook: Mutex::new(None),
+            switch_hook: Mutex::new(None),
+            switch_hook_threads: Mutex::new(Vec::new()),
             _model: PhantomData,
         })
     }
@@ -147,7 +154,7 @@ impl<M: Model> MockMachine<M> {
     /// built it in: every frame free, every TLB empty, every CPU online
     /// with no address space and interrupts on, no page table but the
     /// kernel's (empty), no record in the oracle, counters and costs at
-    /// zero, no hook. Address spaces made before are forgotten (the
+    /// zero, no hooks. Address spaces made before are forgotten (the
     /// machine refuses them from now on). Much cheaper than building a new
     /// machine: a fuzzer reuses one machine for every input. Nothing may be
     /// running on the machine's CPUs.
@@ -182,6 +189,7 @@ impl<M: Model> MockMachine<M> {
         lock(&self.broadcast_queue).clear();
         lock(&self.trace_log).clear();
         *lock(&self.ipi_hook) = None;
+        *lock(&self.switch_hook) = None;
         self.online.take(Ordering::SeqCst);
         if let Ok(all) = CpuSet::first(self.cpus.len()) {
             self.online.insert_all(&all, Ordering::SeqCst);

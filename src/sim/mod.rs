@@ -26,6 +26,12 @@
 //!   interrupts at their instruction boundaries when interrupts are enabled.
 //! - A [`CostModel`] charges cycles for IPIs, invalidations and refills, kept
 //!   as running totals.
+//! - A switch hook ([`MockMachine::set_switch_hook`]) runs test code in
+//!   the middle of an address-space switch, after the CPU loaded the new
+//!   root and before [`switch_mm`](crate::switch_mm) finished recording
+//!   it: the way to test a kernel's code against the CR3 window of
+//!   CVE-2025-37964 (the switching CPU fills its TLB from the new tables
+//!   while other CPUs unmap, flush and free).
 //!
 //! Each [`MockCpu`] is one CPU's view of the machine and implements
 //! [`Arch`]; many machines can run side by side in parallel tests.
@@ -43,6 +49,7 @@ pub mod ops;
 mod oracle;
 mod own_table;
 mod space;
+mod switch_hook;
 mod tables;
 mod threads;
 mod tlb;
@@ -61,6 +68,7 @@ pub use model::{BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Invlpgb
 pub use oracle::{FrameError, FrameState, Violation};
 pub use own_table::MmuTable;
 pub use space::MockSpace;
+pub use switch_hook::SwitchHook;
 pub use tlb::{TlbEntry, WalkEntry};
 pub use walkers::LocklessWalk;
 
