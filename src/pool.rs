@@ -505,14 +505,9 @@ impl<const N: usize> FramePool<N> {
 /// before it: every pooled generation up to that epoch is then flushed
 /// here.
 fn local_pass<A: Arch>(arch: &A) {
-    let state = arch.shootdown_state();
-    let me = arch.current_cpu();
-    let epoch = state.epoch();
-    arch.flush_local_all(false);
-    state.pass(me, epoch);
-    state.count(Counter::LocalFullFlushes, 1);
+    crate::shootdown::flush_local_all_as_pass(arch, false);
     arch.trace(&TraceEvent {
-        cpu: me,
+        cpu: arch.current_cpu(),
         reason: FlushReason::Quiescent,
         extent: FlushExtent::All,
     });
