@@ -5,7 +5,7 @@ use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuSet};
 use crate::range::PageRange;
 use crate::request::FlushRequest;
-use crate::shootdown::{shootdown, ShootdownReport};
+use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, maybe_const_fn, AtomicU64, Ordering};
 use crate::validate::{check_asid, check_va};
@@ -204,12 +204,8 @@ pub unsafe fn switch_mm<A: Arch>(
 /// CPUs that shootdowns reach and skip. The CPU loads an address space with
 /// [`switch_mm`] afterwards, as usual.
 pub fn prepare_cpu_online<A: Arch>(arch: &A) {
-    let me = arch.current_cpu();
-    let epoch = arch.shootdown_state().epoch();
-    arch.flush_local_all(true);
-    arch.shootdown_state().pass(me, epoch);
-    arch.shootdown_state().clear_loaded_asid(me);
-    arch.shootdown_state().count(Counter::LocalFullFlushes, 1);
+    flush_local_all_as_pass(arch, true);
+    arch.shootdown_state().clear_loaded_asid(arch.current_cpu());
 }
 
 /// Contract rule 5: an operation about to change mappings of `mm`

@@ -363,14 +363,22 @@ impl<const N: usize> FramePool<N> {
             let others = g.targets.intersection(&online).difference(&CpuSet::single(me));
             others.iter().all(|c| state.passed_epoch(c) >= g.epoch)
         };
-        // The newest epoch among the passed generations that the calling
-        // CPU must still flush itself for.
+        // Each generation's verdict, taken once and used both for the
+        // local flush and for the split below: another CPU may pass a
+        // generation in between, which must then wait for the next call
+        // rather than go out without the local flush it may need. Along
+        // the way, the newest epoch among the passed generations that the
+        // calling CPU must still flush itself for.
+        let mut verdicts = [false; POOL_GENERATIONS];
         let mut local = 0;
         let mut any = false;
-        for g in self.gens.iter().filter(|g| passed(g)) {
-            any = true;
-            if g.targets.contains(me) {
-                local = local.max(g.epoch);
+        for (verdict, g) in verdicts.iter_mut().zip(self.gens.iter()) {
+            *verdict = passed(g);
+            if *verdict {
+                any = true;
+                if g.targets.contains(me) {
+                    local = local.max(g.epoch);
+                }
             }
         }
         if !any {
@@ -384,8 +392,8 @@ impl<const N: usize> FramePool<N> {
         // Frames are stored generation after generation, oldest first.
         let mut frames = core::mem::take(&mut self.frames).into_iter();
         let gens = core::mem::take(&mut self.gens);
-        for g in gens {
-            let release = passed(&g);
+        // `gens` held at most POOL_GENERATIONS: the zip takes every one.
+        for (g, &release) in gens.into_iter().zip(verdicts.iter()) {
             for frame in frames.by_ref().take(g.frames) {
                 // SAFETY: the pool holds at most N frames, so either list
                 // (each of capacity N) has room for all of them.
@@ -516,14 +524,9 @@ impl<const N: usize> FramePool<N> {
 /// before it: every pooled generation up to that epoch is then flushed
 /// here.
 fn local_pass<A: Arch>(arch: &A) {
-    let state = arch.shootdown_state();
-    let me = arch.current_cpu();
-    let epoch = state.epoch();
-    arch.flush_local_all(false);
-    state.pass(me, epoch);
-    state.count(Counter::LocalFullFlushes, 1);
+    crate::shootdown::flush_local_all_as_pass(arch, false);
     arch.trace(&TraceEvent {
-        cpu: me,
+        cpu: arch.current_cpu(),
         reason: FlushReason::Quiescent,
         extent: FlushExtent::All,
     });

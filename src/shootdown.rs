@@ -253,6 +253,28 @@ fn extent_of(request: &FlushRequest) -> FlushExtent {
     }
 }
 
+/// Drops every non-global entry of the calling CPU's TLB (the global ones
+/// too with `include_global`) and records that as a pass: the CPU holds no
+/// entry for the frames of any [`FramePool`](crate::FramePool) generation
+/// published before the flush. Counts one local full flush; tracing is
+/// left to the caller, which knows why it flushed.
+pub(crate) fn flush_local_all_as_pass<A: Arch>(arch: &A, include_global: bool) {
+    let state = arch.shootdown_state();
+    // The epoch must be read before the flush, not after. A generation's
+    // epoch is published only once its PTEs are cleared, so a CPU that read
+    // epoch e and then dropped every non-global entry cannot hold an entry
+    // for the frames of any generation up to e: what it cached went with
+    // the flush, and anything it refills later is walked from the cleared
+    // PTEs. Read after the flush, the epoch may belong to a generation
+    // whose PTEs were cleared after the flush, by which time the CPU may
+    // have refilled an entry for one of its pages; passing that epoch
+    // would release the frame while the entry survives.
+    let epoch = state.epoch();
+    arch.flush_local_all(include_global);
+    state.pass(arch.current_cpu(), epoch);
+    state.count(Counter::LocalFullFlushes, 1);
+}
+
 /// Carries out `request` on the calling CPU only.
 pub(crate) fn execute_local<A: Arch>(
     arch: &A,
@@ -302,12 +324,8 @@ pub(crate) fn execute_local<A: Arch>(
             FlushExtent::All
         }
         FlushScope::Everything { include_global } => {
-            // Every non-global entry goes: a pass for pooled frames (the
-            // epoch is read before the flush).
-            let epoch = state.epoch();
-            arch.flush_local_all(include_global);
-            state.pass(me, epoch);
-            state.count(Counter::LocalFullFlushes, 1);
+            // Every non-global entry goes: a pass for pooled frames.
+            flush_local_all_as_pass(arch, include_global);
             FlushExtent::All
         }
     };

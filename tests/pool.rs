@@ -776,6 +776,110 @@ fn a_call_the_pool_cannot_take_does_not_empty_it() {
     assert_eq!(m.violations(), []);
 }
 
+/// Runs `shrink_page_list_pooled` from CPU 0 over `list` with a batch of
+/// four, collecting what it hands back.
+fn reclaim_into<const P: usize>(
+    m: &MockMachine,
+    rmap: &MockRmap<'_>,
+    kernel: &mut MockKernel<'_, '_>,
+    pool: &mut FramePool<P>,
+    list: &[Frame],
+) -> (ReclaimSummary, Vec<(OwnedFrame, Verdict)>) {
+    let mut batch = UnmapBatch::<4>::new();
+    let mut back = Vec::new();
+    let s = shrink_page_list_pooled(
+        &m.cpu(0).unwrap(),
+        rmap,
+        kernel,
+        &mut batch,
+        pool,
+        list.iter().map(|&f| owned(f)),
+        &mut |f, v| back.push((f, v)),
+    )
+    .unwrap();
+    (s, back)
+}
+
+/// A reclaim call whose frames take exactly the room the pool has left
+/// goes into the pool without flushing any of it: no IPI, and no batch
+/// flushed (a pool flush for zero frames would send nothing either, but
+/// still counts as one).
+#[test]
+fn a_call_that_exactly_fills_the_pool_flushes_none_of_it() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2], 2);
+    let mut pool = FramePool::<4>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    let mut kernel = MockKernel::new(&rmap);
+    let (s, back) = reclaim_into(&m, &rmap, &mut kernel, &mut pool, &frames[1]);
+    assert!(back.is_empty());
+    assert_eq!((s.pooled, s.freed, s.shootdowns, s.ipis_sent), (2, 0, 0, 0));
+    assert_eq!((pool.len(), pool.room(), pool.generations()), (4, 0, 2));
+    assert_eq!((m.ipis_sent(), m.stats().batches_flushed), (0, 0));
+    let cpu0 = m.cpu(0).unwrap();
+    assert_eq!(free(&mut kernel, pool.flush(&cpu0).unwrap()), frames.concat());
+    assert_eq!(m.violations(), []);
+}
+
+/// A reclaim call one slot short flushes only as many of the oldest
+/// generations as that slot takes: the oldest (CPU 1's two frames, one
+/// IPI) is enough, and CPU 2's younger generation keeps waiting for CPU 2's
+/// own flush, with no IPI to it.
+#[test]
+fn a_call_short_of_room_flushes_only_the_generations_it_needs() {
+    let m = MockMachine::new(config(4, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2, 3], 2);
+    let mut pool = FramePool::<4>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    pool_them(&m, &rmap, &frames[1][..1], &mut pool);
+    assert_eq!(pool.room(), 1);
+    let mut kernel = MockKernel::new(&rmap);
+    let (s, back) = reclaim_into(&m, &rmap, &mut kernel, &mut pool, &frames[2]);
+    assert!(back.is_empty());
+    assert_eq!((s.pooled, s.freed, s.shootdowns, s.ipis_sent), (2, 2, 1, 1));
+    assert_eq!((m.ipis_sent(), kernel.frames_freed), (1, 2));
+    assert!(all_in(&m, &frames[0], FrameState::Free));
+    assert!(!uncached(&m, &frames[1][..1]), "CPU 2 was not interrupted");
+    assert_eq!((pool.len(), pool.generations()), (3, 2));
+    assert_eq!(pool.targets(), set(&m, &[2, 3]));
+    let cpu0 = m.cpu(0).unwrap();
+    let rest = free(&mut kernel, pool.flush(&cpu0).unwrap());
+    assert_eq!(rest, [&frames[1][..1], &frames[2][..]].concat());
+    assert_eq!(m.violations(), []);
+}
+
+/// Pooled frames released during a reclaim call that the allocator then
+/// refuses go back to the caller as `FreeRefused`, each counted once as
+/// handed back and none as freed; the call's own frames are pooled as
+/// usual, and the refused ones can be freed later.
+#[test]
+fn released_frames_the_allocator_refuses_are_handed_back_and_counted() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1, 2], 3);
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    assert!(quiescent_flush(&m.cpu(1).unwrap()));
+    let mut kernel = MockKernel::new(&rmap);
+    kernel.refuse_frees = true;
+    let (s, back) = reclaim_into(&m, &rmap, &mut kernel, &mut pool, &frames[1]);
+    assert_eq!((s.scanned, s.freed, s.handed_back, s.pooled), (3, 0, 3, 3));
+    assert_eq!((kernel.free_calls, kernel.frames_freed), (1, 0));
+    assert!(back.iter().all(|(_, v)| *v == Verdict::FreeRefused));
+    let mut returned: Vec<Frame> = back.iter().map(|(f, _)| f.frame()).collect();
+    returned.sort();
+    let mut expected = frames[0].clone();
+    expected.sort();
+    assert_eq!(returned, expected);
+    assert!(all_in(&m, &frames[0], FrameState::InUse));
+    kernel.refuse_frees = false;
+    let mut again: tlb_batch::heapless::Vec<OwnedFrame, 4> = back.into_iter().map(|(f, _)| f).collect();
+    kernel.free_batch(&mut again);
+    assert!(again.is_empty() && all_in(&m, &frames[0], FrameState::Free));
+    let cpu0 = m.cpu(0).unwrap();
+    assert_eq!(free(&mut kernel, pool.flush(&cpu0).unwrap()), frames[1]);
+    assert_eq!(m.violations(), []);
+}
+
 /// With tagged TLBs, a CPU asked to flush the address space it has loaded
 /// still holds entries of the one it ran before: that flush is no pass.
 #[test]
