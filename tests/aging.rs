@@ -91,6 +91,16 @@ fn release(w: &World, rmap: &MockRmap<'_>, pool: &mut FramePool<8>) -> usize {
     n
 }
 
+/// CPU 0 unmaps and pools `f`, which must stay pooled (CPU 1 may cache
+/// it) until CPU 1's `quiescent_flush`, and come back then; the oracle
+/// stays quiet.
+fn pooled_until_cpu1_flushes(w: &World, rmap: &MockRmap<'_>, f: Frame, pool: &mut FramePool<8>) {
+    assert_eq!(unmap_pool_release(w, rmap, f, pool), 0);
+    assert!(quiescent_flush(&cpu(w, 1)), "CPU 1 owes the generation a flush");
+    assert_eq!(release(w, rmap, pool), 1);
+    no_violations(w);
+}
+
 fn no_violations(w: &World) {
     assert!(w.m.violations().is_empty(), "{:?}", w.m.violations());
 }
@@ -118,13 +128,9 @@ fn an_entry_cached_before_the_aging_keeps_the_frame_until_its_cpu_flushes() {
     let (rmap, f, _other) = setup(&w, false);
     cpu(&w, 1).read(va(0)).unwrap();
     assert_eq!(age(&w, &rmap, f), 1);
-    let mut pool = FramePool::<8>::new();
     // CPU 1 still caches the page from before the aging.
-    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
-    assert!(quiescent_flush(&cpu(&w, 1)), "CPU 1 owes the generation a flush");
-    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
     assert_eq!(w.m.ipis_sent(), 0);
-    no_violations(&w);
 }
 
 #[test]
@@ -136,11 +142,7 @@ fn a_refill_after_the_aging_needs_a_flush_after_the_unmap() {
     pass_by_switching(&w, &rmap, &other);
     // The refill sets the accessed bit again: the unmap sees it.
     cpu(&w, 1).read(va(0)).unwrap();
-    let mut pool = FramePool::<8>::new();
-    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
-    assert!(quiescent_flush(&cpu(&w, 1)));
-    assert_eq!(release(&w, &rmap, &mut pool), 1);
-    no_violations(&w);
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
 }
 
 #[test]
@@ -155,11 +157,7 @@ fn a_second_aging_that_clears_a_bit_moves_the_epoch() {
     // The second aging clears the refill's bit while CPU 1 keeps its entry.
     assert_eq!(age(&w, &rmap, f), 1);
     assert!(rmap.aged_epoch(f).unwrap() > first);
-    let mut pool = FramePool::<8>::new();
-    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
-    assert!(quiescent_flush(&cpu(&w, 1)));
-    assert_eq!(release(&w, &rmap, &mut pool), 1);
-    no_violations(&w);
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
 }
 
 #[test]
@@ -215,11 +213,7 @@ fn remapping_a_frame_forgets_its_aging() {
     assert!(!first.is_empty());
     rmap.map(f, 0, va(0), false, MappingFlags::empty()).unwrap();
     assert_eq!(rmap.aged_epoch(f), None);
-    let mut pool = FramePool::<8>::new();
-    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
-    assert!(quiescent_flush(&cpu(&w, 1)));
-    assert_eq!(release(&w, &rmap, &mut pool), 1);
-    no_violations(&w);
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
     first.flush(&cpu(&w, 0)).unwrap();
 }
 
@@ -235,10 +229,7 @@ fn a_fresh_frame_never_read_needs_no_flush_and_a_read_one_does() {
     let g = w.m.alloc_frame().unwrap();
     rmap.map_fresh(g, 0, va(1), false, MappingFlags::empty()).unwrap();
     cpu(&w, 1).read(va(1)).unwrap();
-    assert_eq!(unmap_pool_release(&w, &rmap, g, &mut pool), 0);
-    assert!(quiescent_flush(&cpu(&w, 1)));
-    assert_eq!(release(&w, &rmap, &mut pool), 1);
-    no_violations(&w);
+    pooled_until_cpu1_flushes(&w, &rmap, g, &mut pool);
 }
 
 #[test]
@@ -267,9 +258,5 @@ fn change_protection_keeps_the_accessed_bit_even_when_its_flush_fails() {
         .unwrap();
     assert!(matches!(failed, Ok(0) | Err(_)), "{failed:?}");
     assert!(w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
-    let mut pool = FramePool::<8>::new();
-    assert_eq!(unmap_pool_release(&w, &rmap, f, &mut pool), 0);
-    assert!(quiescent_flush(&cpu(&w, 1)));
-    assert_eq!(release(&w, &rmap, &mut pool), 1);
-    no_violations(&w);
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
 }

@@ -974,6 +974,24 @@ fn pool_frame(cpu: &Cpu, rmap: &PoolRmap, pool: &mut FramePool<2>, frame: Frame)
     assert!(batch.is_empty());
 }
 
+/// Asks `pool` for passed frames up to [`RELEASE_TRIES`] times; returns
+/// whether page 0's frame came back, which it must only once CPU 1 no
+/// longer caches it (models (h) to (i)).
+fn release_page0(cpu: &Cpu, pool: &mut FramePool<2>) -> bool {
+    for _ in 0..RELEASE_TRIES {
+        let mut back = pool.release_passed(cpu);
+        if back.frames_mut().iter().any(|f| f.frame() == FRAME0) {
+            assert!(
+                !cpu.m.cached[1].load(Ordering::Relaxed),
+                "the pool handed page 0's frame back while cpu1 still caches it"
+            );
+            return true;
+        }
+        thread::yield_now();
+    }
+    false
+}
+
 /// How CPU 1 flushes its TLB in models (h) to (h'').
 #[derive(Clone, Copy, PartialEq)]
 enum Pass {
@@ -1055,19 +1073,7 @@ fn pool_model(name: &str, pass: Pass) {
 
         let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
             pool_frame(&cpu, &rmap, &mut pool, FRAME0);
-            let mut released = false;
-            for _ in 0..RELEASE_TRIES {
-                let mut back = pool.release_passed(&cpu);
-                if back.frames_mut().iter().any(|f| f.frame() == FRAME0) {
-                    assert!(
-                        !cpu.m.cached[1].load(Ordering::Relaxed),
-                        "the pool handed page 0's frame back while cpu1 still caches it"
-                    );
-                    released = true;
-                    break;
-                }
-                thread::yield_now();
-            }
+            let released = release_page0(&cpu, &mut pool);
             cpu.finish();
             usize::from(released)
         });
@@ -1144,19 +1150,7 @@ fn i_aged_frame_released_only_after_its_cpu_flushed_past_the_aging() {
             page_referenced(&cpu, &rmap, FRAME0, &mut scratch).unwrap();
             assert!(scratch.is_empty());
             pool_frame(&cpu, &rmap, &mut pool, FRAME0);
-            let mut released = false;
-            for _ in 0..RELEASE_TRIES {
-                let mut back = pool.release_passed(&cpu);
-                if back.frames_mut().iter().any(|f| f.frame() == FRAME0) {
-                    assert!(
-                        !cpu.m.cached[1].load(Ordering::Relaxed),
-                        "the pool handed page 0's frame back while cpu1 still caches it"
-                    );
-                    released = true;
-                    break;
-                }
-                thread::yield_now();
-            }
+            let released = release_page0(&cpu, &mut pool);
             cpu.finish();
             usize::from(released)
         });
