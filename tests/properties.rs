@@ -313,6 +313,56 @@ fn pool_sequence() -> Vec<Op> {
     ops
 }
 
+/// A typed batch whose unmap ignored the accessed bit goes into the pool
+/// (a `Flush` of typed batch 1 with `batch / BATCHES` odd), then CPU 0's
+/// tick asks the pool for passed frames. CPU 1 read the page after its
+/// frame's aging epoch: mapped fresh (epoch 0), or aged by
+/// `page_referenced` and passed by a switch away and back before the read.
+/// The unmap found the bit set, so the generation must wait for a flush
+/// after it; the frame freed at the tick would still be in CPU 1's TLB.
+fn pooled_after_a_read_since_the_aging(aged: bool) -> Vec<Op> {
+    let mut ops = vec![ro(0, 0), read(1, 0, 0)];
+    if aged {
+        ops.extend([
+            Referenced {
+                cpu: 0,
+                space: 0,
+                page: 0,
+                batch: 0,
+            },
+            Switch { cpu: 1, space: 1 },
+            Switch { cpu: 1, space: 0 },
+            read(1, 0, 0),
+        ]);
+    }
+    ops.extend([
+        TypedUnmap {
+            cpu: 0,
+            space: 0,
+            page: 0,
+            batch: 1,
+            ignore_access: true,
+        },
+        Flush {
+            cpu: 0,
+            batch: 1 + ops::BATCHES as u8,
+            typed: true,
+            fail: false,
+        },
+        Tick { cpu: 0 },
+    ]);
+    ops
+}
+
+#[test]
+fn a_pooled_page_read_since_its_aging_waits_for_a_new_flush() {
+    for aged in [false, true] {
+        let ops = pooled_after_a_read_since_the_aging(aged);
+        check(&ops).unwrap();
+        assert!(run(&ops, true).unwrap().pooled >= 1, "aged: {aged}");
+    }
+}
+
 #[test]
 fn the_model_exercises_the_pool_and_it_saves_ipis() {
     let ops = pool_sequence();

@@ -215,7 +215,11 @@ pub enum Op {
     },
     /// Flush low-level batch `batch` (`typed`: the typed one, whose frames
     /// are then put), with a failure injected first when `fail`, then the
-    /// documented retry.
+    /// documented retry. In a batching run, a typed batch for which
+    /// `batch / BATCHES` is odd and `fail` is not set goes into the
+    /// driver's pool instead ([`FramePool::defer`](crate::FramePool::defer))
+    /// when the pool takes it: its unmaps may have ignored accessed bits,
+    /// unlike the reclaim driver's, which ages each page just before.
     Flush {
         /// Initiating CPU.
         cpu: u8,
@@ -364,7 +368,8 @@ pub enum Op {
 impl Op {
     /// The same step made blind to accessed bits, or `None` for a step that
     /// is about them: unmaps ignore them, aging and reclaim (whose verdicts
-    /// follow them) go. Accessed bits legitimately differ between a batched
+    /// follow them) go, and a typed flush that would pool its batch
+    /// flushes it (what a pool releases when follows them too). Accessed bits legitimately differ between a batched
     /// and an unbatched run (a stale entry serves an access without a walk,
     /// a rule-5 flush empties a TLB the other run keeps), so the two runs
     /// are compared on sequences made blind with this.
@@ -397,6 +402,19 @@ impl Op {
                 page,
                 batch,
                 ignore_access: true,
+            }),
+            // Pooling frees frames the plain run keeps (and its releases
+            // follow accessed bits): the blind run flushes instead.
+            Op::Flush {
+                cpu,
+                batch,
+                typed: true,
+                fail,
+            } => Some(Op::Flush {
+                cpu,
+                batch: (usize::from(batch) % BATCHES) as u8,
+                typed: true,
+                fail,
             }),
             Op::Referenced { .. } | Op::Reclaim { .. } => None,
             op => Some(op),

@@ -277,7 +277,7 @@ impl<'m> Driver<'m> {
 
     /// The pool holds the frames the bookkeeping says, each allocated,
     /// unmapped and held by nothing else.
-    fn check_pool(&self) -> Result<(), String> {
+    pub(super) fn check_pool(&self) -> Result<(), String> {
         if self.pool.len() != self.pooled.len() {
             return Err(format!(
                 "the pool holds {} frames, the bookkeeping {:?}",
