@@ -40,25 +40,27 @@
 //!   CPUs and interrupts them. The pooled policy has no lazy CPUs: an idle
 //!   CPU, or kswapd's, switches to the kernel's address space, which flushes
 //!   its TLB (untagged) and takes it out of the user space's CPU set.
-//!   For Linux's, the model takes a lazy CPU out of the
-//!   machine's online set, which the mock's `flush_targets` and its
-//!   free-time oracle then leave out. Linux's lazy CPU must catch up before
-//!   it uses the space again: each address space has a flush generation,
-//!   bumped by every flush that covered it, and a lazy CPU that resumes
-//!   the same space flushes its TLB if the generation moved while it was
-//!   lazy (a CPU switching to another space flushes anyway: the TLB is
-//!   untagged, as x86 without PCID). If the catch-up were wrong, the next
-//!   read through a stale entry would be a violation. In this workload the
-//!   pages reclaimed are long gone from the 64-entry TLBs, so the unit test
+//!   For Linux's, the CPU carries the mock's lazy mark
+//!   (`MockCpu::enter_lazy` when it stops running a worker,
+//!   `MockCpu::leave_lazy` when it runs one again): it stays online, in
+//!   the space's CPU set and with its TLB, and runs no user code
+//!   meanwhile. Linux's policy leaves the CPUs marked lazy out of the
+//!   flush it sends (`policies.rs`); the crate's `flush_targets` still
+//!   counts them, and the other policies interrupt them. Linux's lazy CPU
+//!   must catch up before it uses the space again: each address space has
+//!   a flush generation, bumped by every flush that covered it, and a lazy
+//!   CPU that resumes the same space flushes its TLB if the generation
+//!   moved while it was lazy (a CPU switching to another space flushes
+//!   anyway: the TLB is untagged, as x86 without PCID). The oracle checks
+//!   exactly that: a frame freed while a lazy CPU still caches it is no
+//!   violation at the free, but an entry for it still cached when the CPU
+//!   leaves lazy mode is (`LazyResumedWithStale`), whether or not the CPU
+//!   then reads through it. In this workload the pages reclaimed are long
+//!   gone from the 64-entry TLBs (without the catch-up the runs record no
+//!   violation either), so the unit test
 //!   `a_lazy_cpu_catches_up_before_it_uses_the_space` drives that case
-//!   directly and shows the oracle catching a missing catch-up.
-//!
-//! Taking a lazy CPU offline is a stand-in: the mock has no lazy state.
-//! What it would need is a per-CPU "lazy on this space" mark that the
-//! crate's `flush_targets` could skip, with the free-time oracle judging
-//! such a CPU's entries at its next switch back rather than at the free
-//! (the stand-in hides them from the free-time check altogether, and only
-//! reads catch a mistake).
+//!   directly and shows the oracle catching a missing catch-up at the
+//!   resume.
 //!
 //! - **Timer ticks.** Every [`TIMER_TICKS`] ticks of the model each busy
 //!   CPU takes its timer tick (the CPUs' ticks spread over the period);
@@ -317,9 +319,10 @@ impl<'m, H: Hardware> Model<'m, H> {
             return;
         }
         if self.peer.skips_lazy() && self.cpus[c].lazy_gen.is_none() {
-            if let Some(mm) = self.cpu(c).current_mm() {
+            let cpu = self.cpu(c);
+            if let Some(mm) = cpu.current_mm() {
                 self.cpus[c].lazy_gen = Some(self.gens.get(&mm.asid().value()).copied().unwrap_or(0));
-                self.m.set_online(c, false).expect("a CPU");
+                cpu.enter_lazy().expect("a user address space loaded");
             }
         }
     }
@@ -328,7 +331,8 @@ impl<'m, H: Hardware> Model<'m, H> {
     fn place(&mut self, t: usize, c: usize) {
         let cpu = self.cpu(c);
         let next = self.rmap.spaces()[self.tasks[t].space].mm().clone();
-        if let Some(seen) = self.cpus[c].lazy_gen.take() {
+        let lazy = self.cpus[c].lazy_gen.take();
+        if let Some(seen) = lazy {
             let same = cpu.current_mm().is_some_and(|mm| mm.asid() == next.asid());
             if same && self.catch_up && self.gens.get(&next.asid().value()).copied().unwrap_or(0) != seen {
                 // A flush skipped this CPU while it was lazy: catch up
@@ -336,9 +340,15 @@ impl<'m, H: Hardware> Model<'m, H> {
                 cpu.flush_local_all(false);
                 self.fig.catch_ups += 1;
             }
-            self.m.set_online(c, true).expect("a CPU");
         }
         cpu.switch_to(&next).expect("switch");
+        if lazy.is_some() {
+            // Back to user code, after the catch-up and the switch (which
+            // flushes the untagged TLB when the space changes): the oracle
+            // records every entry of a frame freed meanwhile that is still
+            // cached.
+            cpu.leave_lazy();
+        }
         if self.tasks[t].last_cpu.is_some_and(|l| l != c) {
             self.fig.moves += 1;
         }

@@ -9,9 +9,10 @@
 //!   listed page.
 //! - **Linux 6.1**: deferral into one batch per call, then one *full*
 //!   flush to the union of the CPUs that have one of the batch's address
-//!   spaces loaded, lazy CPUs skipped. A skipped lazy CPU catches up when
-//!   it next uses the address space (the model keeps a per-address-space
-//!   generation for that; see `calibrated.rs`).
+//!   spaces loaded, less the lazy ones (the mock's lazy mark, read from
+//!   `MockMachine::lazy_cpus` when the flush is sent). A skipped lazy CPU
+//!   catches up when it next uses the address space (the model keeps a
+//!   per-address-space generation for that; see `calibrated.rs`).
 //! - **Asterinas**: flush operations are queued per address space, up to
 //!   32 (more turn into one full flush); each address space's queue is
 //!   dispatched with its own round of IPIs to the CPUs that have it
@@ -286,9 +287,8 @@ fn deferred<H: Model>(
                 }
                 let e = pending.entry(mm.asid().value()).or_default();
                 e.0.push((mm.asid(), m.va));
-                // The CPUs that have the space loaded now (for Linux, the
-                // lazy ones are out of the machine's online set, so
-                // `flush_targets` leaves them out).
+                // The CPUs that have the space loaded now, lazy ones
+                // included (Linux's policy leaves those out when it sends).
                 e.1 = e.1.union(&mm.flush_targets(cpu));
             }
             ControlFlow::Continue(())
@@ -313,6 +313,11 @@ fn deferred<H: Model>(
                 pages.extend(p);
                 targets = targets.union(&t);
             }
+            // As Linux 6.1's `native_flush_tlb_multi` (`tlb_is_not_lazy`):
+            // lazy CPUs are not interrupted, they catch up when they
+            // resume (`calibrated.rs`). The crate's `flush_targets` knows
+            // nothing of lazy CPUs; the policy filters them itself.
+            let targets = targets.difference(&cpu.machine().lazy_cpus());
             round(cpu, shared, &pages, true, &targets);
         }
         _ => {

@@ -27,6 +27,53 @@
 //!   it: the way to test a kernel's code against the CR3 window of
 //!   CVE-2025-37964 (the switching CPU fills its TLB from the new tables
 //!   while other CPUs unmap, flush and free).
+//! - CPUs can be *lazy* (below): a kernel's flush policy may skip them,
+//!   and the oracle checks that they catch up before they run user code.
+//!
+//! # Lazy CPUs
+//!
+//! A CPU that stops running user code (it goes idle, or runs a kernel
+//! thread) may keep the last user address space loaded instead of
+//! switching away: it is *lazy* on it, as Linux's idle CPUs and kernel
+//! threads borrow the previous task's address space. Linux leaves such
+//! CPUs out of that space's flushes, and a lazy CPU that resumes the space
+//! flushes its TLB first if the space's flush generation moved meanwhile
+//! (its catch-up). The mock models the state, and the oracle judges the
+//! catch-up:
+//!
+//! - [`MockCpu::enter_lazy`] marks a CPU lazy on the user address space it
+//!   has loaded; [`MockCpu::is_lazy`] and [`MockMachine::lazy_cpus`] tell
+//!   who is. A lazy CPU stays online and keeps its TLB and its place in
+//!   the space's CPU set: the crate's
+//!   [`flush_targets`](crate::MmTlbState::flush_targets) and shootdowns
+//!   know nothing of the mark and still reach it. Leaving it out is the
+//!   choice of a kernel's own flush policy (which reads `lazy_cpus`).
+//! - A lazy CPU runs kernel code, and takes interrupts, but no user code:
+//!   an access that would translate through the user address space (a
+//!   non-global TLB entry, or a user page-table entry that is not empty)
+//!   is refused with [`Fault::LazyUserAccess`] and changes nothing. Kernel
+//!   pages are reached as usual.
+//! - A frame freed while a lazy CPU caches an entry for it that came from
+//!   the space it is lazy on is not a [`Violation::FreedWhileCached`]:
+//!   the CPU cannot use that entry while it is lazy. The oracle remembers
+//!   the entry instead.
+//! - [`MockCpu::leave_lazy`] is the moment the CPU resumes user code (call
+//!   it after the catch-up and after any switch). Each remembered entry
+//!   still in its TLB then is a [`Violation::LazyResumedWithStale`]. One
+//!   that is gone (flushed by the CPU itself, by an interrupt, by a switch
+//!   of an untagged TLB, or evicted) is fine. On a tagged TLB the entries
+//!   of the lazy space must be gone when the CPU leaves lazy mode even if
+//!   it resumes another space: the oracle does not follow them into later
+//!   switches.
+//! - Everything else about a lazy CPU is judged at once, as for any CPU:
+//!   global entries and entries filled from the kernel's page table
+//!   (kernel mappings are flushed everywhere), cached pointers to freed
+//!   page tables ([`Violation::TableFreedWhileCached`]: Linux interrupts
+//!   lazy CPUs when it frees page tables, because their page walkers may
+//!   still run), entries of other address spaces in a tagged TLB, writable
+//!   entries of a frame sent to I/O ([`Violation::IoWhileWritable`]) and
+//!   stale entries after a change ([`MockMachine::check_coherent`]).
+//! - [`MockCpu::come_online`] and [`MockMachine::reset`] clear the mark.
 
 use core::sync::atomic::Ordering;
 use std::vec::Vec;

@@ -84,11 +84,13 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// Brings this CPU back online the way a kernel must: it runs
     /// [`prepare_cpu_online`](crate::prepare_cpu_online) (everything it
     /// cached while away goes), then joins the online set; it runs no
-    /// address space until it switches to one.
+    /// address space until it switches to one, and is not lazy (its TLB
+    /// holds nothing the oracle could still hold against it).
     pub fn come_online(&self) {
         crate::mm::prepare_cpu_online(self);
         *lock(&self.state().loaded) = None;
         *lock(&self.state().mm) = None;
+        *lock(&self.state().lazy) = None;
         self.machine.online.insert(self.id, Ordering::SeqCst);
     }
 
@@ -156,14 +158,19 @@ impl<'m, M: Model> MockCpu<'m, M> {
     }
 
     /// Reads the data word of the page at `va` in the current address space
-    /// (or the kernel's), filling the TLB as hardware would.
+    /// (or the kernel's), filling the TLB as hardware would. Errors: the
+    /// [`Fault`] the access takes; [`Fault::CpuOffline`] on an offline CPU,
+    /// [`Fault::LazyUserAccess`] for a user page on a lazy CPU
+    /// ([`enter_lazy`](Self::enter_lazy)), neither of which changes
+    /// anything.
     pub fn read(&self, va: u64) -> Result<u64, Fault> {
         self.access(va, None)
     }
 
     /// Writes `value` into the page at `va`, setting the dirty bit as
     /// hardware would; a write through a stale entry lands in whatever frame
-    /// the entry names, and the oracle judges it.
+    /// the entry names, and the oracle judges it. Errors as for
+    /// [`read`](Self::read).
     pub fn write(&self, va: u64, value: u64) -> Result<(), Fault> {
         self.access(va, Some(value)).map(|_| ())
     }
@@ -176,6 +183,9 @@ impl<'m, M: Model> MockCpu<'m, M> {
         let m = self.machine;
         let vpn = va >> PAGE_SHIFT;
         let loaded = *lock(&self.state().loaded);
+        // A lazy CPU runs kernel code only (checked before the TLB is
+        // locked: the lazy mark is never taken while the TLB is held).
+        self.lazy_access_check(va, loaded)?;
         let asid = loaded.map_or(Asid::KERNEL, |(a, _)| a);
         // The TLB stays locked for the whole access: an instruction is not
         // interrupted half-way, so no flush can slip between translation

@@ -28,6 +28,14 @@ pub enum Fault {
     },
     /// The CPU is offline: it runs no code.
     CpuOffline,
+    /// The CPU is lazy ([`MockCpu::enter_lazy`](super::MockCpu::enter_lazy)):
+    /// it runs no user code, and `va` would have been translated through
+    /// the user address space it keeps loaded. Nothing was cached, read or
+    /// written.
+    LazyUserAccess {
+        /// The refused address.
+        va: u64,
+    },
 }
 
 /// Why a machine-level operation was refused.
@@ -49,6 +57,9 @@ pub enum MockError {
     /// the machine's own table for the address space already maps
     /// something.
     TableInUse,
+    /// [`MockCpu::enter_lazy`](super::MockCpu::enter_lazy): the CPU has no
+    /// user address space loaded to be lazy on.
+    NoUserSpace,
 }
 
 impl From<FrameError> for MockError {

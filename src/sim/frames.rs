@@ -17,7 +17,9 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Returns a frame to the free list. The oracle records a
-    /// [`Violation::FreedWhileCached`] for every CPU still caching it and a
+    /// [`Violation::FreedWhileCached`] for every CPU still caching it (a
+    /// lazy CPU's entry from the space it is lazy on is remembered instead,
+    /// and judged when the CPU resumes: [`MockCpu::leave_lazy`](super::MockCpu::leave_lazy)) and a
     /// [`Violation::TableFreedWhileCached`] for every CPU whose walk cache
     /// still points to it (only when the free itself is accepted), and a
     /// [`Violation::FreedDuringIo`] for a frame still being written out
@@ -56,6 +58,9 @@ impl<M: Model> MockMachine<M> {
             self.record(Violation::TableFreedUnderWalker { frame, cpu });
         }
         for (cpu, entry) in cached {
+            if self.defer_to_lazy(cpu, &entry, frame) {
+                continue;
+            }
             self.record(Violation::FreedWhileCached {
                 frame,
                 cpu,

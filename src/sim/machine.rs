@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::vec::Vec;
 
 use super::{
-    cost, lock, new_root, oracle, MmuTable, MockConfig, MockCpu, Model, SwitchHook, Table, Tlb, Violation,
-    X86Like,
+    cost, lock, new_root, oracle, Lazy, MmuTable, MockConfig, MockCpu, Model, SwitchHook, Table, Tlb,
+    Violation, X86Like,
 };
 use crate::arch::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
@@ -31,6 +31,9 @@ pub(crate) struct CpuState {
     pub(crate) tlb: Mutex<Tlb>,
     pub(crate) loaded: Mutex<Option<(Asid, u64)>>,
     pub(crate) mm: Mutex<Option<Arc<MmTlbState>>>,
+    /// The CPU's lazy mode ([`MockCpu::enter_lazy`]), if it is lazy. Lock
+    /// order: this before the TLB (`leave_lazy`), never while holding it.
+    pub(crate) lazy: Mutex<Option<Lazy>>,
     pub(crate) irq_enabled: AtomicBool,
     pub(crate) irq_pending: AtomicBool,
     pub(crate) cycles: AtomicU64,
@@ -105,6 +108,7 @@ impl<M: Model> MockMachine<M> {
                 tlb: Mutex::new(Tlb::new(config.tlb_entries)),
                 loaded: Mutex::new(None),
                 mm: Mutex::new(None),
+                lazy: Mutex::new(None),
                 irq_enabled: AtomicBool::new(true),
                 irq_pending: AtomicBool::new(false),
                 cycles: AtomicU64::new(0),
@@ -152,7 +156,7 @@ impl<M: Model> MockMachine<M> {
 
     /// Puts the machine back in the state [`with_model`](Self::with_model)
     /// built it in: every frame free, every TLB empty, every CPU online
-    /// with no address space and interrupts on, no page table but the
+    /// with no address space, not lazy, and interrupts on, no page table but the
     /// kernel's (empty), no record in the oracle, counters and costs at
     /// zero, no hooks. Address spaces made before are forgotten (the
     /// machine refuses them from now on). Much cheaper than building a new
@@ -163,6 +167,7 @@ impl<M: Model> MockMachine<M> {
             lock(&cpu.tlb).clear();
             *lock(&cpu.loaded) = None;
             *lock(&cpu.mm) = None;
+            *lock(&cpu.lazy) = None;
             cpu.irq_enabled.store(true, Ordering::SeqCst);
             cpu.irq_pending.store(false, Ordering::SeqCst);
             cpu.cycles.store(0, Ordering::Relaxed);

@@ -32,6 +32,10 @@
 //!   it: the way to test a kernel's code against the CR3 window of
 //!   CVE-2025-37964 (the switching CPU fills its TLB from the new tables
 //!   while other CPUs unmap, flush and free).
+//! - A CPU can be lazy ([`MockCpu::enter_lazy`]): it keeps a user address
+//!   space loaded but runs no user code, a kernel's flush policy may skip
+//!   it, and the oracle judges its stale entries when it resumes
+//!   ([`MockCpu::leave_lazy`]) instead of when their frames are freed.
 //!
 //! Each [`MockCpu`] is one CPU's view of the machine and implements
 //! [`Arch`]; many machines can run side by side in parallel tests.
@@ -43,6 +47,7 @@ mod cpu;
 mod error;
 mod frames;
 mod kernel;
+mod lazy;
 mod machine;
 mod model;
 pub mod ops;
@@ -72,6 +77,7 @@ pub use switch_hook::SwitchHook;
 pub use tlb::{TlbEntry, WalkEntry};
 pub use walkers::LocklessWalk;
 
+pub(crate) use lazy::Lazy;
 pub(crate) use machine::{BroadcastOp, CpuState};
 pub(crate) use tables::{new_root, Table, REGION_SHIFT};
 pub(crate) use tlb::Tlb;

@@ -122,6 +122,24 @@ pub enum Violation {
         /// The frame the foreign entry named.
         frame: Frame,
     },
+    /// A lazy CPU ([`MockCpu::enter_lazy`](super::MockCpu::enter_lazy))
+    /// resumed user code ([`MockCpu::leave_lazy`](super::MockCpu::leave_lazy))
+    /// while its TLB still held an entry of the space it was lazy on for a
+    /// frame freed meanwhile: it did not catch up on the flushes that
+    /// skipped it, and its next access there reaches the freed frame (rule
+    /// 2; rule 1 as well when `writable`). The free itself was not a
+    /// [`FreedWhileCached`](Violation::FreedWhileCached): a lazy CPU uses no
+    /// user entry until it resumes.
+    LazyResumedWithStale {
+        /// The lazy CPU.
+        cpu: CpuId,
+        /// The frame freed while it was cached.
+        frame: Frame,
+        /// The page's address in the lazy space.
+        va: u64,
+        /// Whether the stale entry allows writes.
+        writable: bool,
+    },
     /// After an operation changed a range of mappings and returned, a CPU
     /// still cached an entry there that disagrees with the page table
     /// (rule 5).

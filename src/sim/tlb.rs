@@ -109,6 +109,12 @@ impl Tlb {
         Some(self.entries[i].0)
     }
 
+    /// The entry [`lookup`](Self::lookup) would return, without marking
+    /// it used.
+    pub(crate) fn peek(&self, asid: Asid, vpn: u64) -> Option<TlbEntry> {
+        self.position(asid, vpn).map(|i| self.entries[i].0)
+    }
+
     pub(crate) fn mark_dirty(&mut self, asid: Asid, vpn: u64) {
         if let Some(i) = self.position(asid, vpn) {
             self.entries[i].0.dirty = true;

@@ -1,6 +1,8 @@
 //! Unit tests of the calibrated model.
 
 use super::*;
+use tlb_batch::arch::mock::Violation;
+use tlb_batch::CpuId;
 
 #[test]
 fn scan_sizes_follow_the_priorities() {
@@ -51,10 +53,17 @@ fn every_policy_keeps_the_oracle_quiet() {
     }
 }
 
+/// What the oracle recorded when a lazy CPU came back: at the resume, and
+/// after its first read there.
+struct Resume {
+    at_resume: Vec<Violation>,
+    after_read: Vec<Violation>,
+}
+
 /// CPU 1 caches a page of the threads' space and goes lazy; CPU 0
 /// reclaims the page with Linux's policy, which skips CPU 1; CPU 1 then
-/// resumes the space and reads the page again. Returns the violations.
-fn lazy_cpu_rereads(catch_up: bool) -> usize {
+/// resumes the space and reads the page again.
+fn lazy_cpu_rereads(catch_up: bool) -> (Frame, Resume) {
     let m = machine::<X86Like>(2, Peer::Linux61);
     let mut model = Model::new(&m, Tasks::Threads, Peer::Linux61, SEEDS[0], catch_up);
     model.place(0, 0);
@@ -65,23 +74,62 @@ fn lazy_cpu_rereads(catch_up: bool) -> usize {
         .map(frame, 0, va(0), false, MappingFlags::empty())
         .expect("a known space");
     model.lru.push_back(frame);
-    m.cpu(1).expect("a CPU").read(va(0)).expect("mapped");
+    let cpu1 = m.cpu(1).expect("a CPU");
+    cpu1.read(va(0)).expect("mapped");
     model.go_lazy(1, Run::Idle);
+    assert!(cpu1.is_lazy());
+    assert_eq!(cpu1.read(va(0)), Err(Fault::LazyUserAccess { va: va(0) }));
     // The first scan finds the page young and keeps it, the second
     // frees it.
     assert_eq!(model.reclaim_call(0, true, 1), 0);
     assert_eq!(model.reclaim_call(0, true, 1), 1);
     assert_eq!(m.ipis_sent(), 0, "the lazy CPU was skipped");
+    assert_eq!(m.cached_translations(frame).len(), 1, "CPU 1 still caches it");
+    assert_eq!(
+        m.violations(),
+        [],
+        "a lazy CPU's entry is no violation at the free"
+    );
     model.place(1, 1);
-    let _ = m.cpu(1).expect("a CPU").read(va(0));
-    m.violations().len()
+    assert!(!cpu1.is_lazy());
+    let at_resume = m.violations();
+    let _ = cpu1.read(va(0));
+    let after_read = m.violations()[at_resume.len()..].to_vec();
+    (
+        frame,
+        Resume {
+            at_resume,
+            after_read,
+        },
+    )
 }
 
 #[test]
 fn a_lazy_cpu_catches_up_before_it_uses_the_space() {
-    assert_eq!(lazy_cpu_rereads(true), 0);
-    // Without the generation check, the oracle sees the stale read.
-    assert!(lazy_cpu_rereads(false) > 0);
+    let (_, caught_up) = lazy_cpu_rereads(true);
+    assert_eq!(caught_up.at_resume, []);
+    assert_eq!(caught_up.after_read, []);
+    // Without the generation check, the oracle catches the CPU as it
+    // resumes, before it touches anything, and again at the stale read.
+    let (frame, missed) = lazy_cpu_rereads(false);
+    let cpu = CpuId::new(1).expect("a CPU");
+    assert_eq!(
+        missed.at_resume,
+        [Violation::LazyResumedWithStale {
+            cpu,
+            frame,
+            va: va(0),
+            writable: false,
+        }]
+    );
+    assert_eq!(
+        missed.after_read,
+        [Violation::ReadOfFreeFrame {
+            cpu,
+            frame,
+            va: va(0)
+        }]
+    );
 }
 
 #[test]

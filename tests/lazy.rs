@@ -1,0 +1,190 @@
+//! Lazy CPUs on the mock machine: the mark, the refusal of user accesses,
+//! and the oracle's judgement of a lazy CPU's stale entries when it
+//! resumes rather than when their frames are freed.
+
+mod common;
+
+use common::{asid, config, populate, va};
+use tlb_batch::arch::mock::{Fault, MockConfig, MockError, MockMachine, Violation};
+use tlb_batch::{flush_tlb_page, Arch, CpuSet, Frame};
+
+const KVA: u64 = 0xffff_ffff_8000_0000;
+
+/// CPU 1 caches page 0 of a space (written, so writable and dirty) and goes
+/// lazy on it; CPU 0 unmaps the page, flushes only itself (a policy that
+/// skips lazy CPUs) and frees the frame.
+fn freed_behind_a_lazy_cpu(m: &MockMachine) -> Frame {
+    let (mm, frames) = populate(m, 1, 1, &[0, 1], true);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.enter_lazy().unwrap();
+    assert!(cpu1.is_lazy());
+    assert_eq!(m.lazy_cpus(), CpuSet::single(cpu1.id()));
+    m.clear_pte(&mm, va(0)).unwrap();
+    m.cpu(0).unwrap().flush_local_all(false);
+    m.free_frame(frames[0]).unwrap();
+    frames[0]
+}
+
+/// The free is no violation while the CPU is lazy; resuming with the
+/// entry still cached is, once, at the resume, naming the entry.
+#[test]
+fn resuming_without_catching_up_is_a_violation_at_the_resume() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let frame = freed_behind_a_lazy_cpu(&m);
+    assert_eq!(m.violations(), [], "a lazy CPU's entry is judged later");
+    let cpu1 = m.cpu(1).unwrap();
+    assert_eq!(cpu1.leave_lazy(), 1);
+    assert!(!cpu1.is_lazy());
+    assert_eq!(
+        m.violations(),
+        [Violation::LazyResumedWithStale {
+            cpu: cpu1.id(),
+            frame,
+            va: va(0),
+            writable: true,
+        }]
+    );
+    // Leaving again finds nothing: the mark and what it remembered are gone.
+    assert_eq!(cpu1.leave_lazy(), 0);
+    assert_eq!(m.violation_count(), 1);
+}
+
+/// A CPU that flushes before it leaves lazy mode has caught up: nothing is
+/// recorded, and its next access faults instead of reaching the frame.
+#[test]
+fn resuming_after_a_local_flush_is_fine() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    freed_behind_a_lazy_cpu(&m);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.flush_local_all(false);
+    assert_eq!(cpu1.leave_lazy(), 0);
+    assert_eq!(cpu1.read(va(0)), Err(Fault::NotMapped { va: va(0) }));
+    assert_eq!(m.violations(), []);
+}
+
+/// Other ways the entry goes before the resume: a switch of the untagged
+/// TLB to another space, or a flush interrupt (the crate knows nothing of
+/// the mark, so its own shootdowns still reach a lazy CPU).
+#[test]
+fn a_switch_or_an_interrupt_catches_a_lazy_cpu_up_too() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    freed_behind_a_lazy_cpu(&m);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&m.new_mm(asid(2)).unwrap()).unwrap();
+    assert_eq!(cpu1.leave_lazy(), 0);
+    assert_eq!(m.violations(), []);
+
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (mm, frames) = populate(&m, 1, 1, &[0, 1], true);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.enter_lazy().unwrap();
+    m.clear_pte(&mm, va(0)).unwrap();
+    let report = flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    assert_eq!(report.ipis_sent, 1, "the crate interrupts the lazy CPU");
+    m.free_frame(frames[0]).unwrap();
+    assert_eq!(cpu1.leave_lazy(), 0);
+    assert_eq!(m.violations(), []);
+}
+
+/// A lazy CPU runs no user code: reads and writes of user pages are
+/// refused and change nothing (no fill, no accessed or dirty bit, no
+/// data), whether the page is cached or not; kernel pages are reached as
+/// usual; leaving lazy mode restores user accesses.
+#[test]
+fn a_lazy_cpu_is_refused_user_accesses() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (mm, frames) = populate(&m, 1, 2, &[1], false);
+    let kernel = m.kernel_mm().clone();
+    let kframe = m.map_new(&kernel, KVA, true).unwrap();
+    // Page 1 is mapped but not cached, its accessed bit clear.
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.flush_local_all(false);
+    cpu1.read(va(0)).unwrap();
+    m.test_and_clear_accessed(&mm, va(1)).unwrap();
+    cpu1.enter_lazy().unwrap();
+    let before = m.all_entries();
+    assert_eq!(cpu1.read(va(0)), Err(Fault::LazyUserAccess { va: va(0) }));
+    assert_eq!(cpu1.write(va(0), 7), Err(Fault::LazyUserAccess { va: va(0) }));
+    assert_eq!(cpu1.read(va(1)), Err(Fault::LazyUserAccess { va: va(1) }));
+    assert_eq!(m.all_entries(), before);
+    assert!(!m.pte(&mm, va(1)).unwrap().is_accessed());
+    assert_eq!(m.frame_data(frames[0]), Ok(0));
+    // Nothing mapped at all: an ordinary fault.
+    assert_eq!(cpu1.read(va(5)), Err(Fault::NotMapped { va: va(5) }));
+    // Kernel code runs on a lazy CPU.
+    cpu1.write(KVA, 3).unwrap();
+    assert_eq!(m.frame_data(kframe), Ok(3));
+    assert_eq!(cpu1.leave_lazy(), 0);
+    assert_eq!(cpu1.read(va(1)), Ok(0));
+    assert_eq!(m.violations(), []);
+}
+
+/// What the mark does not defer: an entry of the kernel's mappings, and on
+/// a tagged TLB an entry of another space than the one the CPU is lazy
+/// on, are judged at the free as for any CPU.
+#[test]
+fn only_the_lazy_spaces_entries_wait_for_the_resume() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(2, 16)
+    })
+    .unwrap();
+    let kernel = m.kernel_mm().clone();
+    let kframe = m.map_new(&kernel, KVA, false).unwrap();
+    let (other, others) = populate(&m, 2, 1, &[1], false);
+    let (_, _) = populate(&m, 1, 1, &[1], false);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.read(KVA).unwrap();
+    cpu1.enter_lazy().unwrap();
+    m.clear_pte(&kernel, KVA).unwrap();
+    m.free_frame(kframe).unwrap();
+    m.clear_pte(&other, va(0)).unwrap();
+    m.free_frame(others[0]).unwrap();
+    let cpu = cpu1.id();
+    assert_eq!(
+        m.violations(),
+        [
+            Violation::FreedWhileCached {
+                frame: kframe,
+                cpu,
+                writable: false
+            },
+            Violation::FreedWhileCached {
+                frame: others[0],
+                cpu,
+                writable: false
+            },
+        ]
+    );
+    assert_eq!(cpu1.leave_lazy(), 0);
+}
+
+/// The mark needs a user space to be lazy on, survives a second
+/// `enter_lazy` (with what it remembered), and goes when the CPU comes
+/// back online or the machine is reset.
+#[test]
+fn the_mark_and_its_edges() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    assert_eq!(cpu1.enter_lazy(), Err(MockError::NoUserSpace));
+    cpu1.switch_to(&m.kernel_mm().clone()).unwrap();
+    assert_eq!(cpu1.enter_lazy(), Err(MockError::NoUserSpace));
+    assert!(!cpu1.is_lazy() && m.lazy_cpus().is_empty());
+    assert_eq!(cpu1.leave_lazy(), 0);
+
+    freed_behind_a_lazy_cpu(&m);
+    cpu1.enter_lazy().unwrap();
+    assert_eq!(cpu1.leave_lazy(), 1, "a second enter forgets nothing");
+
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    freed_behind_a_lazy_cpu(&m);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.go_offline();
+    cpu1.come_online();
+    assert!(!cpu1.is_lazy());
+    assert_eq!(cpu1.leave_lazy(), 0);
+    freed_behind_a_lazy_cpu(&m);
+    m.reset();
+    assert!(m.lazy_cpus().is_empty());
+    assert_eq!(m.violations(), []);
+}
