@@ -226,6 +226,21 @@ pub trait PageState {
         let _ = frame;
         false
     }
+
+    /// The frame's aging epoch, for [`Rmap::aged_epoch`]: what
+    /// [`set_aged_epoch`](Self::set_aged_epoch) last stored, or `None`. The
+    /// default keeps none. Keeping them is a promise made through
+    /// [`BoundedRmap::new`]'s `# Safety`.
+    fn aged_epoch(&self, frame: Frame) -> Option<u64> {
+        let _ = frame;
+        None
+    }
+
+    /// Stores the frame's aging epoch (`None`: forget it), for
+    /// [`Rmap::set_aged_epoch`]. The default stores nothing.
+    fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
+        let _ = (frame, epoch);
+    }
 }
 
 struct RmapEntry<'a, S: ?Sized> {
@@ -251,6 +266,14 @@ impl<'a, S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> BoundedRm
     /// mapping. The caller keeps that promise: it [`add`](Self::add)s each
     /// mapping of a frame before any CPU can use it, and removes it only
     /// when the mapping no longer exists.
+    ///
+    /// If `pages` keeps aging epochs ([`PageState::aged_epoch`] returns
+    /// `Some`), the caller also keeps [`Rmap`]'s promise about them: `add`
+    /// forgets the frame's epoch, so it only remains to call
+    /// `pages.set_aged_epoch(frame, None)` before writing an entry for a
+    /// frame with its accessed bit clear, or clearing that bit, other than
+    /// when adding the mapping (a refault that rewrites a recorded mapping)
+    /// and other than through this crate.
     pub unsafe fn new(pages: &'a P) -> Self {
         BoundedRmap {
             entries: heapless::Vec::new(),
@@ -262,6 +285,9 @@ impl<'a, S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> BoundedRm
     /// [`Error::Unaligned`], [`Error::RmapFull`] (nothing is recorded).
     pub fn add(&mut self, frame: Frame, space: &'a S, va: u64, flags: MappingFlags) -> Result<(), Error> {
         check_aligned(va)?;
+        // The new entry's accessed bit is clear while a CPU may still cache
+        // an older mapping of the frame: no aging epoch vouches for it.
+        self.pages.set_aged_epoch(frame, None);
         self.entries
             .push(RmapEntry {
                 frame,
@@ -320,7 +346,9 @@ impl<'a, S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> BoundedRm
 }
 
 // SAFETY: `walk` visits every recorded mapping of the frame, and the
-// caller of `new` promised that every mapping is recorded.
+// caller of `new` promised that every mapping is recorded, and that the
+// page state's aging epochs, if it keeps any, are forgotten on every write
+// that `add` does not cover.
 unsafe impl<S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> Rmap for BoundedRmap<'_, S, P, N> {
     type Space = S;
 
@@ -345,6 +373,14 @@ unsafe impl<S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> Rmap f
 
     fn is_hwpoisoned(&self, frame: Frame) -> bool {
         self.pages.is_hwpoisoned(frame)
+    }
+
+    fn aged_epoch(&self, frame: Frame) -> Option<u64> {
+        self.pages.aged_epoch(frame)
+    }
+
+    fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
+        self.pages.set_aged_epoch(frame, epoch);
     }
 }
 

@@ -260,3 +260,79 @@ fn change_protection_keeps_the_accessed_bit_even_when_its_flush_fails() {
     assert!(w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
     pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
 }
+
+/// A kernel's page descriptors that keep aging epochs, for a
+/// `BoundedRmap`.
+#[derive(Default)]
+struct Pages(std::sync::Mutex<std::collections::HashMap<Frame, u64>>);
+
+impl tlb_batch::PageState for Pages {
+    fn set_dirty(&self, _frame: Frame) {}
+
+    fn aged_epoch(&self, frame: Frame) -> Option<u64> {
+        self.0.lock().unwrap().get(&frame).copied()
+    }
+
+    fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
+        let mut map = self.0.lock().unwrap();
+        match epoch {
+            Some(e) => map.insert(frame, e),
+            None => map.remove(&frame),
+        };
+    }
+}
+
+#[test]
+fn a_bounded_rmap_keeps_aging_epochs_in_the_page_state_and_add_forgets_them() {
+    let w = World::new();
+    let m = &w.m;
+    let mm = m.new_mm(asid(1)).unwrap();
+    let other = m.new_mm(asid(2)).unwrap();
+    let space = m.space(&mm);
+    let pages = Pages::default();
+    // SAFETY: every mapping is added before a CPU can use it, and only the
+    // crate clears accessed bits or writes entries after `add`.
+    let mut rmap = unsafe { tlb_batch::BoundedRmap::<_, _, 4>::new(&pages) };
+    let f = m.alloc_frame().unwrap();
+    rmap.add(f, &space, va(0), MappingFlags::empty()).unwrap();
+    m.map(&mm, va(0), f, false).unwrap();
+    let (c0, c1) = (cpu(&w, 0), cpu(&w, 1));
+    c0.switch_to(&other).unwrap();
+    c1.switch_to(&mm).unwrap();
+    c1.read(va(0)).unwrap();
+    let mut scratch = TlbFlushUnmapBatch::new();
+    assert_eq!(
+        page_referenced(&c0, &rmap, f, &mut scratch).unwrap().referenced,
+        1
+    );
+    let aged = pages.aged_epoch_of(f);
+    assert!(aged.is_some());
+    // A second mapping forgets the epoch (its entry starts clear).
+    rmap.add(f, &space, va(1), MappingFlags::empty()).unwrap();
+    assert_eq!(pages.aged_epoch_of(f), None);
+    rmap.remove(f, &space, va(1));
+    assert_eq!(
+        page_referenced(&c0, &rmap, f, &mut scratch).unwrap().referenced,
+        0
+    );
+    c1.switch_to(&other).unwrap();
+    c1.switch_to(&mm).unwrap();
+    // Passed since the aging: the pool hands the frame back at once.
+    let mut batch = UnmapBatch::<4>::new();
+    let r = batch.try_to_unmap(&c0, &rmap, owned(f), TtuFlags::IGNORE_ACCESS);
+    assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(pool.defer(&c0, &mut batch), Ok(1));
+    let mut back = pool.release_passed(&c0);
+    assert_eq!(back.len(), 1);
+    while let Some(f) = back.frames_mut().pop() {
+        m.free_frame(f.into_frame()).unwrap();
+    }
+    no_violations(&w);
+}
+
+impl Pages {
+    fn aged_epoch_of(&self, frame: Frame) -> Option<u64> {
+        tlb_batch::PageState::aged_epoch(self, frame)
+    }
+}
