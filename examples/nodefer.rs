@@ -46,10 +46,13 @@ struct Hw<const REWALK: bool>;
 
 // SAFETY: one CPU, always CPU 0, with nothing else running; its TLB is
 // imaginary, so counting a flush is carrying it out; it never sends an IPI
-// (it has no other CPU).
+// (it has no other CPU); an imaginary TLB caches nothing, so its fills set
+// every accessed bit they need to.
 unsafe impl<const REWALK: bool> Arch for Hw<REWALK> {
     const CLEAN_WRITE_REWALK: bool = REWALK;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    // As x86: the unmap path then looks at aging epochs where it defers.
+    const FILL_SETS_ACCESSED: bool = true;
 
     fn current_cpu(&self) -> CpuId {
         CpuId::new(0).expect("CPU 0")

@@ -559,11 +559,15 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
         rmap.set_dirty(frame);
     }
     // Found with the accessed bit clear: no CPU cached the mapping since
-    // the frame's last aging, so flushing past its aging epoch is enough.
-    let aged = if A::FILL_SETS_ACCESSED && !old.is_accessed() {
-        rmap.aged_epoch(frame)
-    } else {
-        None
+    // the frame's last aging, so flushing past its aging epoch is enough
+    // (asked only when the flush is deferred: the path that flushes at
+    // once pays nothing for it).
+    let aged = || {
+        if A::FILL_SETS_ACCESSED && !old.is_accessed() {
+            rmap.aged_epoch(frame)
+        } else {
+            None
+        }
     };
     // Read once, after the exchange (as `flush_targets` requires), for the
     // decision and for the flush alike: what `should_defer` would answer,
@@ -573,7 +577,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
         && A::CLEAN_WRITE_REWALK
         && !targets.difference(&CpuSet::single(arch.current_cpu())).is_empty();
     if defer {
-        batch.record_pending(arch, mm, page, old, &targets, aged);
+        batch.record_pending(arch, mm, page, old, &targets, aged());
         return Ok(Cleared {
             owed: true,
             writable: old.is_writable() || old.is_dirty(),
@@ -584,7 +588,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     if let Err(e) = shootdown(arch, &targets, &request) {
         // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
-        batch.record_pending(arch, mm, page, old, &targets, aged);
+        batch.record_pending(arch, mm, page, old, &targets, aged());
         Err((true, e))
     } else {
         Ok(Cleared::default())
