@@ -336,3 +336,33 @@ impl Pages {
         tlb_batch::PageState::aged_epoch(self, frame)
     }
 }
+
+#[test]
+fn change_protection_keeps_the_accessed_bit_as_it_was_and_only_for_the_same_frame() {
+    let w = World::new();
+    let (rmap, f, _other) = setup(&w, false);
+    let space = &rmap.spaces()[0];
+    let c0 = cpu(&w, 0);
+    let range = PageRange::page(va(0)).unwrap();
+    let read_only = |p: Pte| Pte(p.0 & !PteFlags::WRITABLE.bits());
+    // Never accessed: the bit stays clear.
+    change_protection(&c0, space, range, read_only).unwrap();
+    assert!(!w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
+    // Accessed, then the entry moves to another frame: the new mapping
+    // starts clear (nothing cached it yet).
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert!(w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
+    let g = w.m.alloc_frame().unwrap();
+    let moved = |p: Pte| Pte(p.0 & !PteFlags::ACCESSED.bits()).with_frame(g);
+    change_protection(&c0, space, range, moved).unwrap();
+    let now = w.m.pte(space.mm(), va(0)).unwrap();
+    assert_eq!(now.frame(), g);
+    assert!(!now.is_accessed());
+    // An update that takes the entry away keeps nothing either.
+    cpu(&w, 1).read(va(0)).unwrap();
+    let gone = |p: Pte| Pte(p.0 & !(PteFlags::PRESENT | PteFlags::ACCESSED).bits());
+    change_protection(&c0, space, range, gone).unwrap();
+    assert!(!w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
+    no_violations(&w);
+    let _ = f;
+}
