@@ -348,6 +348,10 @@ fn change_protection_keeps_the_accessed_bit_as_it_was_and_only_for_the_same_fram
     // Never accessed: the bit stays clear.
     change_protection(&c0, space, range, read_only).unwrap();
     assert!(!w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
+    // Accessed, and `update` keeps the bit: it stays set.
+    cpu(&w, 1).read(va(0)).unwrap();
+    change_protection(&c0, space, range, read_only).unwrap();
+    assert!(w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
     // Accessed, then the entry moves to another frame: the new mapping
     // starts clear (nothing cached it yet).
     cpu(&w, 1).read(va(0)).unwrap();
@@ -365,4 +369,54 @@ fn change_protection_keeps_the_accessed_bit_as_it_was_and_only_for_the_same_fram
     assert!(!w.m.pte(space.mm(), va(0)).unwrap().is_accessed());
     no_violations(&w);
     let _ = f;
+}
+
+/// A reverse map that keeps no aging epochs (the trait's defaults).
+struct Plain<'r, 'm>(&'r MockRmap<'m>);
+
+// SAFETY: forwards the walk of a map that knows every mapping.
+unsafe impl<'m> Rmap for Plain<'_, 'm> {
+    type Space = tlb_batch::arch::mock::MockSpace<'m>;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(tlb_batch::Mapping<'_, Self::Space>) -> std::ops::ControlFlow<()>,
+    ) -> std::ops::ControlFlow<()> {
+        self.0.walk(frame, visit)
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        self.0.set_dirty(frame);
+    }
+}
+
+#[test]
+fn maps_that_keep_no_aging_epochs_get_a_new_epoch_for_every_generation() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    let m = &w.m;
+    let mm = rmap.spaces()[0].mm().clone();
+    cpu(&w, 1).read(va(0)).unwrap();
+    // The kernel ages the page itself, which a map without epochs allows,
+    // and CPU 1 flushes afterwards... but it cached the page before.
+    cpu(&w, 1).switch_to(&other).unwrap();
+    cpu(&w, 1).switch_to(&mm).unwrap();
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert!(m.test_and_clear_accessed(&mm, va(0)).unwrap());
+    let plain = Plain(&rmap);
+    assert_eq!(plain.aged_epoch(f), None);
+    let c0 = cpu(&w, 0);
+    let mut batch = UnmapBatch::<4>::new();
+    let r = batch.try_to_unmap(&c0, &plain, owned(f), TtuFlags::IGNORE_ACCESS);
+    assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(pool.defer(&c0, &mut batch), Ok(1));
+    assert!(pool.release_passed(&c0).is_empty(), "CPU 1 still caches the page");
+    assert!(quiescent_flush(&cpu(&w, 1)));
+    assert_eq!(release(&w, &rmap, &mut pool), 1);
+    no_violations(&w);
+    // The page state's defaults keep none either (a BoundedRmap over the
+    // machine's page state).
+    assert_eq!(tlb_batch::PageState::aged_epoch(m, f), None);
 }
