@@ -750,6 +750,14 @@ pub struct Referenced {
 /// may look older than it is and be reclaimed a little early; its data is
 /// never at risk, since unmapping it later goes through the full protocol.
 ///
+/// On hardware whose fills set the accessed bit
+/// ([`Arch::FILL_SETS_ACCESSED`]) it then stores the frame's aging epoch
+/// ([`Rmap::set_aged_epoch`]): a newly published one when it cleared a bit
+/// or none was known, the known one otherwise (no bit was cleared since).
+/// As for [`try_to_unmap`], the caller holds the frame alone (Linux's
+/// page lock and LRU isolation): an aging racing with an unmap of the same
+/// frame could pair a bit cleared by one with an epoch stored by the other.
+///
 /// Errors, before any accessed bit is cleared: [`Error::Unaligned`],
 /// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
 /// rmap reported, [`Error::OtherMachine`] for a batch of another machine.
