@@ -33,6 +33,23 @@
 //! offline runs no code until [`prepare_cpu_online`](crate::prepare_cpu_online)
 //! flushes it.
 //!
+//! # Aging epochs: flushes made before the unmap
+//!
+//! Where a TLB fill sets the PTE's accessed bit before it caches anything
+//! ([`Arch::FILL_SETS_ACCESSED`], x86), an entry found at the unmap with
+//! the bit clear has not been cached by any CPU since the bit was last
+//! cleared. [`page_referenced`](crate::page_referenced) publishes an epoch
+//! after it clears the bits and stores it with the frame
+//! ([`Rmap::set_aged_epoch`](crate::Rmap::set_aged_epoch)); a batch whose
+//! unmaps all found the bit clear, of frames whose epoch is known, becomes
+//! a generation with the latest of those epochs rather than a new one. A
+//! CPU that passed it flushed after the clears, and anything it cached
+//! since would have set the bit again. Reclaim ages a page a whole LRU
+//! cycle before it unmaps it, so most such generations have been passed by
+//! every CPU before they are even pooled. The reverse map keeps the epochs
+//! only if its implementation opts in (see [`Rmap`](crate::Rmap)'s
+//! `# Safety`).
+//!
 //! # What the kernel must do
 //!
 //! - Call [`quiescent_flush`] from its timer tick, and when a CPU enters
