@@ -420,3 +420,22 @@ fn maps_that_keep_no_aging_epochs_get_a_new_epoch_for_every_generation() {
     // machine's page state).
     assert_eq!(tlb_batch::PageState::aged_epoch(m, f), None);
 }
+
+#[test]
+fn an_unmap_that_finds_the_page_young_moves_the_epoch_too() {
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    let first = rmap.aged_epoch(f).unwrap();
+    pass_by_switching(&w, &rmap, &other);
+    cpu(&w, 1).read(va(0)).unwrap();
+    // try_to_unmap honouring accessed bits finds the refill's bit, clears
+    // it and gives up; CPU 1 keeps its entry.
+    let mut scratch = TlbFlushUnmapBatch::new();
+    let r = tlb_batch::try_to_unmap(&cpu(&w, 0), &rmap, f, TtuFlags::BATCH_FLUSH, &mut scratch).unwrap();
+    assert_eq!(r, tlb_batch::SwapResult::Fail);
+    assert!(scratch.is_empty());
+    assert!(rmap.aged_epoch(f).unwrap() > first);
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
+}
