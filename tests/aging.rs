@@ -416,9 +416,41 @@ fn maps_that_keep_no_aging_epochs_get_a_new_epoch_for_every_generation() {
     assert!(quiescent_flush(&cpu(&w, 1)));
     assert_eq!(release(&w, &rmap, &mut pool), 1);
     no_violations(&w);
-    // The page state's defaults keep none either (a BoundedRmap over the
-    // machine's page state).
-    assert_eq!(tlb_batch::PageState::aged_epoch(m, f), None);
+}
+
+#[test]
+fn a_bounded_rmap_over_page_state_that_keeps_no_epochs_gets_new_epochs() {
+    let w = World::new();
+    let m = &w.m;
+    let mm = m.new_mm(asid(1)).unwrap();
+    let other = m.new_mm(asid(2)).unwrap();
+    let space = m.space(&mm);
+    // SAFETY: every mapping is added before a CPU can use it; the machine's
+    // page state keeps no aging epochs.
+    let mut rmap = unsafe { tlb_batch::BoundedRmap::<_, _, 4>::new(m) };
+    let f = m.alloc_frame().unwrap();
+    rmap.add(f, &space, va(0), MappingFlags::empty()).unwrap();
+    m.map(&mm, va(0), f, false).unwrap();
+    let (c0, c1) = (cpu(&w, 0), cpu(&w, 1));
+    c0.switch_to(&other).unwrap();
+    c1.switch_to(&mm).unwrap();
+    // The kernel ages the page itself: CPU 1 cached it before.
+    c1.read(va(0)).unwrap();
+    assert!(m.test_and_clear_accessed(&mm, va(0)).unwrap());
+    assert_eq!(rmap.aged_epoch(f), None);
+    let mut batch = UnmapBatch::<4>::new();
+    let r = batch.try_to_unmap(&c0, &rmap, owned(f), TtuFlags::IGNORE_ACCESS);
+    assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+    let mut pool = FramePool::<8>::new();
+    assert_eq!(pool.defer(&c0, &mut batch), Ok(1));
+    assert!(pool.release_passed(&c0).is_empty(), "CPU 1 still caches the page");
+    assert!(quiescent_flush(&c1));
+    let mut back = pool.release_passed(&c0);
+    assert_eq!(back.len(), 1);
+    while let Some(f) = back.frames_mut().pop() {
+        m.free_frame(f.into_frame()).unwrap();
+    }
+    no_violations(&w);
 }
 
 #[test]
