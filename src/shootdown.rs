@@ -261,11 +261,13 @@ fn extent_of(request: &FlushRequest) -> FlushExtent {
 pub(crate) fn flush_local_all_as_pass<A: Arch>(arch: &A, include_global: bool) {
     let state = arch.shootdown_state();
     // The epoch must be read before the flush, not after. A generation's
-    // epoch is published only once its PTEs are cleared, so a CPU that read
-    // epoch e and then dropped every non-global entry cannot hold an entry
-    // for the frames of any generation up to e: what it cached went with
-    // the flush, and anything it refills later is walked from the cleared
-    // PTEs. Read after the flush, the epoch may belong to a generation
+    // epoch is published only once its PTEs are cleared (or, for an aged
+    // generation, once their accessed bits were, and the unmap found them
+    // still clear), so a CPU that read epoch e and then dropped every
+    // non-global entry cannot hold an entry for the frames of any
+    // generation up to e: what it cached went with the flush, and anything
+    // it refilled later was walked from the cleared PTEs (or would have set
+    // the accessed bit the unmap found clear). Read after the flush, the epoch may belong to a generation
     // whose PTEs were cleared after the flush, by which time the CPU may
     // have refilled an entry for one of its pages; passing that epoch
     // would release the frame while the entry survives.
