@@ -145,7 +145,11 @@ pub struct Mapping<'a, S: ?Sized> {
 ///   writes a present entry for the frame with its accessed bit clear, or
 ///   clears that bit (the kernel mapping the frame, again or anew; aging
 ///   of its own), until the crate stores a new value. A kernel keeps this
-///   by calling `set_aged_epoch(frame, None)` before such a write.
+///   by calling `set_aged_epoch(frame, None)` before such a write;
+/// - the one other value it may hold is `Some(0)`, for a frame mapped while
+///   no CPU could cache it (just taken from the allocator: the contract
+///   frees a frame only once no CPU caches it), until anything but the
+///   crate writes or clears one of its entries again.
 ///
 /// A [`FramePool`](crate::FramePool) frees frames on the strength of these
 /// values (see [`aged_epoch`](Rmap::aged_epoch)). The defaults keep none.
