@@ -1,5 +1,6 @@
 //! Entry points and exceptions: the boot CPU's `_start`, the secondary
-//! CPUs' PSCI entry and the EL1 vector table.
+//! CPUs' PSCI entry, the EL1 vector table, and the one load that may fault
+//! on purpose ([`probe_read`]).
 //!
 //! QEMU's virt machine without `virtualization=on` or `secure=on` gives the
 //! CPUs neither EL2 nor EL3, so `-kernel` enters `_start` at EL1 with the
@@ -38,6 +39,8 @@ extern "C" {
     /// The PSCI CPU_ON entry point of a secondary CPU; x0 (the context id)
     /// is the address of its [`ApBoot`].
     pub fn secondary_entry();
+    static probe_load: u8;
+    static probe_fault: u8;
 }
 
 // Both entries: mask interrupts, let EL1 use FP/SIMD (CPACR_EL1.FPEN = 0b11:
@@ -111,6 +114,22 @@ mmu_enable:
     ldr x1, [x0, #24]
     msr sctlr_el1, x1
     isb
+    ret
+
+    // probe_read(va) -> (value, faulted): the load at probe_load may take a
+    // data abort; the handler then resumes at probe_fault.
+    .global probe_read
+    .balign 4
+probe_read:
+    mov x1, #0
+    .global probe_load
+probe_load:
+    ldr x0, [x0]
+    ret
+    .global probe_fault
+probe_fault:
+    mov x0, #0
+    mov x1, #1
     ret
 
     // The EL1 vector table: 16 entries of 0x80 bytes (synchronous, IRQ,
@@ -194,9 +213,44 @@ pub struct ExceptionFrame {
 
 const _: () = assert!(core::mem::size_of::<ExceptionFrame>().is_multiple_of(16));
 
+/// What [`probe_read`] returns, in x0 and x1 (AAPCS64 returns a 16-byte
+/// composite in those two registers).
+#[repr(C)]
+pub struct Probe {
+    pub value: u64,
+    pub faulted: u64,
+}
+
+extern "C" {
+    fn probe_read(va: u64) -> Probe;
+}
+
+/// Reads the 64-bit word at `va`; `None` if the read took a translation
+/// fault (the page is not mapped for this CPU). Any other abort is fatal.
+pub fn probe(va: u64) -> Option<u64> {
+    // SAFETY: `probe_read` is a leaf routine that loads from `va`; a data
+    // abort there resumes at `probe_fault` (see `exception_entry`), so any
+    // address is harmless to pass; it follows the C calling convention.
+    let p = unsafe { probe_read(va) };
+    (p.faulted == 0).then_some(p.value)
+}
+
+/// Exception class of a data abort taken without a change of level.
+const EC_DATA_ABORT_SAME_EL: u64 = 0x25;
+/// Vector index of "synchronous, current EL with SP_ELx".
+const SYNC_CURRENT_SPX: u64 = 4;
+
 #[no_mangle]
 extern "C" fn exception_entry(frame: &mut ExceptionFrame) {
     let ec = frame.esr >> 26;
+    let load = core::ptr::addr_of!(probe_load) as u64;
+    // Data fault status code 0b0001LL: a translation fault at level LL.
+    let translation_fault = frame.esr & 0x3c == 0x04;
+    if frame.kind == SYNC_CURRENT_SPX && ec == EC_DATA_ABORT_SAME_EL && translation_fault && frame.elr == load
+    {
+        frame.elr = core::ptr::addr_of!(probe_fault) as u64;
+        return;
+    }
     if semihost::exiting() {
         say!(
             "FATAL: the semihosting exit trapped (ESR {:#x}): run QEMU with -semihosting\n",

@@ -6,24 +6,47 @@
 //! ([`mmu`]), turns its MMU and caches on, and starts every other CPU the
 //! DTB lists through PSCI CPU_ON ([`psci`]); each of them turns its MMU on
 //! with the same tables before it runs any Rust code. Then CPU 0 drives the
-//! scenarios while the others observe (none yet: this first step only
-//! boots), prints on the PL011 ([`uart`]) and ends the run through
-//! semihosting ([`semihost`]): exit status 0 when every scenario passed,
+//! scenarios ([`scenario`]) while the others observe, prints one line per
+//! scenario on the PL011 ([`uart`]) and ends the run through semihosting
+//! ([`semihost`]): exit status 0 when every scenario passed,
 //! [`EXIT_FAIL`] when one failed, [`EXIT_FATAL`] when the kernel could not
 //! run them.
+//!
+//! Kernel command line (`-append`, which QEMU puts in the DTB's
+//! `/chosen/bootargs`): `negative` runs the negative control, in which the
+//! flush under test publishes the page-table change but skips the `TLBI`;
+//! `negative-local` another, in which it issues the non-broadcast `TLBI
+//! VAE1` (only CPU 0 forgets the page). The scenarios must then fail, on
+//! stale reads.
+//!
+//! The TLB maintenance is this kernel's own few instructions ([`insn`])
+//! until the crate's aarch64 `Arch` replaces them.
+//!
+//! What QEMU's TCG shows: its software TLB is per vCPU and keeps a
+//! translation until a TLBI that reaches that vCPU drops it (or the vCPU
+//! rewrites its translation registers), so with the flush skipped or
+//! issued without the inner shareable broadcast, an observer reads the old
+//! frame in every round. What it cannot show: it keeps no ASIDs in its
+//! TLB entries (a `TLBI VAE1IS` with a wrong ASID was measured to pass),
+//! and a TLBI has completed on every vCPU before the next instruction (a
+//! missing `DSB ISH` passes too). Those need real hardware.
 
 #![no_std]
 #![no_main]
 
 mod boot;
 mod fdt;
+mod insn;
 mod mmu;
 mod psci;
+mod scenario;
 mod semihost;
 mod uart;
 
 use core::fmt::Write;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use scenario::{Change, Flush, Frame, Platform};
 
 /// CPUs this kernel starts at most.
 pub const MAX_CPUS: usize = 8;
@@ -32,6 +55,9 @@ pub const EXIT_FAIL: u32 = 3;
 /// Exit status when the kernel stopped before its verdict (a boot error,
 /// an unexpected exception, a panic).
 pub const EXIT_FATAL: u32 = 4;
+/// Rounds of each scenario.
+const ROUNDS: u32 = 50;
+const _: () = assert!(MAX_CPUS <= scenario::MAX_CPUS);
 
 /// Where QEMU's virt machine writes the DTB for an ELF kernel loaded above
 /// it: the start of RAM.
@@ -51,6 +77,13 @@ static mut AP_BOOT: [boot::ApBoot; MAX_CPUS] = [const {
         },
     }
 }; MAX_CPUS];
+
+/// A page-aligned frame the test page maps.
+#[repr(C, align(4096))]
+struct Page([AtomicU64; 512]);
+
+static FRAME_A: Page = Page([const { AtomicU64::new(0) }; 512]);
+static FRAME_B: Page = Page([const { AtomicU64::new(0) }; 512]);
 
 pub fn say(args: core::fmt::Arguments<'_>) {
     let _ = uart::Uart.write_fmt(args);
@@ -128,6 +161,51 @@ fn now_us() -> u64 {
     (u128::from(count) * 1_000_000 / u128::from(freq.max(1))) as u64
 }
 
+/// The scenarios' view of this machine.
+struct Virt {
+    asid: u16,
+}
+
+impl Platform for Virt {
+    fn cpu_count(&self) -> usize {
+        ONLINE.load(Ordering::Acquire)
+    }
+    fn this_cpu(&self) -> usize {
+        cpu_index()
+    }
+    fn fill_frame(&self, frame: Frame, value: u64) {
+        page(frame).0[0].store(value, Ordering::Release);
+    }
+    fn set_test_pte(&self, frame: Option<Frame>) {
+        let entry = frame.map_or(0, |f| page(f).0.as_ptr() as u64 | mmu::TEST_PAGE_FLAGS);
+        mmu::test_pte().store(entry, Ordering::Release);
+    }
+    fn sync_test_page(&self, flush: Flush) {
+        match flush {
+            Flush::AllCpus => insn::invalidate_page_all_cpus(self.asid, mmu::TEST_VA),
+            Flush::ThisCpuOnly => insn::invalidate_page_this_cpu(self.asid, mmu::TEST_VA),
+            Flush::PublishOnly => insn::publish_without_invalidate(),
+        }
+    }
+    fn read_test_page(&self) -> Option<u64> {
+        boot::probe(mmu::TEST_VA)
+    }
+    fn now_us(&self) -> u64 {
+        now_us()
+    }
+}
+
+fn page(frame: Frame) -> &'static Page {
+    match frame {
+        Frame::A => &FRAME_A,
+        Frame::B => &FRAME_B,
+    }
+}
+
+fn has_word(line: &[u8], word: &[u8]) -> bool {
+    line.split(|&b| b == b' ').any(|w| w == word)
+}
+
 #[no_mangle]
 extern "C" fn kernel_main(x0: u64) -> ! {
     set_cpu_index(0);
@@ -161,10 +239,17 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         fatal("the MMU did not turn on");
     }
 
+    let flush = if has_word(info.bootargs, b"negative") {
+        Flush::PublishOnly
+    } else if has_word(info.bootargs, b"negative-local") {
+        Flush::ThisCpuOnly
+    } else {
+        Flush::AllCpus
+    };
     let (major, minor) = psci::version(conduit);
     say!(
         "tlb-batch aarch64 QEMU test kernel: EL{}, DTB at {:#x} (x0 {:#x}), RAM {:#x}+{:#x}, PSCI {}.{} via {}, \
-         {}-bit ASIDs (test ASID {:#x}), PARange {:#x}\n",
+         {}-bit ASIDs (test ASID {:#x}), PARange {:#x}, flush under test: {:?}\n",
         current_el(),
         dtb,
         x0,
@@ -176,6 +261,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         features.asid_bits(),
         features.test_asid(),
         features.pa_range,
+        flush
     );
 
     start_secondaries(&info, conduit, config);
@@ -187,7 +273,20 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     if n < 2 {
         fatal("the scenarios need at least 2 CPUs (-smp)");
     }
-    semihost::exit(0)
+
+    let p = Virt {
+        asid: features.test_asid(),
+    };
+    let outcomes = [
+        scenario::run(&p, "unmap shootdown", Change::Unmap, flush, ROUNDS),
+        scenario::run(&p, "remap shootdown", Change::Remap, flush, ROUNDS),
+    ];
+    for o in &outcomes {
+        say!("{o}\n");
+    }
+    let passed = outcomes.iter().filter(|o| o.passed()).count();
+    say!("{passed} passed, {} failed\n", outcomes.len() - passed);
+    semihost::exit(if passed == outcomes.len() { 0 } else { EXIT_FAIL })
 }
 
 /// Starts every CPU the DTB lists besides this one, one at a time, each
@@ -236,6 +335,7 @@ extern "C" fn ap_main(cpu: u64) -> ! {
     if !mmu::enabled() {
         fatal("a secondary CPU's MMU is off");
     }
+    let asid = mmu::MmuFeatures::read().test_asid();
     ONLINE.fetch_add(1, Ordering::AcqRel);
-    halt()
+    scenario::observe(&Virt { asid })
 }

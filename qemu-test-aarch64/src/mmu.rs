@@ -37,8 +37,13 @@ const ATTR_DEVICE: u64 = 0 << 2;
 const ATTR_NORMAL: u64 = 1 << 2;
 const SH_INNER: u64 = 3 << 8;
 const AF: u64 = 1 << 10;
+const NG: u64 = 1 << 11;
 const PXN: u64 = 1 << 53;
 const UXN: u64 = 1 << 54;
+
+/// Leaf descriptor bits of a data page of the test address space.
+pub const TEST_PAGE_FLAGS: u64 =
+    DESC_VALID | DESC_TABLE_OR_PAGE | ATTR_NORMAL | SH_INNER | AF | NG | PXN | UXN;
 
 /// MAIR_EL1: attribute 0 Device-nGnRnE, attribute 1 Normal memory,
 /// inner and outer write-back non-transient, read and write allocate.
@@ -64,7 +69,7 @@ static L1_IDENT: Table = Table::new();
 static L2_RAM: Table = Table::new();
 static L1_TEST: Table = Table::new();
 static L2_TEST: Table = Table::new();
-/// The test page's leaf table (the test page itself is not mapped yet).
+/// The test page's leaf table: the scenarios write its entry.
 static L3_TEST: Table = Table::new();
 
 /// What every CPU loads to turn its MMU on (read by `mmu_enable` in
@@ -142,6 +147,11 @@ pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
     L1_TEST.0[i1].store(L2_TEST.addr() | table, Ordering::Relaxed);
     L2_TEST.0[i2].store(L3_TEST.addr() | table, Ordering::Relaxed);
     Ok(())
+}
+
+/// The test page's leaf entry.
+pub fn test_pte() -> &'static AtomicU64 {
+    &L3_TEST.0[indices(TEST_VA)[3]]
 }
 
 /// The level 0-3 table indices of `va`.
