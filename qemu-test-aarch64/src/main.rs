@@ -1,0 +1,341 @@
+//! A bare-metal SMP test kernel for QEMU's aarch64 `virt` machine.
+//!
+//! QEMU loads the ELF with `-kernel` and enters `_start` at EL1 (the
+//! machine has no EL2 or EL3 unless asked for). The boot CPU zeroes .bss,
+//! reads the DTB QEMU wrote at RAM's base, builds one set of page tables
+//! ([`mmu`]), turns its MMU and caches on, and starts every other CPU the
+//! DTB lists through PSCI CPU_ON ([`psci`]); each of them turns its MMU on
+//! with the same tables before it runs any Rust code. Then CPU 0 drives the
+//! scenarios ([`scenario`]) while the others observe, prints one line per
+//! scenario on the PL011 ([`uart`]) and ends the run through semihosting
+//! ([`semihost`]): exit status 0 when every scenario passed,
+//! [`EXIT_FAIL`] when one failed, [`EXIT_FATAL`] when the kernel could not
+//! run them.
+//!
+//! Kernel command line (`-append`, which QEMU puts in the DTB's
+//! `/chosen/bootargs`): `negative` runs the negative control, in which the
+//! flush under test publishes the page-table change but skips the `TLBI`;
+//! `negative-local` another, in which it issues the non-broadcast `TLBI
+//! VAE1` (only CPU 0 forgets the page). The scenarios must then fail, on
+//! stale reads.
+//!
+//! The TLB maintenance is this kernel's own few instructions ([`insn`])
+//! until the crate's aarch64 `Arch` replaces them.
+//!
+//! What QEMU's TCG shows: its software TLB is per vCPU and keeps a
+//! translation until a TLBI that reaches that vCPU drops it (or the vCPU
+//! rewrites its translation registers), so with the flush skipped or
+//! issued without the inner shareable broadcast, an observer reads the old
+//! frame in every round. What it cannot show: it keeps no ASIDs in its
+//! TLB entries (a `TLBI VAE1IS` with a wrong ASID was measured to pass),
+//! and a TLBI has completed on every vCPU before the next instruction (a
+//! missing `DSB ISH` passes too). Those need real hardware.
+
+#![no_std]
+#![no_main]
+
+mod boot;
+mod fdt;
+mod insn;
+mod mmu;
+mod psci;
+mod scenario;
+mod semihost;
+mod uart;
+
+use core::fmt::Write;
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use scenario::{Change, Flush, Frame, Platform};
+
+/// CPUs this kernel starts at most.
+pub const MAX_CPUS: usize = 8;
+/// Exit status when a scenario failed.
+pub const EXIT_FAIL: u32 = 3;
+/// Exit status when the kernel stopped before its verdict (a boot error,
+/// an unexpected exception, a panic).
+pub const EXIT_FATAL: u32 = 4;
+/// Rounds of each scenario.
+const ROUNDS: u32 = 50;
+const _: () = assert!(MAX_CPUS <= scenario::MAX_CPUS);
+
+/// Where QEMU's virt machine writes the DTB for an ELF kernel loaded above
+/// it: the start of RAM.
+const VIRT_RAM_BASE: u64 = 0x4000_0000;
+
+/// CPUs that have turned their MMU on and are observing (CPU 0 included).
+static ONLINE: AtomicUsize = AtomicUsize::new(1);
+static mut AP_BOOT: [boot::ApBoot; MAX_CPUS] = [const {
+    boot::ApBoot {
+        stack_top: 0,
+        cpu: 0,
+        mmu: mmu::MmuConfig {
+            mair: 0,
+            tcr: 0,
+            ttbr0: 0,
+            sctlr: 0,
+        },
+    }
+}; MAX_CPUS];
+
+/// A page-aligned frame the test page maps.
+#[repr(C, align(4096))]
+struct Page([AtomicU64; 512]);
+
+static FRAME_A: Page = Page([const { AtomicU64::new(0) }; 512]);
+static FRAME_B: Page = Page([const { AtomicU64::new(0) }; 512]);
+
+pub fn say(args: core::fmt::Arguments<'_>) {
+    let _ = uart::Uart.write_fmt(args);
+}
+
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => { $crate::say(format_args!($($t)*)) };
+}
+
+fn fatal(why: &str) -> ! {
+    say!("FATAL: {why}\n");
+    semihost::exit(EXIT_FATAL)
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo<'_>) -> ! {
+    say!("PANIC on CPU {}: {info}\n", cpu_index());
+    semihost::exit(EXIT_FATAL)
+}
+
+/// Waits for interrupts forever (none are enabled).
+pub fn halt() -> ! {
+    loop {
+        // SAFETY: waits for an interrupt; no other effect.
+        unsafe { core::arch::asm!("wfi", options(nomem, nostack)) };
+    }
+}
+
+/// This CPU's index (0 for the boot CPU), which each CPU keeps in
+/// TPIDR_EL1 from its first Rust code on.
+pub fn cpu_index() -> usize {
+    let v: u64;
+    // SAFETY: reading TPIDR_EL1 has no side effect.
+    unsafe { core::arch::asm!("mrs {}, tpidr_el1", out(reg) v, options(nomem, nostack)) };
+    v as usize
+}
+
+fn set_cpu_index(i: usize) {
+    // SAFETY: TPIDR_EL1 is software's scratch register; nothing else here
+    // uses it.
+    unsafe { core::arch::asm!("msr tpidr_el1, {}", in(reg) i as u64, options(nomem, nostack)) };
+}
+
+fn current_el() -> u64 {
+    let v: u64;
+    // SAFETY: reading CurrentEL has no side effect.
+    unsafe { core::arch::asm!("mrs {}, CurrentEL", out(reg) v, options(nomem, nostack)) };
+    (v >> 2) & 3
+}
+
+fn mpidr() -> u64 {
+    let v: u64;
+    // SAFETY: reading MPIDR_EL1 has no side effect.
+    unsafe { core::arch::asm!("mrs {}, mpidr_el1", out(reg) v, options(nomem, nostack)) };
+    // Affinity levels 0-2 and 3; not the U and MT flags or RES1 bit 31.
+    v & 0xff_00ff_ffff
+}
+
+/// Microseconds of the generic timer's virtual count.
+fn now_us() -> u64 {
+    let (count, freq): (u64, u64);
+    // SAFETY: reading the counter registers has no side effect (EL1 may
+    // always read them).
+    unsafe {
+        core::arch::asm!(
+            "isb",
+            "mrs {c}, cntvct_el0",
+            "mrs {f}, cntfrq_el0",
+            c = out(reg) count,
+            f = out(reg) freq,
+            options(nomem, nostack),
+        );
+    }
+    (u128::from(count) * 1_000_000 / u128::from(freq.max(1))) as u64
+}
+
+/// The scenarios' view of this machine.
+struct Virt {
+    asid: u16,
+}
+
+impl Platform for Virt {
+    fn cpu_count(&self) -> usize {
+        ONLINE.load(Ordering::Acquire)
+    }
+    fn this_cpu(&self) -> usize {
+        cpu_index()
+    }
+    fn fill_frame(&self, frame: Frame, value: u64) {
+        page(frame).0[0].store(value, Ordering::Release);
+    }
+    fn set_test_pte(&self, frame: Option<Frame>) {
+        let entry = frame.map_or(0, |f| page(f).0.as_ptr() as u64 | mmu::TEST_PAGE_FLAGS);
+        mmu::test_pte().store(entry, Ordering::Release);
+    }
+    fn sync_test_page(&self, flush: Flush) {
+        match flush {
+            Flush::AllCpus => insn::invalidate_page_all_cpus(self.asid, mmu::TEST_VA),
+            Flush::ThisCpuOnly => insn::invalidate_page_this_cpu(self.asid, mmu::TEST_VA),
+            Flush::PublishOnly => insn::publish_without_invalidate(),
+        }
+    }
+    fn read_test_page(&self) -> Option<u64> {
+        boot::probe(mmu::TEST_VA)
+    }
+    fn now_us(&self) -> u64 {
+        now_us()
+    }
+}
+
+fn page(frame: Frame) -> &'static Page {
+    match frame {
+        Frame::A => &FRAME_A,
+        Frame::B => &FRAME_B,
+    }
+}
+
+fn has_word(line: &[u8], word: &[u8]) -> bool {
+    line.split(|&b| b == b' ').any(|w| w == word)
+}
+
+#[no_mangle]
+extern "C" fn kernel_main(x0: u64) -> ! {
+    set_cpu_index(0);
+    if current_el() != 1 {
+        fatal("entered outside EL1: run the virt machine without virtualization=on or secure=on");
+    }
+    // An ELF kernel gets the DTB's address in x0 only under the Linux boot
+    // protocol; otherwise it is at RAM's base (checked by its magic).
+    let dtb = if x0 != 0 { x0 } else { VIRT_RAM_BASE };
+    // SAFETY: `dtb` is in the virt machine's RAM, readable with the MMU
+    // off; QEMU wrote the DTB there and nothing writes that memory.
+    let info = match unsafe { fdt::read(dtb) } {
+        Ok(info) => info,
+        Err(e) => fatal(e),
+    };
+    let Some(conduit) = psci::Conduit::from_method(info.psci_method) else {
+        fatal("the DTB names no PSCI conduit (/psci method)");
+    };
+    let features = mmu::MmuFeatures::read();
+    if !features.has_4k {
+        fatal("the CPU has no 4 KiB translation granule");
+    }
+    if let Err(e) = mmu::build(info.ram.0, info.ram.1) {
+        fatal(e);
+    }
+    let config = mmu::config(&features);
+    // SAFETY: the tables identity-map this kernel's image, stacks and the
+    // UART with the attributes it ran with; interrupts are masked.
+    unsafe { boot::mmu_enable(&config) };
+    if !mmu::enabled() {
+        fatal("the MMU did not turn on");
+    }
+
+    let flush = if has_word(info.bootargs, b"negative") {
+        Flush::PublishOnly
+    } else if has_word(info.bootargs, b"negative-local") {
+        Flush::ThisCpuOnly
+    } else {
+        Flush::AllCpus
+    };
+    let (major, minor) = psci::version(conduit);
+    say!(
+        "tlb-batch aarch64 QEMU test kernel: EL{}, DTB at {:#x} (x0 {:#x}), RAM {:#x}+{:#x}, PSCI {}.{} via {}, \
+         {}-bit ASIDs (test ASID {:#x}), PARange {:#x}, flush under test: {:?}\n",
+        current_el(),
+        dtb,
+        x0,
+        info.ram.0,
+        info.ram.1,
+        major,
+        minor,
+        if conduit == psci::Conduit::Hvc { "HVC" } else { "SMC" },
+        features.asid_bits(),
+        features.test_asid(),
+        features.pa_range,
+        flush
+    );
+
+    start_secondaries(&info, conduit, config);
+    let n = ONLINE.load(Ordering::Acquire);
+    say!("{n} CPUs online, MMU and caches on in each\n");
+    if info.cpus_dropped > 0 {
+        say!("({} more CPUs in the DTB left off)\n", info.cpus_dropped);
+    }
+    if n < 2 {
+        fatal("the scenarios need at least 2 CPUs (-smp)");
+    }
+
+    let p = Virt {
+        asid: features.test_asid(),
+    };
+    let outcomes = [
+        scenario::run(&p, "unmap shootdown", Change::Unmap, flush, ROUNDS),
+        scenario::run(&p, "remap shootdown", Change::Remap, flush, ROUNDS),
+    ];
+    for o in &outcomes {
+        say!("{o}\n");
+    }
+    let passed = outcomes.iter().filter(|o| o.passed()).count();
+    say!("{passed} passed, {} failed\n", outcomes.len() - passed);
+    semihost::exit(if passed == outcomes.len() { 0 } else { EXIT_FAIL })
+}
+
+/// Starts every CPU the DTB lists besides this one, one at a time, each
+/// with its own stack, and waits until it has turned its MMU on.
+fn start_secondaries(info: &fdt::BootInfo<'_>, conduit: psci::Conduit, config: mmu::MmuConfig) {
+    let me = mpidr();
+    // The secondaries walk the tables with their caches off at first.
+    mmu::clean_tables();
+    let mut next = 1;
+    for &target in &info.cpus[..info.cpu_count] {
+        if target == me {
+            continue;
+        }
+        // SAFETY: this CPU alone writes AP_BOOT, and only for CPUs not yet
+        // started; the started CPU reads its entry only after CPU_ON.
+        let block = unsafe {
+            let b = &mut (*core::ptr::addr_of_mut!(AP_BOOT))[next];
+            let stacks = core::ptr::addr_of!(boot::STACKS) as u64;
+            b.stack_top = stacks + ((next + 1) * boot::STACK_SIZE) as u64;
+            b.cpu = next as u64;
+            b.mmu = config;
+            b as *const boot::ApBoot as u64
+        };
+        mmu::clean_to_poc(block, core::mem::size_of::<boot::ApBoot>() as u64);
+        let online = ONLINE.load(Ordering::Acquire);
+        let entry = boot::secondary_entry as *const () as u64;
+        let status = psci::cpu_on(conduit, target, entry, block);
+        if status != 0 {
+            say!("PSCI CPU_ON for MPIDR {target:#x} returned {status}\n");
+            fatal("a secondary CPU could not be started");
+        }
+        let start = now_us();
+        while ONLINE.load(Ordering::Acquire) == online {
+            if now_us() - start > 10_000_000 {
+                fatal("a secondary CPU did not come up within 10 s");
+            }
+            core::hint::spin_loop();
+        }
+        next += 1;
+    }
+}
+
+#[no_mangle]
+extern "C" fn ap_main(cpu: u64) -> ! {
+    set_cpu_index(cpu as usize);
+    if !mmu::enabled() {
+        fatal("a secondary CPU's MMU is off");
+    }
+    let asid = mmu::MmuFeatures::read().test_asid();
+    ONLINE.fetch_add(1, Ordering::AcqRel);
+    scenario::observe(&Virt { asid })
+}

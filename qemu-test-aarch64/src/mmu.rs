@@ -1,0 +1,224 @@
+//! Stage 1 translation for EL1: one set of page tables that every CPU
+//! loads into TTBR0_EL1.
+//!
+//! 4 KiB granule, 48-bit virtual addresses (T0SZ = 16, so a walk starts at
+//! level 0), TTBR1 walks disabled. The tables map:
+//!
+//! - 0 - 1 GiB identity, one Device-nGnRnE block (flash, GIC, the PL011 at
+//!   0x0900_0000 and the other virt devices), never executable;
+//! - the RAM the DTB reports, identity, 2 MiB Normal write-back blocks,
+//!   inner shareable, writable and executable at EL1 (a test kernel): the
+//!   kernel, its stacks, the DTB and the test frames;
+//! - [`TEST_VA`], one 4 KiB page through its own level 1-3 tables, the
+//!   page the scenarios remap.
+//!
+//! Kernel mappings are global; the test page is not (nG = 1), so its TLB
+//! entries carry the ASID in TTBR0_EL1. The ASID is 16 bits wide when
+//! ID_AA64MMFR0_EL1.ASIDBits says the CPU has them (TCR_EL1.AS = 1), 8
+//! otherwise. Hardware access-flag updates stay off (TCR_EL1.HA = 0): every
+//! descriptor is written with AF set.
+
+use core::sync::atomic::{AtomicU64, Ordering};
+
+/// Where the test page lives: level 0 index 1, away from the identity map.
+pub const TEST_VA: u64 = 0x0000_0080_0000_0000 + 0x1ff * 4096;
+const _: () = assert!(TEST_VA >> 39 == 1, "the test page needs its own level 0 entry");
+
+/// The ASID of the test address space when 16-bit ASIDs exist (it does
+/// not fit 8 bits, so a CPU or setup that drops the top byte is noticed on
+/// hardware); [`ASID_8`] otherwise.
+const ASID_16: u16 = 0x3ca5;
+const ASID_8: u16 = 0xa5;
+
+const DESC_VALID: u64 = 1 << 0;
+/// Table descriptor at levels 0-2, page descriptor at level 3.
+const DESC_TABLE_OR_PAGE: u64 = 1 << 1;
+const ATTR_DEVICE: u64 = 0 << 2;
+const ATTR_NORMAL: u64 = 1 << 2;
+const SH_INNER: u64 = 3 << 8;
+const AF: u64 = 1 << 10;
+const NG: u64 = 1 << 11;
+const PXN: u64 = 1 << 53;
+const UXN: u64 = 1 << 54;
+
+/// Leaf descriptor bits of a data page of the test address space.
+pub const TEST_PAGE_FLAGS: u64 =
+    DESC_VALID | DESC_TABLE_OR_PAGE | ATTR_NORMAL | SH_INNER | AF | NG | PXN | UXN;
+
+/// MAIR_EL1: attribute 0 Device-nGnRnE, attribute 1 Normal memory,
+/// inner and outer write-back non-transient, read and write allocate.
+const MAIR: u64 = 0xff << 8;
+
+const GIB: u64 = 1 << 30;
+const MIB2: u64 = 2 << 20;
+
+#[repr(C, align(4096))]
+pub struct Table(pub [AtomicU64; 512]);
+
+impl Table {
+    const fn new() -> Self {
+        Table([const { AtomicU64::new(0) }; 512])
+    }
+    fn addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+}
+
+static L0: Table = Table::new();
+static L1_IDENT: Table = Table::new();
+static L2_RAM: Table = Table::new();
+static L1_TEST: Table = Table::new();
+static L2_TEST: Table = Table::new();
+/// The test page's leaf table: the scenarios write its entry.
+static L3_TEST: Table = Table::new();
+
+/// What every CPU loads to turn its MMU on (read by `mmu_enable` in
+/// `boot.rs`, in this order).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MmuConfig {
+    pub mair: u64,
+    pub tcr: u64,
+    pub ttbr0: u64,
+    pub sctlr: u64,
+}
+
+/// Facts read from ID_AA64MMFR0_EL1.
+#[derive(Clone, Copy)]
+pub struct MmuFeatures {
+    pub asid_16: bool,
+    /// PARange, capped at 48 bits (0b101): more needs 52-bit descriptors.
+    pub pa_range: u64,
+    pub has_4k: bool,
+}
+
+impl MmuFeatures {
+    pub fn read() -> Self {
+        let r: u64;
+        // SAFETY: reading an ID register at EL1 has no side effect.
+        unsafe { core::arch::asm!("mrs {}, id_aa64mmfr0_el1", out(reg) r, options(nomem, nostack)) };
+        MmuFeatures {
+            asid_16: (r >> 4) & 0xf == 0b0010,
+            pa_range: (r & 0xf).min(0b101),
+            // TGran4 (bits 31:28): 0b1111 means no 4 KiB granule.
+            has_4k: (r >> 28) & 0xf != 0xf,
+        }
+    }
+
+    /// The test address space's ASID.
+    pub fn test_asid(&self) -> u16 {
+        if self.asid_16 {
+            ASID_16
+        } else {
+            ASID_8
+        }
+    }
+
+    pub fn asid_bits(&self) -> u32 {
+        if self.asid_16 {
+            16
+        } else {
+            8
+        }
+    }
+}
+
+/// Builds the tables. Runs once, on the boot CPU, with its MMU off: only
+/// plain aligned stores (no atomic read-modify-write on memory that is
+/// still Device memory to this CPU).
+pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
+    if !ram_base.is_multiple_of(GIB) || ram_size == 0 || ram_size > GIB {
+        return Err("RAM is not one block of at most 1 GiB at a 1 GiB boundary");
+    }
+    let table = DESC_VALID | DESC_TABLE_OR_PAGE;
+    L0.0[0].store(L1_IDENT.addr() | table, Ordering::Relaxed);
+    // Level 1 block (bit 1 clear): 1 GiB of devices.
+    L1_IDENT.0[0].store(DESC_VALID | ATTR_DEVICE | AF | PXN | UXN, Ordering::Relaxed);
+    L1_IDENT.0[(ram_base / GIB) as usize].store(L2_RAM.addr() | table, Ordering::Relaxed);
+    for i in 0..ram_size.div_ceil(MIB2) {
+        let pa = ram_base + i * MIB2;
+        L2_RAM.0[i as usize].store(
+            pa | DESC_VALID | ATTR_NORMAL | SH_INNER | AF | UXN,
+            Ordering::Relaxed,
+        );
+    }
+    let [i0, i1, i2, _] = indices(TEST_VA);
+    L0.0[i0].store(L1_TEST.addr() | table, Ordering::Relaxed);
+    L1_TEST.0[i1].store(L2_TEST.addr() | table, Ordering::Relaxed);
+    L2_TEST.0[i2].store(L3_TEST.addr() | table, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The test page's leaf entry.
+pub fn test_pte() -> &'static AtomicU64 {
+    &L3_TEST.0[indices(TEST_VA)[3]]
+}
+
+/// The level 0-3 table indices of `va`.
+fn indices(va: u64) -> [usize; 4] {
+    [39, 30, 21, 12].map(|shift| ((va >> shift) & 511) as usize)
+}
+
+/// The register values that turn translation on with these tables.
+pub fn config(f: &MmuFeatures) -> MmuConfig {
+    let t0sz = 16;
+    let irgn0_wb = 1 << 8;
+    let orgn0_wb = 1 << 10;
+    let sh0_inner = 3 << 12;
+    let tg0_4k = 0 << 14;
+    let t1sz = 16 << 16;
+    let epd1 = 1 << 23;
+    let tg1_4k = 2 << 30;
+    let ips = f.pa_range << 32;
+    let as16 = u64::from(f.asid_16) << 36;
+    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16;
+    let ttbr0 = L0.addr() | u64::from(f.test_asid()) << 48;
+    // SCTLR_EL1 as reset left it, plus M (MMU), C (data cache) and I
+    // (instruction cache); minus A (alignment checks), WXN and the
+    // big-endian bits.
+    let sctlr: u64;
+    // SAFETY: reading a system register at EL1 has no side effect.
+    unsafe { core::arch::asm!("mrs {}, sctlr_el1", out(reg) sctlr, options(nomem, nostack)) };
+    let (m, a, c, i, wxn, e0e, ee) = (1, 1 << 1, 1 << 2, 1 << 12, 1 << 19, 1 << 24, 1 << 25);
+    MmuConfig {
+        mair: MAIR,
+        tcr,
+        ttbr0,
+        sctlr: (sctlr | m | c | i) & !(a | wxn | e0e | ee),
+    }
+}
+
+/// Cleans `len` bytes at `addr` to the point of coherency, so that a CPU
+/// whose MMU (and so whose caches) are still off reads what this one wrote.
+pub fn clean_to_poc(addr: u64, len: u64) {
+    let ctr: u64;
+    // SAFETY: reading CTR_EL0 has no side effect.
+    unsafe { core::arch::asm!("mrs {}, ctr_el0", out(reg) ctr, options(nomem, nostack)) };
+    // DminLine (bits 19:16): log2 of the smallest data cache line, in words.
+    let line = 4u64 << ((ctr >> 16) & 0xf);
+    let mut a = addr & !(line - 1);
+    while a < addr + len {
+        // SAFETY: a cache clean by address changes no memory contents;
+        // `a` is identity-mapped RAM.
+        unsafe { core::arch::asm!("dc cvac, {}", in(reg) a, options(nostack)) };
+        a += line;
+    }
+    // SAFETY: a barrier only.
+    unsafe { core::arch::asm!("dsb sy", options(nostack)) };
+}
+
+/// Cleans every table to the point of coherency (for CPUs that walk them
+/// before their caches are on).
+pub fn clean_tables() {
+    for t in [&L0, &L1_IDENT, &L2_RAM, &L1_TEST, &L2_TEST, &L3_TEST] {
+        clean_to_poc(t.addr(), 4096);
+    }
+}
+
+/// Whether this CPU runs with its MMU on.
+pub fn enabled() -> bool {
+    let sctlr: u64;
+    // SAFETY: reading a system register at EL1 has no side effect.
+    unsafe { core::arch::asm!("mrs {}, sctlr_el1", out(reg) sctlr, options(nomem, nostack)) };
+    sctlr & 1 != 0
+}
