@@ -13,8 +13,11 @@ pub mod mock;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
-// The arithmetic of the aarch64 `Arch` (register fields, TLBI operands):
-// its unit tests run on the host; the module that executes it comes next.
+// The arithmetic of the aarch64 `Arch` (register fields, TLBI operands)
+// and its CPU table: their unit tests run on the host; the module that
+// executes instructions comes next.
+#[cfg(all(not(loom), test))]
+mod aarch64_cpus;
 #[cfg(all(not(loom), test))]
 mod aarch64_encoding;
 
