@@ -1,9 +1,12 @@
 //! The hardware interface: the [`Arch`] trait a kernel implements once.
 //!
-//! Everything else in the crate is generic over `Arch`. Two implementations
-//! ship with it: `mock` (feature `mock`), a simulated SMP machine
-//! with modelled TLBs that every host test runs on, and [`x86_64`], proven
-//! on an emulated SMP machine under QEMU (`qemu-test/` in the repository).
+//! Everything else in the crate is generic over `Arch`. Three
+//! implementations ship with it: `mock` (feature `mock`), a simulated SMP
+//! machine with modelled TLBs that every host test runs on; `x86_64`,
+//! proven on an emulated SMP machine under QEMU (`qemu-test/` in the
+//! repository); and `aarch64`, for ARMv8-A at EL1 with broadcast `TLBI`s
+//! (its arithmetic is tested on the host; an emulated run is still to
+//! come). Each hardware one is compiled for its own target only.
 
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
@@ -13,6 +16,16 @@ pub mod mock;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
+// As for x86_64. The arithmetic of the aarch64 `Arch` (register fields,
+// TLBI operands, the CPU table) lives in modules of its own that compile on
+// the host as well, where their unit tests run; `aarch64` re-exports it.
+#[cfg(all(target_arch = "aarch64", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
+pub mod aarch64;
+#[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
+mod aarch64_cpus;
+#[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
+mod aarch64_encoding;
 
 pub use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};

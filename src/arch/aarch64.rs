@@ -1,0 +1,765 @@
+//! The aarch64 implementation of [`Arch`], for an ARMv8-A kernel running at
+//! EL1 with 4 KiB pages: `TLBI` by address, by ASID and for everything,
+//! broadcast to every CPU by the hardware (the `IS` forms) instead of by
+//! interrupts, ASIDs in TTBR0_EL1, and a CPU table keyed by MPIDR_EL1.
+//!
+//! # Bring-up
+//!
+//! A kernel keeps one [`CpuTable`] and one [`TlbShootdown`] in statics and
+//! builds an [`Aarch64`] value (one can serve every CPU: it holds nothing
+//! per CPU). In order:
+//!
+//! 1. the boot CPU reads its MMU setup ([`Config::detect`], or
+//!    [`Config::new`] with values it chose; either is checked), and
+//!    [registers](CpuTable::register) every CPU's index and MPIDR (from
+//!    the ACPI MADT or the devicetree) before starting it;
+//! 2. each CPU, itself, with interrupts masked, its MMU on with the same
+//!    TCR_EL1 as the boot CPU's, and its interrupt controller routing the
+//!    IPI the kernel's hook sends to a handler that calls
+//!    [`Aarch64::flush_ipi_entry`], calls [`Aarch64::bring_online`]: it
+//!    flushes the CPU's whole TLB, joins the set of CPUs that shootdowns
+//!    reach, and flushes again. An unregistered CPU is refused there
+//!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
+//!    rather than act as another CPU.
+//!
+//! What the kernel sets up, on every CPU, before the first crate call:
+//!
+//! - TCR_EL1: TG0 and TG1 select 4 KiB granules; T0SZ and T1SZ from 16 to
+//!   39 (48- to 25-bit regions); A1 = 0, so the ASID comes from TTBR0 and
+//!   one register write changes root and ASID together; AS = 1 for 16-bit
+//!   ASIDs when ID_AA64MMFR0_EL1.ASIDBits says the CPU has them (8-bit
+//!   ASIDs otherwise). [`Config::from_registers`] refuses any other
+//!   setup. HA and HD (hardware access flag and dirty state, FEAT_HAFDBS)
+//!   may be on or off: see the capabilities below for what the crate
+//!   requires either way.
+//! - SCTLR_EL1.M = 1 (stage 1 translation on), with the translation tables
+//!   in Normal Inner Shareable write-back memory (TCR_EL1's IRGNn, ORGNn
+//!   and SHn say so for the walks), as any SMP kernel has them.
+//! - Kernel mappings in the TTBR1 tables; user address spaces in TTBR0
+//!   tables, loaded only through
+//!   [`switch_mm`](crate::switch_mm) (which calls
+//!   [`switch_address_space`](Arch::switch_address_space)): TTBR1 is never
+//!   touched here.
+//! - The kernel runs at EL1. Under a hypervisor, the hypervisor keeps the
+//!   `TLBI` semantics for the virtual CPUs (as KVM does when it moves a
+//!   virtual CPU). A kernel at EL2 with FEAT_VHE is not served: there the
+//!   EL1 `TLBI`s this module issues would act on another translation
+//!   regime.
+//!
+//! # What each flush executes
+//!
+//! | flush | this CPU only | every CPU (broadcast) |
+//! | --- | --- | --- |
+//! | one page of a user ASID | `DSB NSHST`; `TLBI VAE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI VAE1IS` per page; then once `DSB ISH`; `ISB` |
+//! | one kernel page | `DSB NSHST`; `TLBI VAAE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI VAAE1IS` per page; then once `DSB ISH`; `ISB` |
+//! | a user ASID | `DSB NSHST`; `TLBI ASIDE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI ASIDE1IS`; `DSB ISH`; `ISB` |
+//! | everything (and the kernel's ASID) | `DSB NSHST`; `TLBI VMALLE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI VMALLE1IS`; `DSB ISH`; `ISB` |
+//!
+//! The barriers, in the order they run:
+//!
+//! - `DSB ISHST` (or `NSHST` for a local flush) before a `TLBI`: this
+//!   CPU's earlier stores, the cleared page-table entries among them, are
+//!   complete, so that no walk after the invalidation can read the old
+//!   entry and cache it again. A `TLBI` is not a memory access, so the
+//!   release/acquire orderings of Rust atomics do not order it; only a
+//!   `DSB` does. Entries cleared by *another* CPU reached this one through
+//!   an atomic it released them with and this CPU acquired (the crate's
+//!   pending-flush generations, a shootdown request); a `TLBI` is never
+//!   executed speculatively, so it runs after that acquire returned, and
+//!   the crate relies on those stores then being visible to every
+//!   observer, walks included, as AArch64's other-multi-copy-atomic
+//!   memory model provides.
+//! - `DSB ISH` after the broadcast `TLBI`s: returns once every CPU of the
+//!   Inner Shareable domain has dropped the entries and finished the
+//!   memory accesses that used them, which is the moment a frame may be
+//!   freed or handed to I/O. One `DSB` completes every `TLBI` issued
+//!   before it, so a flush of many pages waits once.
+//! - `DSB NSH` after a local `TLBI`: the same, for this CPU alone.
+//! - `ISB` last: instructions already fetched, or translated, under the
+//!   old entries are fetched again, so that this CPU's own next
+//!   instructions (kernel text included) use the new translations.
+//!
+//! Page flushes use `VAE1`, which also drops cached intermediate entries
+//! (walk caches) for the address, not the leaf-only `VALE1`: the crate
+//! flushes the range of a page-table frame it frees through the same
+//! page flushes ([`MmuGather`](crate::MmuGather)), and a walk cache that
+//! still pointed into the freed frame would read whatever is written there
+//! next. `VALE1IS` would save the hardware some work for the leaf entries
+//! that reclaim clears, but a page flush does not say which kind it is
+//! ([`tlbi_vale1is`] is here for kernels that know).
+//!
+//! Kernel pages ([`Asid::KERNEL`]) are invalidated in every ASID (`VAAE1`,
+//! `VMALLE1`): that reaches global entries, and non-global kernel entries
+//! too, which a kernel that unmaps itself from user space (as Linux's KPTI
+//! does) has, tagged with whatever ASID was loaded. There is no EL1
+//! invalidation of every ASID that spares global entries, so a flush of
+//! everything always drops them too.
+//!
+//! # Capabilities, and why
+//!
+//! - [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true, and the
+//!   trait's [`prefer_broadcast`](Arch::prefer_broadcast) (always) is kept:
+//!   every shootdown is a broadcast, and no flush IPI is ever sent for
+//!   one. [`send_flush_ipi`](Arch::send_flush_ipi) is still reached by
+//!   [`ipi_sync`](crate::ipi_sync), which
+//!   [`TableFreePolicy::IpiSync`](crate::TableFreePolicy) uses to wait out
+//!   lockless page-table walkers (an invalidation interrupts nobody, so it
+//!   cannot), so it calls the IPI hook the kernel gives to
+//!   [`Aarch64::new`].
+//! - [`tagged_tlb`](Arch::tagged_tlb) is true: entries carry the ASID
+//!   loaded in TTBR0 and survive switches. A kernel gives each live
+//!   address space its own ASID (1 to `2^asid_bits - 1`; 0 is the kernel's
+//!   own TTBR0 tables) and flushes a retired address space's ASID
+//!   ([`flush_tlb_mm`](crate::flush_tlb_mm)) before another address space
+//!   gets it.
+//! - [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) is true. On aarch64
+//!   a write never goes through a TLB entry made from a clean descriptor
+//!   without the page table in memory being consulted again: a clean page
+//!   is mapped read-only (AP\[2\] = 1), so the write either raises a
+//!   Permission fault (hardware dirty state off, or DBM clear), which the
+//!   kernel's fault handler resolves from the entry in memory, now gone;
+//!   or, with TCR_EL1.HD = 1 and DBM set, the hardware marks the entry
+//!   dirty by an atomic compare-and-swap of the descriptor in memory
+//!   against the value it translated with, and when that value has
+//!   changed it translates again from the tables, finds the cleared
+//!   entry and faults. (Arm ARM, "Hardware management of the dirty
+//!   state", and its pseudocode: `AArch64.S1Translate` repeats the walk
+//!   until `AArch64.MemSwapTableDesc`, which writes only when memory still
+//!   holds the old descriptor, succeeds.) What the crate requires for
+//!   this, with or without FEAT_HAFDBS: a descriptor the hardware lets
+//!   writes through (AP\[2\] = 0) is one the kernel's
+//!   [`PageTable`](crate::PageTable) reports dirty, and clean writable
+//!   pages are mapped read-only (with DBM when HD is on), as Linux maps
+//!   them; the kernel's fault handler re-reads the entry under the
+//!   page-table lock before it marks anything dirty.
+//! - [`ACCESSED_CLEAR_NEEDS_FLUSH`](Arch::ACCESSED_CLEAR_NEEDS_FLUSH) is
+//!   true. A TLB entry made while the access flag was set is used without
+//!   looking at the descriptor again, so after the flag is cleared a page
+//!   in use through a cached entry keeps looking unused until the entry
+//!   leaves the TLB; with ASIDs, entries survive context switches and can
+//!   stay for a long time, and reclaim would evict hot pages. Linux's
+//!   arm64 `ptep_clear_flush_young` invalidates for this reason (without
+//!   waiting for completion). Here the invalidation is recorded in the
+//!   caller's batch and rides with its next flush; it only ever costs
+//!   aging accuracy if missed (contract rule 8).
+//! - [`FILL_SETS_ACCESSED`](Arch::FILL_SETS_ACCESSED) stays false. Without
+//!   hardware access-flag management (TCR_EL1.HA = 0) the guarantee holds:
+//!   a descriptor with AF = 0 raises an Access flag fault, and the Arm ARM
+//!   lets a TLB cache only descriptors that raise no Translation, Address
+//!   size or Access flag fault (Arm's AArch64 memory-management guide says
+//!   it plainly: a TLB never holds an entry whose Access flag is 0). With
+//!   HA = 1 such a descriptor raises no fault, so the same rule permits
+//!   caching it, and no statement was found that the hardware has written
+//!   AF = 1 to memory before such an entry exists or is used (the
+//!   pseudocode sets it during an access's translation, but TLBs may be
+//!   filled by speculative walks at any time). The constant belongs to
+//!   the type, not to one CPU's TCR_EL1, so it is false for both; the
+//!   cost is that [`FramePool`](crate::FramePool) generations wait for
+//!   flushes after the unmap instead of using aging epochs.
+//!
+//! The crate therefore needs nothing of FEAT_HAFDBS and refuses nothing
+//! without it: with HA and HD off the kernel handles Access flag and
+//! Permission faults (it must, for the same reasons, on any ARMv8.0 CPU).
+//!
+//! # CPUs with repeat-TLBI errata
+//!
+//! On CPUs whose errata need every `TLBI` issued twice (Linux's
+//! ARM64_WORKAROUND_REPEAT_TLBI), the kernel builds its [`Config`] with
+//! [`Config::with_repeated_tlbi`]: each `TLBI` is followed by `DSB ISH`
+//! and the same `TLBI` again.
+//!
+//! The instruction wrappers are small functions, one instruction each;
+//! they are public so that a kernel can use the same, documented ones.
+
+use core::arch::asm;
+use core::sync::atomic::{fence, Ordering};
+
+pub use super::aarch64_cpus::CpuTable;
+pub use super::aarch64_encoding::{
+    mpidr_affinity, tlbi_asid_operand, tlbi_va_operand, ttbr0_value, Config, Unsupported, MAX_REGION_BITS,
+    MIN_REGION_BITS,
+};
+use super::aarch64_encoding::{needs_flush_on_load, tlbi_scope, ttbr0_asid, TlbiScope};
+use crate::arch::{Arch, Asid};
+use crate::cpuset::{CpuId, CpuSet};
+use crate::percpu::TlbShootdown;
+use crate::Error;
+
+/// `TLBI VAE1IS`: on every CPU of the Inner Shareable domain, invalidates
+/// the entries for the page at `va` tagged with `asid`, global entries for
+/// it, and cached intermediate entries (walk caches) for it. Completes at
+/// the next `DSB ISH` ([`dsb_ish`]).
+///
+/// # Safety
+///
+/// EL1 or higher (an EL0 `TLBI` is undefined and traps). Invalidating never
+/// breaks memory safety by itself: the function is `unsafe` because
+/// executing it at EL0 faults.
+#[inline]
+pub unsafe fn tlbi_vae1is(asid: u16, va: u64) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi vae1is, {}", in(reg) tlbi_va_operand(asid, va), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VALE1IS`: as [`tlbi_vae1is`], but only last-level (leaf)
+/// entries; walk caches for the address may survive. For unmapping a page
+/// whose page-table frames all stay in place.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_vale1is(asid: u16, va: u64) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi vale1is, {}", in(reg) tlbi_va_operand(asid, va), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VAAE1IS`: on every CPU of the Inner Shareable domain, invalidates
+/// the entries for the page at `va` whatever their ASID, global or not,
+/// and walk caches for it.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_vaae1is(va: u64) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations. The operand's ASID field is RES0 for this form.
+    unsafe { asm!("tlbi vaae1is, {}", in(reg) tlbi_va_operand(0, va), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI ASIDE1IS`: on every CPU of the Inner Shareable domain,
+/// invalidates every non-global entry tagged with `asid`, walk caches
+/// included.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_aside1is(asid: u16) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi aside1is, {}", in(reg) tlbi_asid_operand(asid), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VMALLE1IS`: on every CPU of the Inner Shareable domain,
+/// invalidates every EL1&0 stage 1 entry of the current VMID, global ones
+/// included.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_vmalle1is() {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VAE1`: [`tlbi_vae1is`] on this CPU only. Completes at the next
+/// `DSB NSH` ([`dsb_nsh`]).
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_vae1(asid: u16, va: u64) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi vae1, {}", in(reg) tlbi_va_operand(asid, va), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VAAE1`: [`tlbi_vaae1is`] on this CPU only.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_vaae1(va: u64) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations. The operand's ASID field is RES0 for this form.
+    unsafe { asm!("tlbi vaae1, {}", in(reg) tlbi_va_operand(0, va), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI ASIDE1`: [`tlbi_aside1is`] on this CPU only.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_aside1(asid: u16) {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi aside1, {}", in(reg) tlbi_asid_operand(asid), options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VMALLE1`: [`tlbi_vmalle1is`] on this CPU only.
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]).
+#[inline]
+pub unsafe fn tlbi_vmalle1() {
+    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
+    // translations.
+    unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
+}
+
+/// `DSB ISH`: waits until every earlier memory access of this CPU is
+/// complete for the Inner Shareable domain, and every earlier broadcast
+/// `TLBI` has taken effect on every CPU of it.
+#[inline]
+pub fn dsb_ish() {
+    // SAFETY: a barrier only orders and waits; it is available at every
+    // exception level. No `nomem`: the compiler keeps memory accesses on
+    // their side of it.
+    unsafe { asm!("dsb ish", options(nostack, preserves_flags)) };
+}
+
+/// `DSB ISHST`: waits until every earlier store of this CPU is complete
+/// for the Inner Shareable domain (visible to every CPU's table walks).
+#[inline]
+pub fn dsb_ishst() {
+    // SAFETY: as for `dsb_ish`.
+    unsafe { asm!("dsb ishst", options(nostack, preserves_flags)) };
+}
+
+/// `DSB NSH`: waits until every earlier memory access and local `TLBI` of
+/// this CPU is complete for this CPU.
+#[inline]
+pub fn dsb_nsh() {
+    // SAFETY: as for `dsb_ish`.
+    unsafe { asm!("dsb nsh", options(nostack, preserves_flags)) };
+}
+
+/// `DSB NSHST`: waits until every earlier store of this CPU is complete
+/// for this CPU (visible to its own table walks).
+#[inline]
+pub fn dsb_nshst() {
+    // SAFETY: as for `dsb_ish`.
+    unsafe { asm!("dsb nshst", options(nostack, preserves_flags)) };
+}
+
+/// `ISB`: later instructions are fetched again, with every completed
+/// change of system registers and of translations in effect.
+#[inline]
+pub fn isb() {
+    // SAFETY: as for `dsb_ish`.
+    unsafe { asm!("isb", options(nostack, preserves_flags)) };
+}
+
+/// Reads ID_AA64MMFR0_EL1 (ASID width, granules, physical address size).
+///
+/// # Safety
+///
+/// EL1 or higher (an EL0 read traps).
+#[inline]
+pub unsafe fn read_id_aa64mmfr0_el1() -> u64 {
+    let value: u64;
+    // SAFETY: the caller runs at EL1 or higher; reading an ID register has
+    // no side effect.
+    unsafe { asm!("mrs {}, id_aa64mmfr0_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Reads TCR_EL1 (the EL1&0 translation setup).
+///
+/// # Safety
+///
+/// EL1 or higher.
+#[inline]
+pub unsafe fn read_tcr_el1() -> u64 {
+    let value: u64;
+    // SAFETY: the caller runs at EL1 or higher; the read has no side
+    // effect.
+    unsafe { asm!("mrs {}, tcr_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Reads MPIDR_EL1: the running CPU's affinity ([`mpidr_affinity`]).
+///
+/// # Safety
+///
+/// EL1 or higher.
+#[inline]
+pub unsafe fn read_mpidr_el1() -> u64 {
+    let value: u64;
+    // SAFETY: the caller runs at EL1 or higher; the read has no side
+    // effect.
+    unsafe { asm!("mrs {}, mpidr_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Writes TTBR0_EL1: the lower region's table root and, with TCR_EL1.A1 =
+/// 0, the current ASID ([`ttbr0_value`]). Takes effect for translations
+/// after the next context synchronization ([`isb`]).
+///
+/// # Safety
+///
+/// EL1; `value`'s root is a valid translation table whose mappings the
+/// kernel vouches for (every later access to a lower-region address goes
+/// through it), and its ASID's TLB entries belong to that table.
+#[inline]
+pub unsafe fn write_ttbr0_el1(value: u64) {
+    // SAFETY: the caller guarantees a valid root and a matching ASID. No
+    // `nomem`: memory accesses stay on their side of the switch.
+    unsafe { asm!("msr ttbr0_el1, {}", in(reg) value, options(nostack, preserves_flags)) };
+}
+
+impl Config {
+    /// Reads this CPU's ID_AA64MMFR0_EL1 and TCR_EL1 and checks them
+    /// ([`from_registers`](Self::from_registers)). Call it once the MMU
+    /// is set up; every CPU must have the same setup.
+    ///
+    /// # Safety
+    ///
+    /// EL1 (see [`read_tcr_el1`]).
+    pub unsafe fn detect() -> Result<Config, Unsupported> {
+        // SAFETY: the caller runs at EL1.
+        let (mmfr0, tcr) = unsafe { (read_id_aa64mmfr0_el1(), read_tcr_el1()) };
+        Config::from_registers(mmfr0, tcr)
+    }
+}
+
+/// One `TLBI`, as [`Aarch64`] issues it (once, or twice on CPUs with
+/// repeat-TLBI errata).
+#[derive(Clone, Copy)]
+enum Tlbi {
+    Vae1(u16, u64),
+    Vaae1(u64),
+    Aside1(u16),
+    Vmalle1,
+    Vae1is(u16, u64),
+    Vaae1is(u64),
+    Aside1is(u16),
+    Vmalle1is,
+}
+
+/// The hook through which [`Aarch64`] sends the flush IPI: it interrupts
+/// every CPU of the set (never the caller) on the interrupt whose handler
+/// calls [`Aarch64::flush_ipi_entry`]. On GICv3 that is an SGI written to
+/// ICC_SGI1R_EL1, addressed with [`CpuTable::affinity`].
+pub type SendIpi = fn(targets: &CpuSet);
+
+/// The aarch64 [`Arch`]: the running CPU is found by its MPIDR_EL1 in a
+/// [`CpuTable`]; flushes are `TLBI` instructions, broadcast by the hardware
+/// to every CPU, so no shootdown needs an interrupt (the module
+/// documentation lists each sequence and why its barriers are there).
+///
+/// ASIDs are the hardware's (8 or 16 bits, from the [`Config`]): every
+/// entry point refuses a wider one ([`Error::AsidOutOfRange`]), the kernel
+/// address space runs with ASID 0 in TTBR0, and a retired address space's
+/// ASID goes to a new one only after [`flush_tlb_mm`](crate::flush_tlb_mm)
+/// on the old one. Addresses are checked against the wider region of
+/// TCR_EL1 ([`Config::va_bits`]) before any reaches a `TLBI`; a tagged
+/// pointer (TBI) must be stripped of its tag first.
+///
+/// # Panics
+///
+/// [`current_cpu`](Arch::current_cpu) (and so every crate function run with
+/// this `Arch`) panics on a CPU whose MPIDR is not registered in the
+/// [`CpuTable`]: that breaks [`new`](Self::new)'s contract, and any answer
+/// would name another CPU. [`bring_online`](Self::bring_online) reports
+/// the same mistake as [`Error::UnregisteredCpu`] when the CPU comes up,
+/// before anything can use it.
+#[derive(Clone, Copy)]
+pub struct Aarch64 {
+    cpus: &'static CpuTable,
+    state: &'static TlbShootdown,
+    send_ipi: SendIpi,
+    config: Config,
+}
+
+impl Aarch64 {
+    /// The `Arch` for this machine.
+    ///
+    /// # Safety
+    ///
+    /// - The value is used at EL1 (not EL2), with stage 1 translation on
+    ///   and the setup `config` describes on every CPU (and, on CPUs with
+    ///   repeat-TLBI errata, `config` asks for repeated `TLBI`s).
+    /// - Every CPU that runs crate code or may hold TLB entries is
+    ///   registered in `cpus`, and all of them are in one Inner Shareable
+    ///   domain (as the CPUs of an SMP system are), so that a broadcast
+    ///   `TLBI` reaches each of them.
+    /// - `send_ipi` interrupts each CPU it is given, and that CPU's
+    ///   handler calls [`flush_ipi_entry`](Self::flush_ipi_entry); a CPU
+    ///   calls [`bring_online`](Self::bring_online) only once that handler
+    ///   is in place.
+    /// - User address spaces are translated by TTBR0 tables, loaded only
+    ///   through this value; no user address space is loaded with ASID 0.
+    /// - A descriptor that lets writes through (AP\[2\] = 0) is one the
+    ///   kernel's [`PageTable`](crate::PageTable) reports dirty: clean
+    ///   writable pages are mapped read-only (with DBM set when TCR_EL1.HD
+    ///   is on), and the kernel's Permission-fault handler re-reads the
+    ///   entry under its lock before it makes one writable. This is what
+    ///   [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) rests on (see
+    ///   the module documentation).
+    pub const unsafe fn new(
+        cpus: &'static CpuTable,
+        state: &'static TlbShootdown,
+        send_ipi: SendIpi,
+        config: Config,
+    ) -> Self {
+        Aarch64 {
+            cpus,
+            state,
+            send_ipi,
+            config,
+        }
+    }
+
+    /// Brings the running CPU into the online set, the set that shootdowns
+    /// reach: call it once on each CPU as it comes up (and again when it
+    /// comes back after going offline), with interrupts masked, after it
+    /// was [registered](CpuTable::register) and its interrupt controller
+    /// routes the flush IPI. This is the only way a CPU joins the online
+    /// set.
+    ///
+    /// A CPU outside the online set was never told of any flush, so it may
+    /// hold stale entries of any address space. It flushes everything
+    /// ([`prepare_cpu_online`](crate::prepare_cpu_online)) before joining,
+    /// as [`Arch`]'s contract requires, and once more right after: the
+    /// hardware may fill its TLB speculatively at any time, and an entry
+    /// filled between the first flush and the join, for a page whose
+    /// shootdown read the online set just before the join, would otherwise
+    /// escape both. (A broadcast invalidation reaches a CPU whether it is
+    /// online or not, but a shootdown whose only online target was its own
+    /// CPU is a local flush, which does not.)
+    ///
+    /// Errors: [`Error::UnregisteredCpu`] (with the packed affinity) when
+    /// this CPU's MPIDR is not in the table; nothing changes, and the CPU
+    /// must not run crate code.
+    pub fn bring_online(&self) -> Result<CpuId, Error> {
+        // SAFETY: EL1 (constructor contract).
+        let mpidr = unsafe { read_mpidr_el1() };
+        let cpu = self.cpus.cpu_of(mpidr).ok_or(Error::UnregisteredCpu {
+            hw_id: mpidr_affinity(mpidr),
+        })?;
+        crate::prepare_cpu_online(self);
+        self.cpus.join(cpu);
+        // The join is visible (SeqCst) before the second flush starts.
+        fence(Ordering::SeqCst);
+        self.flush_local_all(true);
+        self.state.count(crate::stats::Counter::LocalFullFlushes, 1);
+        Ok(cpu)
+    }
+
+    /// The flush-IPI entry point: call it from the handler of the
+    /// interrupt the [`SendIpi`] hook sends, on the interrupted CPU, with
+    /// interrupts still masked; the kernel acknowledges and ends the
+    /// interrupt at its controller as it does for any other. It serves
+    /// every request waiting for this CPU
+    /// ([`handle_flush_ipi`](crate::handle_flush_ipi)) and returns how many
+    /// (zero is normal: a waiting initiator may have served them). With
+    /// this `Arch` the only requests are those of
+    /// [`ipi_sync`](crate::ipi_sync).
+    pub fn flush_ipi_entry(&self) -> usize {
+        crate::shootdown::handle_flush_ipi(self)
+    }
+
+    /// The CPU table.
+    pub fn cpus(&self) -> &'static CpuTable {
+        self.cpus
+    }
+
+    /// The MMU setup given to [`new`](Self::new).
+    pub fn config(&self) -> Config {
+        self.config
+    }
+
+    /// Issues `op`, a second time after a `DSB ISH` when the CPUs need
+    /// repeated invalidations.
+    #[inline]
+    fn tlbi(&self, op: Tlbi) {
+        let issue = |op: Tlbi| {
+            // SAFETY: EL1 (constructor contract); every operand comes from
+            // the checked encodings of `aarch64_encoding`.
+            unsafe {
+                match op {
+                    Tlbi::Vae1(asid, va) => tlbi_vae1(asid, va),
+                    Tlbi::Vaae1(va) => tlbi_vaae1(va),
+                    Tlbi::Aside1(asid) => tlbi_aside1(asid),
+                    Tlbi::Vmalle1 => tlbi_vmalle1(),
+                    Tlbi::Vae1is(asid, va) => tlbi_vae1is(asid, va),
+                    Tlbi::Vaae1is(va) => tlbi_vaae1is(va),
+                    Tlbi::Aside1is(asid) => tlbi_aside1is(asid),
+                    Tlbi::Vmalle1is => tlbi_vmalle1is(),
+                }
+            }
+        };
+        issue(op);
+        if self.config.repeats_tlbi() {
+            // The errata workaround: the first invalidation completes
+            // everywhere before the same one is issued again.
+            dsb_ish();
+            issue(op);
+        }
+    }
+
+    /// A complete invalidation on this CPU only.
+    #[inline]
+    fn local(&self, op: Tlbi) {
+        // This CPU's page-table stores are visible to its own walks before
+        // the invalidation, so none refills an entry from an old value.
+        dsb_nshst();
+        self.tlbi(op);
+        // The invalidation is complete on this CPU, with every access that
+        // used the dropped entries...
+        dsb_nsh();
+        // ...and the instructions after it are fetched and translated anew.
+        isb();
+    }
+
+    /// A broadcast invalidation, complete only at [`Arch::broadcast_sync`].
+    #[inline]
+    fn broadcast(&self, op: Tlbi) {
+        // This CPU's page-table stores are visible to every CPU's walks
+        // before any CPU drops its entry, so no walk refills it from the
+        // old value.
+        dsb_ishst();
+        self.tlbi(op);
+    }
+
+    fn page_op(&self, asid: Asid, va: u64, broadcast: bool) -> Tlbi {
+        match (tlbi_scope(asid, self.config.asid_bits()), broadcast) {
+            (TlbiScope::Asid(hw), false) => Tlbi::Vae1(hw, va),
+            (TlbiScope::Asid(hw), true) => Tlbi::Vae1is(hw, va),
+            (TlbiScope::AllAsids, false) => Tlbi::Vaae1(va),
+            (TlbiScope::AllAsids, true) => Tlbi::Vaae1is(va),
+        }
+    }
+
+    fn asid_op(&self, asid: Asid, broadcast: bool) -> Tlbi {
+        match (tlbi_scope(asid, self.config.asid_bits()), broadcast) {
+            (TlbiScope::Asid(hw), false) => Tlbi::Aside1(hw),
+            (TlbiScope::Asid(hw), true) => Tlbi::Aside1is(hw),
+            (TlbiScope::AllAsids, false) => Tlbi::Vmalle1,
+            (TlbiScope::AllAsids, true) => Tlbi::Vmalle1is,
+        }
+    }
+}
+
+/// The answer to a CPU that was never registered: there is no right CPU
+/// index to give, and a wrong one corrupts the shootdown protocol.
+///
+/// The panic stands behind the invariant of [`Aarch64::new`]'s `# Safety`
+/// (every CPU that runs crate code is registered), documented under
+/// `# Panics` on [`Aarch64`]; a kernel that keeps the contract never gets
+/// here, and [`Aarch64::bring_online`] reports the breach as
+/// [`Error::UnregisteredCpu`] before the CPU can run any crate code.
+#[cold]
+#[inline(never)]
+fn unregistered(mpidr: u64) -> ! {
+    panic!(
+        "tlb-batch: CPU with MPIDR {mpidr:#x} runs crate code without being registered \
+         in the CpuTable (Aarch64::new's contract; CpuTable::register it before it starts)"
+    )
+}
+
+// SAFETY: the constructor's contract registers every CPU that may cache
+// translations, puts them all in one Inner Shareable domain and routes the
+// IPI hook to the crate's handler; each local flush ends with DSB NSH, so
+// its TLBI is complete when it returns; broadcast TLBIs reach every CPU
+// and complete at broadcast_sync's DSB ISH; ASIDs wider than the
+// hardware's never reach a by-ASID TLBI (the all-ASID forms are used);
+// TTBR0 loads root and ASID in one write (TCR_EL1.A1 = 0, checked by
+// Config); the constants hold on aarch64 as the module documentation
+// explains (CLEAN_WRITE_REWALK with the descriptor rule of the
+// constructor's contract).
+unsafe impl Arch for Aarch64 {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
+    const FILL_SETS_ACCESSED: bool = false;
+    const BROADCAST_INVALIDATE: bool = true;
+
+    fn current_cpu(&self) -> CpuId {
+        // SAFETY: EL1 (constructor contract).
+        let mpidr = unsafe { read_mpidr_el1() };
+        match self.cpus.cpu_of(mpidr) {
+            Some(cpu) => cpu,
+            None => unregistered(mpidr),
+        }
+    }
+
+    fn online_cpus(&self) -> CpuSet {
+        self.cpus.online()
+    }
+
+    fn shootdown_state(&self) -> &TlbShootdown {
+        self.state
+    }
+
+    fn tagged_tlb(&self) -> bool {
+        true
+    }
+
+    fn va_bits(&self) -> u32 {
+        self.config.va_bits()
+    }
+
+    fn asid_bits(&self) -> u32 {
+        self.config.asid_bits()
+    }
+
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        self.local(self.page_op(asid, va, false));
+    }
+
+    fn flush_local_asid(&self, asid: Asid) {
+        self.local(self.asid_op(asid, false));
+    }
+
+    fn flush_local_all(&self, _include_global: bool) {
+        // No EL1 invalidation of every ASID spares global entries: this one
+        // drops them too, which is more than asked and always allowed.
+        self.local(Tlbi::Vmalle1);
+    }
+
+    fn send_flush_ipi(&self, targets: &CpuSet) {
+        (self.send_ipi)(targets);
+    }
+
+    unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
+        let hw = ttbr0_asid(asid, self.config.asid_bits());
+        // The tables this CPU just wrote are visible to the walks that the
+        // new root may start as soon as it is loaded.
+        dsb_ishst();
+        // SAFETY: the caller guarantees `root` is a valid table; the ASID
+        // is its address space's own (or 0, dropped below).
+        unsafe { write_ttbr0_el1(ttbr0_value(root, hw)) };
+        // The new root and ASID govern every later instruction's
+        // translations.
+        isb();
+        if needs_flush_on_load(hw) {
+            // ASID 0 is shared by the kernel's tables and by ASIDs too
+            // wide for the hardware (only a direct call gets one): what a
+            // previous root left under it must not be used with this one.
+            self.local(Tlbi::Aside1(0));
+        }
+    }
+
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        self.broadcast(self.page_op(asid, va, true));
+    }
+
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.broadcast(self.asid_op(asid, true));
+    }
+
+    fn broadcast_flush_all(&self, _include_global: bool) {
+        // As for `flush_local_all`: global entries go too.
+        self.broadcast(Tlbi::Vmalle1is);
+    }
+
+    fn broadcast_sync(&self) {
+        // Every TLBI ... IS issued before it has taken effect on every CPU
+        // of the Inner Shareable domain, including the memory accesses
+        // that used the dropped entries...
+        dsb_ish();
+        // ...and this CPU's next instructions use the new translations.
+        isb();
+    }
+}

@@ -1,0 +1,498 @@
+//! The arithmetic of the aarch64 [`Arch`](super::Arch): system-register
+//! fields, `TLBI` operands, the TTBR0 value, MPIDR affinities, and which
+//! invalidation a flush of an ASID uses.
+//!
+//! None of it executes an instruction, so it compiles on every target and
+//! the host's unit tests check it; the `aarch64` module re-exports what a
+//! kernel needs. Field positions are those of the Arm Architecture
+//! Reference Manual for A-profile (DDI 0487), chapter D19 (AArch64 system
+//! registers) and section C5.5 (`TLBI` operands).
+
+// On other targets only this module's tests use it.
+#![cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+
+use core::fmt;
+
+use crate::arch::Asid;
+
+/// ID_AA64MMFR0_EL1.ASIDBits, bits \[7:4\]: how wide the CPU's ASIDs can be.
+const MMFR0_ASID_BITS_SHIFT: u32 = 4;
+/// ASIDBits value: 8-bit ASIDs only.
+const MMFR0_ASID_8: u64 = 0b0000;
+/// ASIDBits value: 16-bit ASIDs are implemented (used when TCR_EL1.AS is 1).
+const MMFR0_ASID_16: u64 = 0b0010;
+/// ID_AA64MMFR0_EL1.TGran4, bits \[31:28\]: 0b1111 means the 4 KiB granule
+/// is not implemented (0b0000 and 0b0001 mean it is).
+const MMFR0_TGRAN4_SHIFT: u32 = 28;
+const MMFR0_TGRAN4_ABSENT: u64 = 0b1111;
+
+/// TCR_EL1.T0SZ, bits \[5:0\]: the TTBR0 (lower) region is `2^(64 - T0SZ)`
+/// bytes.
+const TCR_T0SZ_SHIFT: u32 = 0;
+/// TCR_EL1.TG0, bits \[15:14\]: TTBR0's granule; 0b00 is 4 KiB.
+const TCR_TG0_SHIFT: u32 = 14;
+const TCR_TG0_4K: u64 = 0b00;
+/// TCR_EL1.T1SZ, bits \[21:16\]: the TTBR1 (upper) region's size.
+const TCR_T1SZ_SHIFT: u32 = 16;
+/// TCR_EL1.A1, bit 22: 1 takes the ASID from TTBR1 instead of TTBR0.
+const TCR_A1: u64 = 1 << 22;
+/// TCR_EL1.TG1, bits \[31:30\]: TTBR1's granule; 0b10 is 4 KiB (TG1 does not
+/// encode granules the way TG0 does).
+const TCR_TG1_SHIFT: u32 = 30;
+const TCR_TG1_4K: u64 = 0b10;
+/// TCR_EL1.AS, bit 36: 1 makes the hardware use all 16 ASID bits.
+const TCR_AS: u64 = 1 << 36;
+
+/// The narrowest region (in address bits) a TxSZ may select with the 4 KiB
+/// granule without FEAT_TTST: TxSZ = 39.
+pub const MIN_REGION_BITS: u32 = 25;
+/// The widest region this crate supports: TxSZ = 16, 48-bit halves. Wider
+/// (52-bit) regions need FEAT_LPA2 and a `TLBI` operand that this crate
+/// does not build.
+pub const MAX_REGION_BITS: u32 = 48;
+
+/// Bits \[43:0\] of a by-address `TLBI` operand: VA\[55:12\] (4 KiB granule).
+const TLBI_VA_MASK: u64 = (1 << 44) - 1;
+/// Where the ASID sits, in a `TLBI` operand and in TTBR0_EL1 alike.
+const ASID_SHIFT: u32 = 48;
+/// Bits \[63:48\] of TTBR0_EL1: the ASID field.
+const TTBR_ASID_FIELD: u64 = 0xffff << ASID_SHIFT;
+
+/// The MPIDR_EL1 affinity fields: Aff2:Aff1:Aff0 in bits \[23:0\], Aff3 in
+/// bits \[39:32\]. The bits between (MT, U, the RES1 bit 31) say nothing
+/// about which CPU it is.
+const MPIDR_AFF_LOW: u64 = 0x00ff_ffff;
+const MPIDR_AFF3_SHIFT: u32 = 32;
+
+/// A translation setup the aarch64 `Arch` cannot serve (what
+/// [`Config`]'s constructors refuse).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unsupported {
+    /// TTBR0 or TTBR1 walks use a granule other than 4 KiB, or the CPU has
+    /// no 4 KiB granule: the crate's pages and `TLBI` operands are 4 KiB
+    /// ones.
+    Granule,
+    /// TCR_EL1.A1 is 1: the ASID comes from TTBR1, while this `Arch`
+    /// switches address spaces by writing TTBR0 (root and ASID in one
+    /// register write).
+    AsidInTtbr1,
+    /// An ASID width other than 8 or 16 bits, or a reserved
+    /// ID_AA64MMFR0_EL1.ASIDBits value (given here as the field's value).
+    AsidBits {
+        /// The width asked for, or the ID register field.
+        bits: u32,
+    },
+    /// A virtual-address region outside [`MIN_REGION_BITS`] to
+    /// [`MAX_REGION_BITS`] bits (TxSZ 16 to 39).
+    RegionBits {
+        /// The region's width in bits (64 - TxSZ).
+        bits: u32,
+    },
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unsupported::Granule => write!(f, "translation granule is not 4 KiB"),
+            Unsupported::AsidInTtbr1 => write!(f, "TCR_EL1.A1 takes the ASID from TTBR1"),
+            Unsupported::AsidBits { bits } => write!(f, "ASID width {bits} is neither 8 nor 16 bits"),
+            Unsupported::RegionBits { bits } => write!(
+                f,
+                "a {bits}-bit address region is outside {MIN_REGION_BITS} to {MAX_REGION_BITS} bits"
+            ),
+        }
+    }
+}
+
+/// What the aarch64 `Arch` needs to know about the MMU setup: ASID width,
+/// address-region width, and whether every `TLBI` must be issued twice (a
+/// CPU erratum). Built from the system registers or from values the
+/// kernel gives, and checked either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    asid_bits: u32,
+    region_bits: u32,
+    repeat_tlbi: bool,
+}
+
+/// Whether a region of `bits` address bits is one this crate serves.
+const fn region_fits(bits: u32) -> bool {
+    MIN_REGION_BITS <= bits && bits <= MAX_REGION_BITS
+}
+
+const fn field(value: u64, shift: u32, width: u32) -> u64 {
+    (value >> shift) & ((1 << width) - 1)
+}
+
+impl Config {
+    /// A setup the kernel describes itself: `asid_bits` (8, or 16 when it
+    /// sets TCR_EL1.AS on a CPU whose ID_AA64MMFR0_EL1 allows it) and
+    /// `region_bits`, the width of the wider of the two address regions
+    /// (64 - TxSZ, 25 to 48).
+    ///
+    /// Errors: [`Unsupported::AsidBits`], [`Unsupported::RegionBits`].
+    pub const fn new(asid_bits: u32, region_bits: u32) -> Result<Config, Unsupported> {
+        if asid_bits != 8 && asid_bits != 16 {
+            return Err(Unsupported::AsidBits { bits: asid_bits });
+        }
+        if !region_fits(region_bits) {
+            return Err(Unsupported::RegionBits { bits: region_bits });
+        }
+        Ok(Config {
+            asid_bits,
+            region_bits,
+            repeat_tlbi: false,
+        })
+    }
+
+    /// The setup that the values of ID_AA64MMFR0_EL1 (`mmfr0`) and TCR_EL1
+    /// (`tcr`) describe: 16-bit ASIDs when the CPU has them and TCR_EL1.AS
+    /// turns them on, 8-bit ones otherwise; the wider of the two regions.
+    ///
+    /// Errors: [`Unsupported::Granule`] unless both TG0 and TG1 select 4
+    /// KiB and the CPU implements it; [`Unsupported::AsidInTtbr1`] when
+    /// TCR_EL1.A1 is set; [`Unsupported::AsidBits`] for a reserved
+    /// ASIDBits value; [`Unsupported::RegionBits`] when T0SZ or T1SZ is
+    /// outside 16 to 39.
+    pub const fn from_registers(mmfr0: u64, tcr: u64) -> Result<Config, Unsupported> {
+        if field(mmfr0, MMFR0_TGRAN4_SHIFT, 4) == MMFR0_TGRAN4_ABSENT
+            || field(tcr, TCR_TG0_SHIFT, 2) != TCR_TG0_4K
+            || field(tcr, TCR_TG1_SHIFT, 2) != TCR_TG1_4K
+        {
+            return Err(Unsupported::Granule);
+        }
+        if tcr & TCR_A1 != 0 {
+            return Err(Unsupported::AsidInTtbr1);
+        }
+        let asid_bits = match field(mmfr0, MMFR0_ASID_BITS_SHIFT, 4) {
+            // TCR_EL1.AS chooses between 8 and 16 bits.
+            MMFR0_ASID_16 if tcr & TCR_AS != 0 => 16,
+            MMFR0_ASID_16 => 8,
+            // AS is RES0 on such a CPU: the hardware tags with 8 bits
+            // whatever the kernel wrote there.
+            MMFR0_ASID_8 => 8,
+            other => return Err(Unsupported::AsidBits { bits: other as u32 }),
+        };
+        // Both TxSZ fields are 6 bits wide, so neither subtraction wraps.
+        let lower = 64 - field(tcr, TCR_T0SZ_SHIFT, 6) as u32;
+        let upper = 64 - field(tcr, TCR_T1SZ_SHIFT, 6) as u32;
+        if !region_fits(lower) {
+            return Err(Unsupported::RegionBits { bits: lower });
+        }
+        if !region_fits(upper) {
+            return Err(Unsupported::RegionBits { bits: upper });
+        }
+        let region_bits = if lower > upper { lower } else { upper };
+        Ok(Config {
+            asid_bits,
+            region_bits,
+            repeat_tlbi: false,
+        })
+    }
+
+    /// The same setup, with every `TLBI` issued twice with a `DSB ISH` in
+    /// between: the workaround for CPUs whose errata let one invalidation
+    /// miss entries (Linux's ARM64_WORKAROUND_REPEAT_TLBI, for example
+    /// Cortex-A76 erratum 1286807 and Qualcomm Falkor erratum 1009). The
+    /// kernel knows its CPUs' revisions; this crate does not look them up.
+    #[must_use]
+    pub const fn with_repeated_tlbi(self) -> Config {
+        Config {
+            repeat_tlbi: true,
+            ..self
+        }
+    }
+
+    /// How many bits the hardware's ASIDs have: 8 or 16.
+    pub const fn asid_bits(&self) -> u32 {
+        self.asid_bits
+    }
+
+    /// The width of the wider address region, 64 - TxSZ.
+    pub const fn region_bits(&self) -> u32 {
+        self.region_bits
+    }
+
+    /// The crate's canonical width ([`Arch::va_bits`](crate::Arch::va_bits)):
+    /// one more than the region's, since on aarch64 the lower region runs
+    /// up from 0 and the upper one down from the top, and an address is in
+    /// one of them exactly when its bits from `region_bits` up are all
+    /// equal (49 for the usual 48-bit regions).
+    pub const fn va_bits(&self) -> u32 {
+        self.region_bits + 1
+    }
+
+    /// Whether every `TLBI` is issued twice ([`with_repeated_tlbi`](Self::with_repeated_tlbi)).
+    pub const fn repeats_tlbi(&self) -> bool {
+        self.repeat_tlbi
+    }
+}
+
+/// The operand of a by-address `TLBI` (`VAE1`, `VALE1`, `VAAE1`, their
+/// `IS` forms) with the 4 KiB granule: the ASID in bits \[63:48\], no level
+/// hint in bits \[47:44\] (TTL 0: any level), and VA\[55:12\] in bits \[43:0\].
+/// Bits 63 to 56 of `va` (a pointer tag, or the upper region's ones) are
+/// not part of it; bit 55 tells the regions apart. The all-ASID forms
+/// ignore the ASID field (it is RES0 there: pass 0).
+pub const fn tlbi_va_operand(asid: u16, va: u64) -> u64 {
+    ((asid as u64) << ASID_SHIFT) | ((va >> 12) & TLBI_VA_MASK)
+}
+
+/// The operand of `TLBI ASIDE1` / `ASIDE1IS`: the ASID in bits \[63:48\],
+/// the rest RES0.
+pub const fn tlbi_asid_operand(asid: u16) -> u64 {
+    (asid as u64) << ASID_SHIFT
+}
+
+/// The TTBR0_EL1 value that loads the table at `root` with `asid`: the
+/// ASID replaces bits \[63:48\] of `root` (the table's physical address, and
+/// CnP in bit 0 if the kernel uses it), so both change in one register
+/// write.
+pub const fn ttbr0_value(root: u64, asid: u16) -> u64 {
+    (root & !TTBR_ASID_FIELD) | ((asid as u64) << ASID_SHIFT)
+}
+
+/// A CPU's affinity, Aff3:Aff2:Aff1:Aff0 packed into 32 bits, from an
+/// MPIDR_EL1 value (or the MPIDR field of an ACPI MADT GICC entry, or a
+/// devicetree `cpu` node's `reg`): what [`CpuTable`](super::aarch64_cpus::CpuTable)
+/// knows CPUs by.
+pub const fn mpidr_affinity(mpidr: u64) -> u32 {
+    let aff3 = (mpidr >> MPIDR_AFF3_SHIFT) & 0xff;
+    ((aff3 << 24) | (mpidr & MPIDR_AFF_LOW)) as u32
+}
+
+/// Which entries an invalidation for an ASID reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TlbiScope {
+    /// The entries tagged with this hardware ASID (and, for a by-address
+    /// invalidation, global entries for the address).
+    Asid(u16),
+    /// Every ASID's entries: the all-ASID form (`VAAE1`, `VMALLE1`).
+    AllAsids,
+}
+
+/// The scope that flushing `asid` needs on hardware with `asid_bits`-bit
+/// ASIDs.
+///
+/// [`Asid::KERNEL`] is every ASID: kernel pages are normally global (nG
+/// clear), which a by-ASID invalidation reaches too, but a kernel that
+/// maps some of them non-global (as Linux does under KPTI) would have
+/// them tagged with whatever ASID was loaded, so the all-ASID form is the
+/// one that is right either way. An ASID wider than the hardware's (which
+/// every entry point of the crate refuses; only a direct call gets here)
+/// is every ASID too: the hardware would only see its low bits, another
+/// address space's ASID.
+pub(crate) const fn tlbi_scope(asid: Asid, asid_bits: u32) -> TlbiScope {
+    let value = asid.value();
+    if asid.is_kernel() || asid_bits > 16 || (value as u32) >> asid_bits != 0 {
+        TlbiScope::AllAsids
+    } else {
+        TlbiScope::Asid(value)
+    }
+}
+
+/// The hardware ASID that TTBR0 gets for `asid`: its value for a user ASID
+/// that fits, 0 for [`Asid::KERNEL`] (the crate never gives 0 to a user
+/// address space) and for an ASID wider than the hardware's. Address
+/// spaces loaded with 0 share it, so their switch drops ASID 0's entries
+/// ([`needs_flush_on_load`]).
+pub(crate) const fn ttbr0_asid(asid: Asid, asid_bits: u32) -> u16 {
+    match tlbi_scope(asid, asid_bits) {
+        TlbiScope::Asid(value) => value,
+        TlbiScope::AllAsids => 0,
+    }
+}
+
+/// Whether loading an address space tagged `hw_asid` must drop that ASID's
+/// entries: only for ASID 0, which several roots may use in turn.
+pub(crate) const fn needs_flush_on_load(hw_asid: u16) -> bool {
+    hw_asid == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A TCR_EL1 value: 4 KiB granules both sides, the given sizes, AS.
+    fn tcr(t0sz: u64, t1sz: u64, as16: bool) -> u64 {
+        t0sz | (t1sz << TCR_T1SZ_SHIFT) | (TCR_TG1_4K << TCR_TG1_SHIFT) | if as16 { TCR_AS } else { 0 }
+    }
+
+    const MMFR0_16: u64 = MMFR0_ASID_16 << MMFR0_ASID_BITS_SHIFT;
+
+    #[test]
+    fn asid_width_comes_from_the_cpu_and_tcr_as() {
+        // 16-bit capable and AS set: 16 bits.
+        let c = Config::from_registers(MMFR0_16, tcr(16, 16, true)).unwrap();
+        assert_eq!(c.asid_bits(), 16);
+        // Capable but AS clear: the hardware tags with 8 bits.
+        let c = Config::from_registers(MMFR0_16, tcr(16, 16, false)).unwrap();
+        assert_eq!(c.asid_bits(), 8);
+        // 8-bit CPU: AS is RES0, 8 bits whatever it holds.
+        let c = Config::from_registers(0, tcr(16, 16, true)).unwrap();
+        assert_eq!(c.asid_bits(), 8);
+        // A reserved ASIDBits value.
+        assert_eq!(
+            Config::from_registers(0b0001 << MMFR0_ASID_BITS_SHIFT, tcr(16, 16, true)),
+            Err(Unsupported::AsidBits { bits: 1 })
+        );
+        // Other ID register fields do not matter (PARange 48 bits, mixed
+        // endianness, 16 KiB granule present).
+        let c = Config::from_registers(
+            MMFR0_16 | 0b0101 | (0b0001 << 8) | (0b0001 << 20),
+            tcr(16, 16, true),
+        )
+        .unwrap();
+        assert_eq!(c.asid_bits(), 16);
+    }
+
+    #[test]
+    fn regions_give_the_canonical_width() {
+        let c = Config::from_registers(MMFR0_16, tcr(16, 16, true)).unwrap();
+        assert_eq!((c.region_bits(), c.va_bits()), (48, 49));
+        // 39-bit regions (T0SZ = T1SZ = 25).
+        let c = Config::from_registers(MMFR0_16, tcr(25, 25, true)).unwrap();
+        assert_eq!((c.region_bits(), c.va_bits()), (39, 40));
+        // Different sizes: the wider one, so every user address passes.
+        let c = Config::from_registers(MMFR0_16, tcr(16, 25, true)).unwrap();
+        assert_eq!(c.va_bits(), 49);
+        let c = Config::from_registers(MMFR0_16, tcr(25, 16, true)).unwrap();
+        assert_eq!(c.va_bits(), 49);
+        // Out of range on either side, and the extremes of the field.
+        for (t0, t1, bits) in [(12, 16, 52), (16, 12, 52), (40, 16, 24), (16, 63, 1), (0, 16, 64)] {
+            assert_eq!(
+                Config::from_registers(MMFR0_16, tcr(t0, t1, true)),
+                Err(Unsupported::RegionBits { bits })
+            );
+        }
+        assert!(Config::from_registers(MMFR0_16, tcr(39, 39, false)).is_ok());
+    }
+
+    #[test]
+    fn only_4k_granules_and_ttbr0_asids_are_served() {
+        let good = tcr(16, 16, true);
+        // TG0 = 64 KiB (0b01) or 16 KiB (0b10).
+        for tg0 in [0b01u64, 0b10] {
+            assert_eq!(
+                Config::from_registers(MMFR0_16, good | (tg0 << TCR_TG0_SHIFT)),
+                Err(Unsupported::Granule)
+            );
+        }
+        // TG1 = 16 KiB (0b01), 64 KiB (0b11), reserved (0b00).
+        for tg1 in [0b01u64, 0b11, 0b00] {
+            let v = (good & !(0b11 << TCR_TG1_SHIFT)) | (tg1 << TCR_TG1_SHIFT);
+            assert_eq!(Config::from_registers(MMFR0_16, v), Err(Unsupported::Granule));
+        }
+        // The CPU lacks the 4 KiB granule.
+        assert_eq!(
+            Config::from_registers(MMFR0_16 | (0b1111 << MMFR0_TGRAN4_SHIFT), good),
+            Err(Unsupported::Granule)
+        );
+        // 4 KiB with 52-bit support (TGran4 = 0b0001) is still 4 KiB.
+        assert!(Config::from_registers(MMFR0_16 | (0b0001 << MMFR0_TGRAN4_SHIFT), good).is_ok());
+        assert_eq!(
+            Config::from_registers(MMFR0_16, good | TCR_A1),
+            Err(Unsupported::AsidInTtbr1)
+        );
+    }
+
+    #[test]
+    fn a_given_setup_is_checked_too() {
+        assert_eq!(Config::new(16, 48).map(|c| c.va_bits()), Ok(49));
+        assert_eq!(Config::new(8, 39).map(|c| c.asid_bits()), Ok(8));
+        assert_eq!(Config::new(12, 48), Err(Unsupported::AsidBits { bits: 12 }));
+        assert_eq!(Config::new(32, 48), Err(Unsupported::AsidBits { bits: 32 }));
+        assert_eq!(Config::new(16, 52), Err(Unsupported::RegionBits { bits: 52 }));
+        assert_eq!(Config::new(16, 24), Err(Unsupported::RegionBits { bits: 24 }));
+        let c = Config::new(16, 48).unwrap();
+        assert!(!c.repeats_tlbi());
+        assert!(c.with_repeated_tlbi().repeats_tlbi());
+        assert_eq!(c.with_repeated_tlbi().asid_bits(), 16);
+    }
+
+    #[test]
+    fn tlbi_operands_carry_the_asid_and_va_55_to_12() {
+        assert_eq!(tlbi_va_operand(0, 0), 0);
+        assert_eq!(tlbi_va_operand(5, 0x1000), (5 << 48) | 1);
+        assert_eq!(
+            tlbi_va_operand(0xffff, 0x0000_7fff_ffff_f000),
+            (0xffff << 48) | 0x7_ffff_ffff
+        );
+        // The page offset is dropped.
+        assert_eq!(tlbi_va_operand(1, 0x1fff), tlbi_va_operand(1, 0x1000));
+        // An upper-region address keeps bit 55 (bits 55:12 fill all 44
+        // bits) and loses bits 63:56; the ASID is not disturbed.
+        assert_eq!(
+            tlbi_va_operand(7, 0xffff_0000_0000_0000),
+            (7 << 48) | (0xff0 << 32)
+        );
+        assert_eq!(
+            tlbi_va_operand(7, 0xffff_ffff_ffff_f000),
+            (7 << 48) | ((1 << 44) - 1)
+        );
+        // A tag in the top byte does not change the operand.
+        assert_eq!(
+            tlbi_va_operand(3, 0x5a00_0000_0040_0000),
+            tlbi_va_operand(3, 0x40_0000)
+        );
+        assert_eq!(tlbi_asid_operand(0x1234), 0x1234 << 48);
+        assert_eq!(tlbi_asid_operand(0), 0);
+    }
+
+    #[test]
+    fn ttbr0_takes_the_asid_in_its_top_bits() {
+        assert_eq!(ttbr0_value(0x4008_0000, 9), (9 << 48) | 0x4008_0000);
+        // CnP (bit 0) is kept; stray high bits are replaced by the ASID.
+        assert_eq!(ttbr0_value(0x4008_0001, 0), 0x4008_0001);
+        assert_eq!(ttbr0_value(0xabcd_0000_4008_0000, 2), (2 << 48) | 0x4008_0000);
+    }
+
+    #[test]
+    fn affinities_drop_the_bits_that_are_not_affinity() {
+        // RES1 bit 31, U bit 30 and MT bit 24 do not name a CPU.
+        assert_eq!(mpidr_affinity(0x8000_0000), 0);
+        assert_eq!(mpidr_affinity(0xc100_0203), 0x0000_0203);
+        assert_eq!(mpidr_affinity(0x0000_0012_0003_0405), 0x1203_0405);
+        // Bits above Aff3 are ignored.
+        assert_eq!(mpidr_affinity(0xffff_ff00_0000_0001), 1);
+    }
+
+    #[test]
+    fn flushes_name_one_asid_only_when_it_is_exactly_the_hardwares() {
+        let a = |v| Asid::new(v).unwrap();
+        assert_eq!(tlbi_scope(a(1), 8), TlbiScope::Asid(1));
+        assert_eq!(tlbi_scope(a(255), 8), TlbiScope::Asid(255));
+        // Too wide for 8 bits: its low byte is another ASID.
+        assert_eq!(tlbi_scope(a(256), 8), TlbiScope::AllAsids);
+        assert_eq!(tlbi_scope(a(256 + 5), 8), TlbiScope::AllAsids);
+        assert_eq!(tlbi_scope(a(0xfffe), 16), TlbiScope::Asid(0xfffe));
+        // The kernel's pages: every ASID, whatever their nG bit.
+        assert_eq!(tlbi_scope(Asid::KERNEL, 16), TlbiScope::AllAsids);
+        assert_eq!(tlbi_scope(Asid::KERNEL, 8), TlbiScope::AllAsids);
+        // A nonsensical width never narrows anything.
+        assert_eq!(tlbi_scope(a(5), 40), TlbiScope::AllAsids);
+    }
+
+    #[test]
+    fn the_kernel_and_too_wide_asids_load_asid_zero_and_flush_it() {
+        let a = |v| Asid::new(v).unwrap();
+        assert_eq!(ttbr0_asid(a(7), 8), 7);
+        assert!(!needs_flush_on_load(ttbr0_asid(a(7), 8)));
+        assert_eq!(ttbr0_asid(Asid::KERNEL, 16), 0);
+        assert_eq!(ttbr0_asid(a(300), 8), 0);
+        assert!(needs_flush_on_load(ttbr0_asid(Asid::KERNEL, 16)));
+        assert!(needs_flush_on_load(ttbr0_asid(a(300), 8)));
+    }
+
+    #[test]
+    fn refusals_say_what_was_refused() {
+        use std::string::ToString;
+        assert_eq!(
+            Unsupported::Granule.to_string(),
+            "translation granule is not 4 KiB"
+        );
+        assert!(Unsupported::AsidBits { bits: 12 }.to_string().contains("12"));
+        assert!(Unsupported::RegionBits { bits: 52 }.to_string().contains("52"));
+        assert!(Unsupported::AsidInTtbr1.to_string().contains("TTBR1"));
+    }
+}
