@@ -14,13 +14,17 @@
 //!
 //! Kernel command line (`-append`, which QEMU puts in the DTB's
 //! `/chosen/bootargs`): `negative` runs the negative control, in which the
-//! flush under test publishes the page-table change but skips the `TLBI`;
-//! `negative-local` another, in which it issues the non-broadcast `TLBI
-//! VAE1` (only CPU 0 forgets the page). The scenarios must then fail, on
-//! stale reads.
+//! flush under test goes through the crate with its invalidations skipped
+//! (the page-table stores are still published); `negative-local` another,
+//! in which its broadcast invalidations are replaced by the local forms
+//! (only CPU 0 forgets the pages). Every scenario must then fail, on stale
+//! reads.
 //!
-//! The TLB maintenance is this kernel's own few instructions ([`insn`])
-//! until the crate's aarch64 `Arch` replaces them.
+//! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
+//! in its `CpuTable` by MPIDR, comes online through `bring_online`, and
+//! loads the test address space with `switch_mm`; the scenarios unmap and
+//! remap through `flush_tlb_page`. The crate's aarch64 `Arch` shoots down
+//! with broadcast `TLBI`s, so no scenario may send a flush IPI.
 //!
 //! What QEMU's TCG shows: its software TLB is per vCPU and keeps a
 //! translation until a TLBI that reaches that vCPU drops it (or the vCPU
@@ -36,17 +40,19 @@
 
 mod boot;
 mod fdt;
-mod insn;
 mod mmu;
 mod psci;
 mod scenario;
 mod semihost;
+mod tlb;
 mod uart;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use scenario::{Change, Flush, Frame, Platform};
+use tlb_batch::arch::aarch64::{self as a64, Config};
+use tlb_batch::{flush_tlb_page, flush_tlb_range, PageRange};
 
 /// CPUs this kernel starts at most.
 pub const MAX_CPUS: usize = 8;
@@ -78,12 +84,16 @@ static mut AP_BOOT: [boot::ApBoot; MAX_CPUS] = [const {
     }
 }; MAX_CPUS];
 
-/// A page-aligned frame the test page maps.
+/// A page-aligned frame a test page maps.
 #[repr(C, align(4096))]
 struct Page([AtomicU64; 512]);
 
-static FRAME_A: Page = Page([const { AtomicU64::new(0) }; 512]);
-static FRAME_B: Page = Page([const { AtomicU64::new(0) }; 512]);
+/// Each test page's frames A and B.
+static FRAMES_A: [Page; mmu::TEST_PAGES] =
+    [const { Page([const { AtomicU64::new(0) }; 512]) }; mmu::TEST_PAGES];
+static FRAMES_B: [Page; mmu::TEST_PAGES] =
+    [const { Page([const { AtomicU64::new(0) }; 512]) }; mmu::TEST_PAGES];
+const _: () = assert!(mmu::TEST_PAGES <= scenario::MAX_PAGES);
 
 pub fn say(args: core::fmt::Arguments<'_>) {
     let _ = uart::Uart.write_fmt(args);
@@ -94,7 +104,7 @@ macro_rules! say {
     ($($t:tt)*) => { $crate::say(format_args!($($t)*)) };
 }
 
-fn fatal(why: &str) -> ! {
+pub fn fatal(why: &str) -> ! {
     say!("FATAL: {why}\n");
     semihost::exit(EXIT_FATAL)
 }
@@ -162,8 +172,22 @@ fn now_us() -> u64 {
 }
 
 /// The scenarios' view of this machine.
-struct Virt {
-    asid: u16,
+struct Virt;
+
+impl Virt {
+    /// Flushes `page` through the crate with the `Arch` that `flush` names.
+    fn flush_with(&self, flush: Flush, page: usize) {
+        let a = *tlb::arch();
+        let va = mmu::test_va(page);
+        let done = match flush {
+            Flush::AllCpus => flush_tlb_page(&a, tlb::mm(), va),
+            Flush::ThisCpuOnly => flush_tlb_page(&tlb::LocalTlbi(a), tlb::mm(), va),
+            Flush::Skipped => flush_tlb_page(&tlb::SkipTlbi(a), tlb::mm(), va),
+        };
+        if done.is_err() {
+            fatal("flush_tlb_page refused a test page");
+        }
+    }
 }
 
 impl Platform for Virt {
@@ -173,32 +197,46 @@ impl Platform for Virt {
     fn this_cpu(&self) -> usize {
         cpu_index()
     }
-    fn fill_frame(&self, frame: Frame, value: u64) {
-        page(frame).0[0].store(value, Ordering::Release);
+    fn fill_frame(&self, page: usize, frame: Frame, value: u64) {
+        frame_of(page, frame).0[0].store(value, Ordering::Release);
     }
-    fn set_test_pte(&self, frame: Option<Frame>) {
-        let entry = frame.map_or(0, |f| page(f).0.as_ptr() as u64 | mmu::TEST_PAGE_FLAGS);
-        mmu::test_pte().store(entry, Ordering::Release);
+    fn set_pte(&self, page: usize, frame: Option<Frame>) {
+        let entry = frame.map_or(0, |f| frame_of(page, f).0.as_ptr() as u64 | mmu::TEST_PAGE_FLAGS);
+        mmu::test_pte(page).store(entry, Ordering::Release);
     }
-    fn sync_test_page(&self, flush: Flush) {
-        match flush {
-            Flush::AllCpus => insn::invalidate_page_all_cpus(self.asid, mmu::TEST_VA),
-            Flush::ThisCpuOnly => insn::invalidate_page_this_cpu(self.asid, mmu::TEST_VA),
-            Flush::PublishOnly => insn::publish_without_invalidate(),
+    fn publish(&self) {
+        // The entries' stores reach every CPU's table walks, and this CPU's
+        // next instructions see them.
+        a64::dsb_ishst();
+        a64::isb();
+    }
+    fn flush_pages(&self, pages: usize) {
+        let range = PageRange::new(mmu::TEST_VA, pages as u64);
+        if !range.is_ok_and(|r| flush_tlb_range(tlb::arch(), tlb::mm(), r).is_ok()) {
+            fatal("flush_tlb_range refused the test pages");
         }
     }
-    fn read_test_page(&self) -> Option<u64> {
-        boot::probe(mmu::TEST_VA)
+    fn flush_page(&self, page: usize, flush: Flush) {
+        self.flush_with(flush, page);
+    }
+    fn read_page(&self, page: usize) -> Option<u64> {
+        boot::probe(mmu::test_va(page))
+    }
+    fn ipis(&self) -> (u64, u64) {
+        tlb::ipis()
+    }
+    fn poll(&self) {
+        tlb::poll();
     }
     fn now_us(&self) -> u64 {
         now_us()
     }
 }
 
-fn page(frame: Frame) -> &'static Page {
+fn frame_of(page: usize, frame: Frame) -> &'static Page {
     match frame {
-        Frame::A => &FRAME_A,
-        Frame::B => &FRAME_B,
+        Frame::A => &FRAMES_A[page],
+        Frame::B => &FRAMES_B[page],
     }
 }
 
@@ -231,25 +269,37 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     if let Err(e) = mmu::build(info.ram.0, info.ram.1) {
         fatal(e);
     }
-    let config = mmu::config(&features);
+    let mmu_config = mmu::config(&features);
     // SAFETY: the tables identity-map this kernel's image, stacks and the
     // UART with the attributes it ran with; interrupts are masked.
-    unsafe { boot::mmu_enable(&config) };
+    unsafe { boot::mmu_enable(&mmu_config) };
     if !mmu::enabled() {
         fatal("the MMU did not turn on");
     }
 
     let flush = if has_word(info.bootargs, b"negative") {
-        Flush::PublishOnly
+        Flush::Skipped
     } else if has_word(info.bootargs, b"negative-local") {
         Flush::ThisCpuOnly
     } else {
         Flush::AllCpus
     };
+    // SAFETY: this CPU runs at EL1 (checked above).
+    let config = match unsafe { Config::detect() } {
+        Ok(c) => c,
+        Err(_) => fatal("the crate refuses this CPU's MMU setup (Config::detect)"),
+    };
+    if let Err(e) = tlb::init(config, features.test_asid()) {
+        fatal(e);
+    }
+    if tlb::CPUS.register(0, mpidr()).is_err() {
+        fatal("the boot CPU cannot be registered in the CpuTable");
+    }
+    tlb::cpu_up(0);
     let (major, minor) = psci::version(conduit);
     say!(
         "tlb-batch aarch64 QEMU test kernel: EL{}, DTB at {:#x} (x0 {:#x}), RAM {:#x}+{:#x}, PSCI {}.{} via {}, \
-         {}-bit ASIDs (test ASID {:#x}), PARange {:#x}, flush under test: {:?}\n",
+         {}-bit ASIDs (test ASID {:#x}), {}-bit VAs, PARange {:#x}, flush under test: {:?}\n",
         current_el(),
         dtb,
         x0,
@@ -258,15 +308,19 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         major,
         minor,
         if conduit == psci::Conduit::Hvc { "HVC" } else { "SMC" },
-        features.asid_bits(),
+        config.asid_bits(),
         features.test_asid(),
+        config.va_bits(),
         features.pa_range,
         flush
     );
 
-    start_secondaries(&info, conduit, config);
+    start_secondaries(&info, conduit, mmu_config);
     let n = ONLINE.load(Ordering::Acquire);
-    say!("{n} CPUs online, MMU and caches on in each\n");
+    say!(
+        "{n} CPUs online, MMU and caches on in each, {} online in the crate's CpuTable\n",
+        tlb::CPUS.online().len()
+    );
     if info.cpus_dropped > 0 {
         say!("({} more CPUs in the DTB left off)\n", info.cpus_dropped);
     }
@@ -274,9 +328,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         fatal("the scenarios need at least 2 CPUs (-smp)");
     }
 
-    let p = Virt {
-        asid: features.test_asid(),
-    };
+    let p = Virt;
     let outcomes = [
         scenario::run(&p, "unmap shootdown", Change::Unmap, flush, ROUNDS),
         scenario::run(&p, "remap shootdown", Change::Remap, flush, ROUNDS),
@@ -284,6 +336,13 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     for o in &outcomes {
         say!("{o}\n");
     }
+    let s = tlb::TLB.stats();
+    say!(
+        "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent\n",
+        s.shootdowns,
+        s.broadcasts,
+        s.ipis_sent
+    );
     let passed = outcomes.iter().filter(|o| o.passed()).count();
     say!("{passed} passed, {} failed\n", outcomes.len() - passed);
     semihost::exit(if passed == outcomes.len() { 0 } else { EXIT_FAIL })
@@ -299,6 +358,10 @@ fn start_secondaries(info: &fdt::BootInfo<'_>, conduit: psci::Conduit, config: m
     for &target in &info.cpus[..info.cpu_count] {
         if target == me {
             continue;
+        }
+        if tlb::CPUS.register(next, target).is_err() {
+            say!("MPIDR {target:#x} cannot be CPU {next} in the CpuTable\n");
+            fatal("a secondary CPU could not be registered");
         }
         // SAFETY: this CPU alone writes AP_BOOT, and only for CPUs not yet
         // started; the started CPU reads its entry only after CPU_ON.
@@ -335,7 +398,7 @@ extern "C" fn ap_main(cpu: u64) -> ! {
     if !mmu::enabled() {
         fatal("a secondary CPU's MMU is off");
     }
-    let asid = mmu::MmuFeatures::read().test_asid();
+    tlb::cpu_up(cpu as usize);
     ONLINE.fetch_add(1, Ordering::AcqRel);
-    scenario::observe(&Virt { asid })
+    scenario::observe(&Virt)
 }

@@ -9,20 +9,27 @@
 //! - the RAM the DTB reports, identity, 2 MiB Normal write-back blocks,
 //!   inner shareable, writable and executable at EL1 (a test kernel): the
 //!   kernel, its stacks, the DTB and the test frames;
-//! - [`TEST_VA`], one 4 KiB page through its own level 1-3 tables, the
-//!   page the scenarios remap.
+//! - [`TEST_PAGES`] 4 KiB pages from [`TEST_VA`] on, through their own
+//!   level 1-3 tables: the pages the scenarios map, unmap and remap.
 //!
-//! Kernel mappings are global; the test page is not (nG = 1), so its TLB
-//! entries carry the ASID in TTBR0_EL1. The ASID is 16 bits wide when
+//! Kernel mappings are global; the test pages are not (nG = 1), so their
+//! TLB entries carry the ASID in TTBR0_EL1. Every CPU turns its MMU on
+//! with ASID 0 in TTBR0_EL1 and then loads the test address space (the same
+//! root, with the test ASID) through the crate's `switch_mm`. The ASID is 16 bits wide when
 //! ID_AA64MMFR0_EL1.ASIDBits says the CPU has them (TCR_EL1.AS = 1), 8
 //! otherwise. Hardware access-flag updates stay off (TCR_EL1.HA = 0): every
 //! descriptor is written with AF set.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-/// Where the test page lives: level 0 index 1, away from the identity map.
-pub const TEST_VA: u64 = 0x0000_0080_0000_0000 + 0x1ff * 4096;
-const _: () = assert!(TEST_VA >> 39 == 1, "the test page needs its own level 0 entry");
+/// Where the test pages live: level 0 index 1, away from the identity map,
+/// the last [`TEST_PAGES`] entries of one leaf table.
+pub const TEST_VA: u64 = 0x0000_0080_0000_0000 + (512 - TEST_PAGES as u64) * 4096;
+/// How many test pages there are: more than the crate's full-flush ceiling
+/// (33 pages), so that one batch can pass it.
+pub const TEST_PAGES: usize = 48;
+const _: () = assert!(TEST_VA >> 39 == 1, "the test pages need their own level 0 entry");
+const _: () = assert!(TEST_PAGES > tlb_batch::DEFAULT_FULL_FLUSH_CEILING);
 
 /// The ASID of the test address space when 16-bit ASIDs exist (it does
 /// not fit 8 bits, so a CPU or setup that drops the top byte is noticed on
@@ -30,18 +37,20 @@ const _: () = assert!(TEST_VA >> 39 == 1, "the test page needs its own level 0 e
 const ASID_16: u16 = 0x3ca5;
 const ASID_8: u16 = 0xa5;
 
-const DESC_VALID: u64 = 1 << 0;
+pub const DESC_VALID: u64 = 1 << 0;
 /// Table descriptor at levels 0-2, page descriptor at level 3.
-const DESC_TABLE_OR_PAGE: u64 = 1 << 1;
+pub const DESC_TABLE_OR_PAGE: u64 = 1 << 1;
 const ATTR_DEVICE: u64 = 0 << 2;
 const ATTR_NORMAL: u64 = 1 << 2;
 const SH_INNER: u64 = 3 << 8;
-const AF: u64 = 1 << 10;
+/// The access flag.
+pub const AF: u64 = 1 << 10;
 const NG: u64 = 1 << 11;
 const PXN: u64 = 1 << 53;
 const UXN: u64 = 1 << 54;
 
-/// Leaf descriptor bits of a data page of the test address space.
+/// Leaf descriptor bits of a data page of the test address space
+/// (writable: AP\[2\] clear).
 pub const TEST_PAGE_FLAGS: u64 =
     DESC_VALID | DESC_TABLE_OR_PAGE | ATTR_NORMAL | SH_INNER | AF | NG | PXN | UXN;
 
@@ -69,7 +78,7 @@ static L1_IDENT: Table = Table::new();
 static L2_RAM: Table = Table::new();
 static L1_TEST: Table = Table::new();
 static L2_TEST: Table = Table::new();
-/// The test page's leaf table: the scenarios write its entry.
+/// The test pages' leaf table: the scenarios write their entries.
 static L3_TEST: Table = Table::new();
 
 /// What every CPU loads to turn its MMU on (read by `mmu_enable` in
@@ -113,14 +122,6 @@ impl MmuFeatures {
             ASID_8
         }
     }
-
-    pub fn asid_bits(&self) -> u32 {
-        if self.asid_16 {
-            16
-        } else {
-            8
-        }
-    }
 }
 
 /// Builds the tables. Runs once, on the boot CPU, with its MMU off: only
@@ -149,9 +150,19 @@ pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The test page's leaf entry.
-pub fn test_pte() -> &'static AtomicU64 {
-    &L3_TEST.0[indices(TEST_VA)[3]]
+/// The leaf entry of test page `page` (below [`TEST_PAGES`]).
+pub fn test_pte(page: usize) -> &'static AtomicU64 {
+    &L3_TEST.0[indices(test_va(page))[3]]
+}
+
+/// The address of test page `page`.
+pub fn test_va(page: usize) -> u64 {
+    TEST_VA + page as u64 * 4096
+}
+
+/// The root of the tables (the test address space's, and the kernel's).
+pub fn root() -> u64 {
+    L0.addr()
 }
 
 /// The level 0-3 table indices of `va`.
@@ -172,7 +183,8 @@ pub fn config(f: &MmuFeatures) -> MmuConfig {
     let ips = f.pa_range << 32;
     let as16 = u64::from(f.asid_16) << 36;
     let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16;
-    let ttbr0 = L0.addr() | u64::from(f.test_asid()) << 48;
+    // ASID 0 until the crate loads the test address space.
+    let ttbr0 = L0.addr();
     // SCTLR_EL1 as reset left it, plus M (MMU), C (data cache) and I
     // (instruction cache); minus A (alignment checks), WXN and the
     // big-endian bits.

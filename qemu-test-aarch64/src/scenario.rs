@@ -3,58 +3,67 @@
 //! invalidated. The x86_64 kernel (`qemu-test/`) is meant to run the same
 //! set later through its own `Platform`.
 //!
-//! One test page P of a non-global (ASID-tagged) address space can map
-//! frame A or frame B. A round:
+//! A scenario uses the first `pages` test pages P0, P1, ... of one
+//! non-global (ASID-tagged) address space; each can map its frame A or its
+//! frame B. A round:
 //!
-//! 1. the driver (CPU 0) writes a fresh pattern into A and B, maps P to A,
-//!    flushes P on every CPU, and starts the round;
-//! 2. every other CPU (an observer) reads P until it has seen A's pattern
-//!    [`WARM_READS`] times in a row, says so, and keeps reading P in a tight
-//!    loop, so that its TLB holds P -> A;
-//! 3. the driver changes P (below) and makes the change visible with the
-//!    flush under test, then raises the round's signal;
-//! 4. each observer, once it sees the signal, reads P once more and reports
-//!    what it read.
+//! 1. the driver (CPU 0) writes a fresh pattern into every A and B, maps
+//!    each page to its A, flushes the pages on every CPU, and starts the
+//!    round;
+//! 2. every other CPU (an observer) reads the pages until it has seen every
+//!    A pattern [`WARM_READS`] sweeps in a row, says so, and keeps reading
+//!    them in a tight loop, so that its TLB holds each P -> A;
+//! 3. the driver changes the pages (below) and makes the change visible
+//!    with the flush under test, then raises the round's signal;
+//! 4. each observer, once it sees the signal, reads every page once more
+//!    and reports what it read.
 //!
-//! The changes: *unmap* clears P's entry, and the observers must then
-//! fault; *remap* clears it, flushes, and maps P to B (break-before-make,
-//! as the architecture asks before a live entry's output address
-//! changes), and the observers must then read B's pattern. Reading A's
-//! pattern after the signal is a stale translation: a flush that did not
-//! reach that CPU. The negative controls weaken the flush under test (skip
-//! it, or flush the driver's CPU only; the page-table stores are still
-//! published) and must see exactly that.
+//! The changes: *unmap* clears one page's entry and flushes it, and the
+//! observers must then fault; *remap* clears it, flushes, and maps it to B
+//! (break-before-make, as the architecture asks before a live entry's
+//! output address changes), and the observers must then read B's pattern.
+//! Reading A's pattern after the signal is a stale translation: a flush
+//! that did not reach that CPU. The negative controls weaken the flush
+//! under test (skip its invalidations, or make them reach the driver's CPU
+//! only; the page-table stores are still published) and must see exactly
+//! that.
+//!
+//! Every scenario also checks that no flush interrupt was sent or asked
+//! for: on this machine a shootdown is a broadcast invalidation.
 
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 /// CPUs the scenarios can coordinate (CPU 0 drives, the others observe).
 pub const MAX_CPUS: usize = 16;
-/// Consecutive reads of A's pattern an observer makes before it reports
-/// itself warm: its TLB then holds P -> A.
+/// Test pages a scenario can use.
+pub const MAX_PAGES: usize = 64;
+/// Consecutive sweeps over the pages that read every A pattern, which an
+/// observer makes before it reports itself warm: its TLB then holds every
+/// P -> A.
 pub const WARM_READS: u32 = 64;
 /// How long the driver waits for the observers at each step.
 const WAIT_LIMIT_US: u64 = 10_000_000;
 
-/// A frame P can map.
+/// A frame a test page can map.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Frame {
     A,
     B,
 }
 
-/// How the driver makes its change of P's entry visible.
+/// How the driver makes its change of the entries visible.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Flush {
-    /// Publish the entry and invalidate P on every CPU: once this returns,
-    /// no CPU translates P with what the entry held before.
+    /// Publish the entries and invalidate them on every CPU: once this
+    /// returns, no CPU translates a page with what its entry held before.
     AllCpus,
-    /// Publish the entry and invalidate P on the calling CPU only: a
-    /// negative control (a shootdown that reaches no other CPU).
+    /// The same shootdown, with its invalidations made on the calling CPU
+    /// only: a negative control (a shootdown that reaches no other CPU).
     ThisCpuOnly,
-    /// Publish the entry only. Enough when the old entry was invalid (no
-    /// TLB caches an invalid entry); anything else is the negative control.
-    PublishOnly,
+    /// The same shootdown, with its invalidations skipped: a negative
+    /// control (the page-table stores are still published).
+    Skipped,
 }
 
 /// What the scenarios need from the machine.
@@ -63,23 +72,38 @@ pub trait Platform: Sync {
     fn cpu_count(&self) -> usize;
     /// The index of the CPU running the caller.
     fn this_cpu(&self) -> usize;
-    /// Writes `value` into the first word of `frame` (not through P).
-    fn fill_frame(&self, frame: Frame, value: u64);
-    /// Writes P's page-table entry: mapped to `frame`, or not present.
-    /// Does no TLB maintenance.
-    fn set_test_pte(&self, frame: Option<Frame>);
-    /// Makes the last [`Platform::set_test_pte`] visible, as `flush` says.
-    fn sync_test_page(&self, flush: Flush);
-    /// Reads P's first word; `None` if the read faulted.
-    fn read_test_page(&self) -> Option<u64>;
+    /// Writes `value` into the first word of `page`'s `frame` (not through
+    /// the page).
+    fn fill_frame(&self, page: usize, frame: Frame, value: u64);
+    /// Writes `page`'s page-table entry: mapped to its `frame`, or not
+    /// present. Does no TLB maintenance.
+    fn set_pte(&self, page: usize, frame: Option<Frame>);
+    /// Publishes the entries written so far to every CPU's table walks,
+    /// without invalidating anything: enough when every changed entry was
+    /// invalid before (no TLB caches an invalid entry).
+    fn publish(&self);
+    /// Invalidates pages `0..pages` on every CPU (the round's setup).
+    fn flush_pages(&self, pages: usize);
+    /// Makes `page`'s last [`Platform::set_pte`] visible, as `flush` says.
+    fn flush_page(&self, page: usize, flush: Flush);
+    /// Reads `page`'s first word; `None` if the read faulted.
+    fn read_page(&self, page: usize) -> Option<u64>;
+    /// Flush interrupts sent so far: as counted by the shootdown code, and
+    /// as seen by the hook that would send them.
+    fn ipis(&self) -> (u64, u64);
+    /// Called in every wait loop: serves what the platform must serve
+    /// while a CPU spins.
+    fn poll(&self) {}
     /// Microseconds since some fixed point, for the driver's time limits.
     fn now_us(&self) -> u64;
 }
 
-/// What the driver does to P after the observers are warm.
+/// What the driver does to the pages after the observers are warm.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Change {
+    /// Page 0 unmapped and flushed.
     Unmap,
+    /// Page 0 unmapped, flushed, and mapped to B.
     Remap,
 }
 
@@ -89,27 +113,34 @@ pub struct Outcome {
     pub change: Change,
     pub flush: Flush,
     pub rounds: u32,
+    pub pages: u32,
     pub observers: u32,
-    /// Reads after the signal that saw the new state (a fault for unmap,
-    /// B's pattern for remap).
+    /// Page reads after the signal that saw the new state (a fault for an
+    /// unmap, B's pattern for remap).
     pub fresh: u32,
-    /// Reads after the signal that returned A's pattern of the round.
+    /// Page reads after the signal that returned A's pattern of the round.
     pub stale: u32,
-    /// Reads that returned anything else (a fault after a remap, another
-    /// round's pattern).
+    /// Page reads that returned anything else (a fault after a remap,
+    /// another round's pattern).
     pub wrong: u32,
     /// Waits on an observer that ran out of time.
     pub timeouts: u32,
+    /// Flush interrupts the shootdown code counted during the scenario.
+    pub ipis_sent: u64,
+    /// Calls of the platform's interrupt hook during the scenario.
+    pub hook_calls: u64,
     pub elapsed_us: u64,
 }
 
 impl Outcome {
     pub fn passed(&self) -> bool {
         self.observers > 0
-            && self.fresh == self.rounds * self.observers
+            && self.fresh == self.rounds * self.observers * self.pages
             && self.stale == 0
             && self.wrong == 0
             && self.timeouts == 0
+            && self.ipis_sent == 0
+            && self.hook_calls == 0
     }
 }
 
@@ -117,16 +148,17 @@ impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "scenario {}: {} ({} rounds x {} observing CPUs, flush {}: {} {}, stale: {} reads of the old frame, \
-             {} other, {} timeouts, {} ms)",
+            "scenario {}: {} ({} rounds x {} observing CPUs x {} pages, flush {}: {} {}, stale: {} reads of \
+             the old frame, {} other, {} timeouts, ",
             self.name,
             if self.passed() { "PASS" } else { "FAIL" },
             self.rounds,
             self.observers,
+            self.pages,
             match self.flush {
                 Flush::AllCpus => "on every CPU",
                 Flush::ThisCpuOnly => "on CPU 0 only (negative control)",
-                Flush::PublishOnly => "SKIPPED (negative control)",
+                Flush::Skipped => "SKIPPED (negative control)",
             },
             self.fresh,
             match self.change {
@@ -136,31 +168,40 @@ impl fmt::Display for Outcome {
             self.stale,
             self.wrong,
             self.timeouts,
-            self.elapsed_us / 1000,
-        )
+        )?;
+        write!(f, "IPIs sent: {}", self.ipis_sent)?;
+        if self.hook_calls > 0 {
+            write!(f, ", IPI hook called {} times", self.hook_calls)?;
+        }
+        write!(f, ", {} ms)", self.elapsed_us / 1000)
     }
 }
 
 /// The round observers are asked to warm up for (0: none yet).
 static WARM: AtomicU64 = AtomicU64::new(0);
+/// How many pages the current round uses.
+static PAGES: AtomicU64 = AtomicU64::new(1);
 /// The round whose change is done and visible.
 static SIGNAL: AtomicU64 = AtomicU64::new(0);
 /// The round the driver gave up on: observers stop waiting for it.
 static ABANDONED: AtomicU64 = AtomicU64::new(0);
 static READY: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 static DONE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
-static SEEN: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// What each observer read after the signal, page by page.
+static SEEN: [[AtomicU64; MAX_PAGES]; MAX_CPUS] =
+    [const { [const { AtomicU64::new(0) }; MAX_PAGES] }; MAX_CPUS];
 static LAST_ROUND: AtomicU64 = AtomicU64::new(0);
 
 /// What an observer read, packed in one word: a fault is a value no
 /// pattern takes.
 const FAULTED: u64 = u64::MAX;
 
-fn pattern(frame: Frame, round: u64) -> u64 {
-    match frame {
-        Frame::A => 0xa0a0_0000_0000_0000 | round,
-        Frame::B => 0xb0b0_0000_0000_0000 | round,
-    }
+fn pattern(frame: Frame, page: usize, round: u64) -> u64 {
+    let tag = match frame {
+        Frame::A => 0xa0a0_0000_0000_0000,
+        Frame::B => 0xb0b0_0000_0000_0000,
+    };
+    tag | (page as u64) << 32 | round
 }
 
 /// Runs the observer side forever: every CPU but the driver calls this
@@ -169,6 +210,7 @@ pub fn observe(p: &impl Platform) -> ! {
     let me = p.this_cpu();
     let mut last = 0;
     loop {
+        p.poll();
         let round = WARM.load(Ordering::Acquire);
         if round == last || me >= MAX_CPUS {
             core::hint::spin_loop();
@@ -181,28 +223,30 @@ pub fn observe(p: &impl Platform) -> ! {
 
 fn observe_round(p: &impl Platform, me: usize, round: u64) {
     let abandoned = || ABANDONED.load(Ordering::Relaxed) == round;
-    let want = pattern(Frame::A, round);
+    let pages = (PAGES.load(Ordering::Relaxed) as usize).min(MAX_PAGES);
     let mut streak = 0;
     while streak < WARM_READS {
+        p.poll();
         if abandoned() {
             return;
         }
-        streak = if p.read_test_page() == Some(want) {
-            streak + 1
-        } else {
-            0
-        };
+        let warm = (0..pages).all(|i| p.read_page(i) == Some(pattern(Frame::A, i, round)));
+        streak = if warm { streak + 1 } else { 0 };
     }
     READY[me].store(round, Ordering::Release);
-    // Keep P's translation in use until the signal.
+    // Keep every page's translation in use until the signal.
     while SIGNAL.load(Ordering::Acquire) != round {
+        p.poll();
         if abandoned() {
             return;
         }
-        let _ = p.read_test_page();
+        for i in 0..pages {
+            let _ = p.read_page(i);
+        }
     }
-    let seen = p.read_test_page().unwrap_or(FAULTED);
-    SEEN[me].store(seen, Ordering::Relaxed);
+    for (i, seen) in SEEN[me].iter().enumerate().take(pages) {
+        seen.store(p.read_page(i).unwrap_or(FAULTED), Ordering::Relaxed);
+    }
     DONE[me].store(round, Ordering::Release);
 }
 
@@ -214,6 +258,7 @@ fn wait_all(p: &impl Platform, slots: &[AtomicU64; MAX_CPUS], round: u64) -> boo
             if p.now_us() - start > WAIT_LIMIT_US {
                 return false;
             }
+            p.poll();
             core::hint::spin_loop();
         }
     }
@@ -223,38 +268,52 @@ fn wait_all(p: &impl Platform, slots: &[AtomicU64; MAX_CPUS], round: u64) -> boo
 /// Runs `rounds` rounds of `change` with `flush` as the flush under test.
 /// Call on CPU 0 while the others run [`observe`].
 pub fn run(p: &impl Platform, name: &'static str, change: Change, flush: Flush, rounds: u32) -> Outcome {
+    // Both changes use page 0 alone.
+    let pages = 1;
     let observers = p.cpu_count().clamp(1, MAX_CPUS) as u32 - 1;
     let mut out = Outcome {
         name,
         change,
         flush,
         rounds,
+        pages: pages as u32,
         observers,
         fresh: 0,
         stale: 0,
         wrong: 0,
         timeouts: 0,
+        ipis_sent: 0,
+        hook_calls: 0,
         elapsed_us: 0,
     };
+    let (ipis_before, hook_before) = p.ipis();
     let start = p.now_us();
+    PAGES.store(pages as u64, Ordering::Relaxed);
     for _ in 0..rounds {
         let round = LAST_ROUND.fetch_add(1, Ordering::Relaxed) + 1;
-        p.fill_frame(Frame::A, pattern(Frame::A, round));
-        p.fill_frame(Frame::B, pattern(Frame::B, round));
-        p.set_test_pte(Some(Frame::A));
-        // Whatever P mapped before (B, or nothing) is gone everywhere.
-        p.sync_test_page(Flush::AllCpus);
+        for i in 0..pages {
+            p.fill_frame(i, Frame::A, pattern(Frame::A, i, round));
+            p.fill_frame(i, Frame::B, pattern(Frame::B, i, round));
+            p.set_pte(i, Some(Frame::A));
+        }
+        // Whatever the pages mapped before (B, or nothing) is gone
+        // everywhere.
+        p.flush_pages(pages);
         WARM.store(round, Ordering::Release);
         if !wait_all(p, &READY, round) {
             out.timeouts += 1;
             ABANDONED.store(round, Ordering::Relaxed);
             continue;
         }
-        p.set_test_pte(None);
-        p.sync_test_page(flush);
-        if change == Change::Remap {
-            p.set_test_pte(Some(Frame::B));
-            p.sync_test_page(Flush::PublishOnly);
+        match change {
+            Change::Unmap | Change::Remap => {
+                p.set_pte(0, None);
+                p.flush_page(0, flush);
+                if change == Change::Remap {
+                    p.set_pte(0, Some(Frame::B));
+                    p.publish();
+                }
+            }
         }
         SIGNAL.store(round, Ordering::Release);
         if !wait_all(p, &DONE, round) {
@@ -262,18 +321,23 @@ pub fn run(p: &impl Platform, name: &'static str, change: Change, flush: Flush, 
             ABANDONED.store(round, Ordering::Relaxed);
             continue;
         }
-        let expected = match change {
-            Change::Unmap => FAULTED,
-            Change::Remap => pattern(Frame::B, round),
-        };
         for seen in SEEN.iter().take(observers as usize + 1).skip(1) {
-            match seen.load(Ordering::Relaxed) {
-                v if v == expected => out.fresh += 1,
-                v if v == pattern(Frame::A, round) => out.stale += 1,
-                _ => out.wrong += 1,
+            for (i, word) in seen.iter().enumerate().take(pages) {
+                let expected = match change {
+                    Change::Unmap => FAULTED,
+                    Change::Remap => pattern(Frame::B, i, round),
+                };
+                match word.load(Ordering::Relaxed) {
+                    v if v == expected => out.fresh += 1,
+                    v if v == pattern(Frame::A, i, round) => out.stale += 1,
+                    _ => out.wrong += 1,
+                }
             }
         }
     }
     out.elapsed_us = p.now_us() - start;
+    let (ipis_after, hook_after) = p.ipis();
+    out.ipis_sent = ipis_after - ipis_before;
+    out.hook_calls = hook_after - hook_before;
     out
 }
