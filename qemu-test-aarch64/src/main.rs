@@ -23,8 +23,10 @@
 //! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
 //! in its `CpuTable` by MPIDR, comes online through `bring_online`, and
 //! loads the test address space with `switch_mm`; the scenarios unmap and
-//! remap through `flush_tlb_page`. The crate's aarch64 `Arch` shoots down
-//! with broadcast `TLBI`s, so no scenario may send a flush IPI.
+//! remap through `flush_tlb_page`, and unmap lists of pages through
+//! `try_to_unmap` into a `TlbFlushUnmapBatch` over this kernel's own tables
+//! ([`space`]). The crate's aarch64 `Arch` shoots down with broadcast
+//! `TLBI`s, so no scenario may send a flush IPI.
 //!
 //! What QEMU's TCG shows: its software TLB is per vCPU and keeps a
 //! translation until a TLBI that reaches that vCPU drops it (or the vCPU
@@ -44,15 +46,18 @@ mod mmu;
 mod psci;
 mod scenario;
 mod semihost;
+mod space;
 mod tlb;
 mod uart;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use scenario::{Change, Flush, Frame, Platform};
-use tlb_batch::arch::aarch64::{self as a64, Config};
-use tlb_batch::{flush_tlb_page, flush_tlb_range, PageRange};
+use scenario::{BatchNote, Change, Flush, Frame, Platform};
+use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
+use tlb_batch::{
+    flush_tlb_page, flush_tlb_range, try_to_unmap, Arch, PageRange, SwapResult, TlbFlushUnmapBatch, TtuFlags,
+};
 
 /// CPUs this kernel starts at most.
 pub const MAX_CPUS: usize = 8;
@@ -61,8 +66,15 @@ pub const EXIT_FAIL: u32 = 3;
 /// Exit status when the kernel stopped before its verdict (a boot error,
 /// an unexpected exception, a panic).
 pub const EXIT_FATAL: u32 = 4;
-/// Rounds of each scenario.
+/// Rounds of each single-page scenario.
 const ROUNDS: u32 = 50;
+/// Rounds of each batched scenario.
+const BATCH_ROUNDS: u32 = 20;
+/// Pages of the batched scenario that stays a list of pages (the other
+/// uses every test page, past the crate's full-flush ceiling).
+const LIST_PAGES: usize = 16;
+const _: () = assert!(LIST_PAGES <= <Aarch64 as Arch>::FULL_FLUSH_CEILING);
+const _: () = assert!(mmu::TEST_PAGES > <Aarch64 as Arch>::FULL_FLUSH_CEILING);
 const _: () = assert!(MAX_CPUS <= scenario::MAX_CPUS);
 
 /// Where QEMU's virt machine writes the DTB for an ELF kernel loaded above
@@ -188,6 +200,36 @@ impl Virt {
             fatal("flush_tlb_page refused a test page");
         }
     }
+
+    /// Unmaps the frames A of pages `0..pages` with `try_to_unmap` into one
+    /// batch and flushes it once, with `a` as the `Arch`.
+    fn unmap_with<A: Arch>(&self, a: &A, pages: usize) -> BatchNote {
+        let before = tlb::TLB.stats();
+        let mut batch = TlbFlushUnmapBatch::new();
+        let mut note = BatchNote::default();
+        // Every test descriptor is written with its access flag set (no
+        // hardware access-flag updates here), so without IGNORE_ACCESS the
+        // walk would only clear the flag and answer Fail: aging is not
+        // what these scenarios test.
+        let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
+        for frame in FRAMES_A.iter().take(pages) {
+            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
+            // The pages are writable, hence reported dirty: each unmap
+            // leaves a possibly writable TLB entry for the batch's flush.
+            match try_to_unmap(a, &space::TestRmap, frame, flags, &mut batch) {
+                Ok(SwapResult::SuccessCached) => note.unmapped += 1,
+                Ok(_) => {}
+                Err(_) => fatal("try_to_unmap refused a test frame"),
+            }
+        }
+        note.pending = batch.pending_pages() as u32;
+        note.full_flush = batch.is_full_flush();
+        if batch.flush(a).is_err() {
+            fatal("the batch's flush failed");
+        }
+        note.shootdowns = tlb::TLB.stats().since(&before).shootdowns;
+        note
+    }
 }
 
 impl Platform for Virt {
@@ -219,6 +261,17 @@ impl Platform for Virt {
     fn flush_page(&self, page: usize, flush: Flush) {
         self.flush_with(flush, page);
     }
+    fn unmap_batched(&self, pages: usize, flush: Flush) -> BatchNote {
+        let a = *tlb::arch();
+        match flush {
+            Flush::AllCpus => self.unmap_with(&a, pages),
+            Flush::ThisCpuOnly => self.unmap_with(&tlb::LocalTlbi(a), pages),
+            Flush::Skipped => self.unmap_with(&tlb::SkipTlbi(a), pages),
+        }
+    }
+    fn full_flush_ceiling(&self) -> usize {
+        <Aarch64 as Arch>::FULL_FLUSH_CEILING
+    }
     fn read_page(&self, page: usize) -> Option<u64> {
         boot::probe(mmu::test_va(page))
     }
@@ -238,6 +291,11 @@ fn frame_of(page: usize, frame: Frame) -> &'static Page {
         Frame::A => &FRAMES_A[page],
         Frame::B => &FRAMES_B[page],
     }
+}
+
+/// The test page whose frame A is `frame`, if any.
+pub fn page_of_frame_a(frame: tlb_batch::Frame) -> Option<usize> {
+    FRAMES_A.iter().position(|p| p.0.as_ptr() as u64 == frame.addr())
 }
 
 fn has_word(line: &[u8], word: &[u8]) -> bool {
@@ -330,18 +388,38 @@ extern "C" fn kernel_main(x0: u64) -> ! {
 
     let p = Virt;
     let outcomes = [
-        scenario::run(&p, "unmap shootdown", Change::Unmap, flush, ROUNDS),
-        scenario::run(&p, "remap shootdown", Change::Remap, flush, ROUNDS),
+        scenario::run(&p, "unmap shootdown", Change::Unmap, 1, flush, ROUNDS),
+        scenario::run(&p, "remap shootdown", Change::Remap, 1, flush, ROUNDS),
+        scenario::run(
+            &p,
+            "a list",
+            Change::BatchedUnmap,
+            LIST_PAGES,
+            flush,
+            BATCH_ROUNDS,
+        ),
+        scenario::run(
+            &p,
+            "past the ceiling",
+            Change::BatchedUnmap,
+            mmu::TEST_PAGES,
+            flush,
+            BATCH_ROUNDS,
+        ),
     ];
     for o in &outcomes {
         say!("{o}\n");
     }
     let s = tlb::TLB.stats();
     say!(
-        "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent\n",
+        "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent, {} pages deferred, {} batches flushed; \
+         {} dirty frames reported\n",
         s.shootdowns,
         s.broadcasts,
-        s.ipis_sent
+        s.ipis_sent,
+        s.pages_deferred,
+        s.batches_flushed,
+        space::DIRTIED.load(Ordering::Relaxed)
     );
     let passed = outcomes.iter().filter(|o| o.passed()).count();
     say!("{passed} passed, {} failed\n", outcomes.len() - passed);

@@ -26,10 +26,9 @@ use core::sync::atomic::{AtomicU64, Ordering};
 /// the last [`TEST_PAGES`] entries of one leaf table.
 pub const TEST_VA: u64 = 0x0000_0080_0000_0000 + (512 - TEST_PAGES as u64) * 4096;
 /// How many test pages there are: more than the crate's full-flush ceiling
-/// (33 pages), so that one batch can pass it.
+/// (33 pages), so that one batch can pass it (asserted in main.rs).
 pub const TEST_PAGES: usize = 48;
 const _: () = assert!(TEST_VA >> 39 == 1, "the test pages need their own level 0 entry");
-const _: () = assert!(TEST_PAGES > tlb_batch::DEFAULT_FULL_FLUSH_CEILING);
 
 /// The ASID of the test address space when 16-bit ASIDs exist (it does
 /// not fit 8 bits, so a CPU or setup that drops the top byte is noticed on
@@ -42,12 +41,16 @@ pub const DESC_VALID: u64 = 1 << 0;
 pub const DESC_TABLE_OR_PAGE: u64 = 1 << 1;
 const ATTR_DEVICE: u64 = 0 << 2;
 const ATTR_NORMAL: u64 = 1 << 2;
+/// AP\[2\]: read-only at every level.
+pub const AP_READ_ONLY: u64 = 1 << 7;
 const SH_INNER: u64 = 3 << 8;
 /// The access flag.
 pub const AF: u64 = 1 << 10;
 const NG: u64 = 1 << 11;
 const PXN: u64 = 1 << 53;
 const UXN: u64 = 1 << 54;
+/// The output address field of a 4 KiB page descriptor (48-bit PAs).
+pub const OUTPUT_ADDRESS: u64 = 0x0000_ffff_ffff_f000;
 
 /// Leaf descriptor bits of a data page of the test address space
 /// (writable: AP\[2\] clear).

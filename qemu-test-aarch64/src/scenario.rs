@@ -21,7 +21,9 @@
 //! The changes: *unmap* clears one page's entry and flushes it, and the
 //! observers must then fault; *remap* clears it, flushes, and maps it to B
 //! (break-before-make, as the architecture asks before a live entry's
-//! output address changes), and the observers must then read B's pattern.
+//! output address changes), and the observers must then read B's pattern;
+//! *batched unmap* has the platform unmap every page's frame into one
+//! batch and flush that once, and the observers must fault on every page.
 //! Reading A's pattern after the signal is a stale translation: a flush
 //! that did not reach that CPU. The negative controls weaken the flush
 //! under test (skip its invalidations, or make them reach the driver's CPU
@@ -66,6 +68,20 @@ pub enum Flush {
     Skipped,
 }
 
+/// What the platform's batched unmap did, for the scenario to check.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct BatchNote {
+    /// Frames the unmap reported unmapped with a writable TLB entry left
+    /// for the flush (the test pages are writable).
+    pub unmapped: u32,
+    /// Pages the batch held when it was flushed.
+    pub pending: u32,
+    /// Whether the batch had become a whole-address-space flush.
+    pub full_flush: bool,
+    /// Shootdowns the unmap and the flush made together.
+    pub shootdowns: u64,
+}
+
 /// What the scenarios need from the machine.
 pub trait Platform: Sync {
     /// CPUs online; CPU 0 is the driver, `1..cpu_count()` the observers.
@@ -86,6 +102,13 @@ pub trait Platform: Sync {
     fn flush_pages(&self, pages: usize);
     /// Makes `page`'s last [`Platform::set_pte`] visible, as `flush` says.
     fn flush_page(&self, page: usize, flush: Flush);
+    /// Unmaps the frames A of pages `0..pages`, each found through the
+    /// platform's reverse map, into one batch, and flushes that once, as
+    /// `flush` says.
+    fn unmap_batched(&self, pages: usize, flush: Flush) -> BatchNote;
+    /// The page count above which a batch becomes a whole-address-space
+    /// flush.
+    fn full_flush_ceiling(&self) -> usize;
     /// Reads `page`'s first word; `None` if the read faulted.
     fn read_page(&self, page: usize) -> Option<u64>;
     /// Flush interrupts sent so far: as counted by the shootdown code, and
@@ -105,6 +128,8 @@ pub enum Change {
     Unmap,
     /// Page 0 unmapped, flushed, and mapped to B.
     Remap,
+    /// Every page unmapped into one batch, flushed once.
+    BatchedUnmap,
 }
 
 /// The result of one scenario.
@@ -125,6 +150,13 @@ pub struct Outcome {
     pub wrong: u32,
     /// Waits on an observer that ran out of time.
     pub timeouts: u32,
+    /// Rounds whose batch did not do what the scenario expects (a frame
+    /// left mapped, pages missing, not one shootdown, the wrong kind of
+    /// flush).
+    pub batch_mismatches: u32,
+    /// Whether the batches became whole-address-space flushes (batched
+    /// unmaps only; the last round's).
+    pub full_flush: bool,
     /// Flush interrupts the shootdown code counted during the scenario.
     pub ipis_sent: u64,
     /// Calls of the platform's interrupt hook during the scenario.
@@ -139,6 +171,7 @@ impl Outcome {
             && self.stale == 0
             && self.wrong == 0
             && self.timeouts == 0
+            && self.batch_mismatches == 0
             && self.ipis_sent == 0
             && self.hook_calls == 0
     }
@@ -162,13 +195,25 @@ impl fmt::Display for Outcome {
             },
             self.fresh,
             match self.change {
-                Change::Unmap => "faulted as they must",
+                Change::Unmap | Change::BatchedUnmap => "faulted as they must",
                 Change::Remap => "read the new frame",
             },
             self.stale,
             self.wrong,
             self.timeouts,
         )?;
+        if self.change == Change::BatchedUnmap {
+            write!(
+                f,
+                "1 batch flush per round as a {}, {} rounds off that, ",
+                if self.full_flush {
+                    "whole-ASID flush"
+                } else {
+                    "page list"
+                },
+                self.batch_mismatches
+            )?;
+        }
         write!(f, "IPIs sent: {}", self.ipis_sent)?;
         if self.hook_calls > 0 {
             write!(f, ", IPI hook called {} times", self.hook_calls)?;
@@ -265,11 +310,21 @@ fn wait_all(p: &impl Platform, slots: &[AtomicU64; MAX_CPUS], round: u64) -> boo
     true
 }
 
-/// Runs `rounds` rounds of `change` with `flush` as the flush under test.
-/// Call on CPU 0 while the others run [`observe`].
-pub fn run(p: &impl Platform, name: &'static str, change: Change, flush: Flush, rounds: u32) -> Outcome {
-    // Both changes use page 0 alone.
-    let pages = 1;
+/// Runs `rounds` rounds of `change` over `pages` pages (page 0 alone for
+/// [`Change::Unmap`] and [`Change::Remap`]) with `flush` as the flush under
+/// test. Call on CPU 0 while the others run [`observe`].
+pub fn run(
+    p: &impl Platform,
+    name: &'static str,
+    change: Change,
+    pages: usize,
+    flush: Flush,
+    rounds: u32,
+) -> Outcome {
+    let pages = match change {
+        Change::Unmap | Change::Remap => 1,
+        Change::BatchedUnmap => pages.clamp(1, MAX_PAGES),
+    };
     let observers = p.cpu_count().clamp(1, MAX_CPUS) as u32 - 1;
     let mut out = Outcome {
         name,
@@ -282,6 +337,8 @@ pub fn run(p: &impl Platform, name: &'static str, change: Change, flush: Flush, 
         stale: 0,
         wrong: 0,
         timeouts: 0,
+        batch_mismatches: 0,
+        full_flush: false,
         ipis_sent: 0,
         hook_calls: 0,
         elapsed_us: 0,
@@ -314,6 +371,18 @@ pub fn run(p: &impl Platform, name: &'static str, change: Change, flush: Flush, 
                     p.publish();
                 }
             }
+            Change::BatchedUnmap => {
+                let note = p.unmap_batched(pages, flush);
+                out.full_flush = note.full_flush;
+                let want_full = pages > p.full_flush_ceiling();
+                if note.unmapped != pages as u32
+                    || note.pending != pages as u32
+                    || note.shootdowns != 1
+                    || note.full_flush != want_full
+                {
+                    out.batch_mismatches += 1;
+                }
+            }
         }
         SIGNAL.store(round, Ordering::Release);
         if !wait_all(p, &DONE, round) {
@@ -324,7 +393,7 @@ pub fn run(p: &impl Platform, name: &'static str, change: Change, flush: Flush, 
         for seen in SEEN.iter().take(observers as usize + 1).skip(1) {
             for (i, word) in seen.iter().enumerate().take(pages) {
                 let expected = match change {
-                    Change::Unmap => FAULTED,
+                    Change::Unmap | Change::BatchedUnmap => FAULTED,
                     Change::Remap => pattern(Frame::B, i, round),
                 };
                 match word.load(Ordering::Relaxed) {
