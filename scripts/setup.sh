@@ -4,11 +4,12 @@
 # in about a second. Safe to run again.
 #
 #   packages:  qemu-system-x86 10 (from bookworm-backports: TCG emulates
-#              x2APIC from 10 on), bochs with its BIOS, VGA BIOS and
-#              terminal display plugin, grub-pc-bin, xorriso and mtools
-#              (the ISO for Bochs), binutils (objcopy)
-#   rustup:    the x86_64-unknown-none target, a nightly toolchain with
-#              miri and rust-src (Miri, cargo-fuzz)
+#              x2APIC from 10 on), qemu-system-arm for qemu-system-aarch64
+#              (from bookworm-backports too, the same QEMU), bochs with its
+#              BIOS, VGA BIOS and terminal display plugin, grub-pc-bin,
+#              xorriso and mtools (the ISO for Bochs), binutils (objcopy)
+#   rustup:    the x86_64-unknown-none and aarch64-unknown-none targets, a
+#              nightly toolchain with miri and rust-src (Miri, cargo-fuzz)
 #   cargo:     cargo-fuzz
 #
 # Uses sudo for apt-get when not run as root.
@@ -37,9 +38,17 @@ major=$(qemu_major)
 if [ -z "$major" ] || [ "$major" -lt 10 ]; then
     need_qemu=true
 fi
+# The aarch64 test kernel only needs the emulator to exist.
+need_qemu_arm=false
+if ! command -v qemu-system-aarch64 >/dev/null 2>&1; then
+    need_qemu_arm=true
+fi
 wanted=("${missing[@]}")
 if $need_qemu; then
     wanted+=("qemu-system-x86 (10 or later)")
+fi
+if $need_qemu_arm; then
+    wanted+=("qemu-system-arm")
 fi
 if [ "${#wanted[@]}" -gt 0 ]; then
     if ! command -v apt-get >/dev/null 2>&1; then
@@ -48,7 +57,7 @@ if [ "${#wanted[@]}" -gt 0 ]; then
     fi
     codename=$(sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null || true)
     qemu_from=()
-    if $need_qemu && [ "$codename" = bookworm ]; then
+    if { $need_qemu || $need_qemu_arm; } && [ "$codename" = bookworm ]; then
         if ! grep -rqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
             echo "deb http://deb.debian.org/debian bookworm-backports main" |
                 "${sudo[@]}" tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null
@@ -60,14 +69,26 @@ if [ "${#wanted[@]}" -gt 0 ]; then
     if [ "${#missing[@]}" -gt 0 ]; then
         "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+    # In one install, so that both emulators come from one QEMU version
+    # (they share qemu-system-common): an installed qemu-system-arm goes
+    # along when qemu-system-x86 is upgraded.
+    qemu_pkgs=()
     if $need_qemu; then
-        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${qemu_from[@]}" qemu-system-x86 >/dev/null
+        qemu_pkgs+=(qemu-system-x86)
+    fi
+    if $need_qemu_arm || { $need_qemu && installed qemu-system-arm; }; then
+        qemu_pkgs+=(qemu-system-arm)
+    fi
+    if [ "${#qemu_pkgs[@]}" -gt 0 ]; then
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${qemu_from[@]}" "${qemu_pkgs[@]}" >/dev/null
     fi
 fi
 
-# Rust: the bare-metal target, nightly with Miri, cargo-fuzz.
-rustup target list --installed | grep -q '^x86_64-unknown-none$' ||
-    rustup target add x86_64-unknown-none
+# Rust: the bare-metal targets, nightly with Miri, cargo-fuzz.
+targets=$(rustup target list --installed)
+for target in x86_64-unknown-none aarch64-unknown-none; do
+    grep -q "^$target\$" <<<"$targets" || rustup target add "$target"
+done
 if ! rustup toolchain list | grep -q '^nightly'; then
     rustup toolchain install nightly --profile minimal
 fi
