@@ -106,9 +106,11 @@ pub struct TestRmap;
 
 static SPACE: TestSpace = TestSpace;
 
-// SAFETY: a test frame A is mapped only at its own test page (main.rs's
-// `set_pte` writes no other entry with it), so that one place is every
-// place that may map it.
+// SAFETY: in the test address space a test frame A is mapped only at its
+// own test page (main.rs's `set_pte` writes no other entry with it), so
+// that one place is every user mapping of it. The kernel's identity map
+// of RAM covers the frame too, as a linear map does: no reverse map lists
+// that, and nothing here unmaps it or frees the frame.
 unsafe impl Rmap for TestRmap {
     type Space = TestSpace;
 
