@@ -4,9 +4,10 @@
 //! implementations ship with it: `mock` (feature `mock`), a simulated SMP
 //! machine with modelled TLBs that every host test runs on; `x86_64`,
 //! proven on an emulated SMP machine under QEMU (`qemu-test/` in the
-//! repository); and `aarch64`, for ARMv8-A at EL1 with broadcast `TLBI`s
-//! (its arithmetic is tested on the host; an emulated run is still to
-//! come). Each hardware one is compiled for its own target only.
+//! repository); and `aarch64`, for ARMv8-A at EL1 with broadcast `TLBI`s,
+//! run on QEMU's `virt` machine with 4 CPUs (`qemu-test-aarch64/`: single
+//! pages, page lists and full flushes, no IPIs). Each hardware one is
+//! compiled for its own target only.
 
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
