@@ -357,7 +357,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let (major, minor) = psci::version(conduit);
     say!(
         "tlb-batch aarch64 QEMU test kernel: EL{}, DTB at {:#x} (x0 {:#x}), RAM {:#x}+{:#x}, PSCI {}.{} via {}, \
-         {}-bit ASIDs (test ASID {:#x}), {}-bit VAs, PARange {:#x}, flush under test: {:?}\n",
+         {}-bit ASIDs (test ASID {:#x}), {}-bit VAs, PARange {:#x}, hardware access flag {}, flush under test: {:?}\n",
         current_el(),
         dtb,
         x0,
@@ -370,6 +370,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         features.test_asid(),
         config.va_bits(),
         features.pa_range,
+        if features.hw_access_flag { "on (TCR_EL1.HA)" } else { "absent" },
         flush
     );
 

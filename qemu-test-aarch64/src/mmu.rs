@@ -17,8 +17,11 @@
 //! with ASID 0 in TTBR0_EL1 and then loads the test address space (the same
 //! root, with the test ASID) through the crate's `switch_mm`. The ASID is 16 bits wide when
 //! ID_AA64MMFR0_EL1.ASIDBits says the CPU has them (TCR_EL1.AS = 1), 8
-//! otherwise. Hardware access-flag updates stay off (TCR_EL1.HA = 0): every
-//! descriptor is written with AF set.
+//! otherwise. Hardware access-flag updates (TCR_EL1.HA = 1) are on when
+//! ID_AA64MMFR1_EL1.HAFDBS says the CPU has them (QEMU's `max`, not the
+//! Cortex-A72): a walk that finds AF clear sets it instead of faulting.
+//! Dirty-state updates (HD) stay off. Every descriptor is written with AF
+//! set; only the reclaim flow's aging clears it.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -102,6 +105,9 @@ pub struct MmuFeatures {
     /// PARange, capped at 48 bits (0b101): more needs 52-bit descriptors.
     pub pa_range: u64,
     pub has_4k: bool,
+    /// ID_AA64MMFR1_EL1.HAFDBS is not 0: the hardware can set access
+    /// flags (TCR_EL1.HA).
+    pub hw_access_flag: bool,
 }
 
 impl MmuFeatures {
@@ -109,7 +115,11 @@ impl MmuFeatures {
         let r: u64;
         // SAFETY: reading an ID register at EL1 has no side effect.
         unsafe { core::arch::asm!("mrs {}, id_aa64mmfr0_el1", out(reg) r, options(nomem, nostack)) };
+        let r1: u64;
+        // SAFETY: as above.
+        unsafe { core::arch::asm!("mrs {}, id_aa64mmfr1_el1", out(reg) r1, options(nomem, nostack)) };
         MmuFeatures {
+            hw_access_flag: r1 & 0xf != 0,
             asid_16: (r >> 4) & 0xf == 0b0010,
             pa_range: (r & 0xf).min(0b101),
             // TGran4 (bits 31:28): 0b1111 means no 4 KiB granule.
@@ -185,7 +195,8 @@ pub fn config(f: &MmuFeatures) -> MmuConfig {
     let tg1_4k = 2 << 30;
     let ips = f.pa_range << 32;
     let as16 = u64::from(f.asid_16) << 36;
-    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16;
+    let ha = u64::from(f.hw_access_flag) << 39;
+    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16 | ha;
     // ASID 0 until the crate loads the test address space.
     let ttbr0 = L0.addr();
     // SCTLR_EL1 as reset left it, plus M (MMU), C (data cache) and I

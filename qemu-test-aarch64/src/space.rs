@@ -68,8 +68,9 @@ fn entry(va: u64) -> Option<&'static AtomicU64> {
 }
 
 // SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
-// operations on the descriptor (and the hardware never writes these
-// descriptors: TCR_EL1.HA and HD are off); `lookup` reads the descriptor
+// operations on the descriptor, so an access flag the hardware sets
+// (TCR_EL1.HA, on where the CPU has it; HD is off) is never lost between
+// a read and a write; `lookup` reads the descriptor
 // as it is; the state is the address space these tables translate for
 // (loaded on every CPU with `switch_mm`). `next_populated` and
 // `with_table_locked` keep their defaults (the scenarios run on one CPU
