@@ -2,11 +2,14 @@
 # Builds the bare-metal aarch64 test kernel (qemu-test-aarch64/) and runs it
 # on QEMU's virt machine (TCG), each run with a timeout:
 #   the shootdown scenarios (unmap, remap, a batched list of pages, a batch
-#   past the full-flush ceiling; all through the crate's aarch64 Arch) with
-#   4 Cortex-A72 CPUs and with 2 "max" CPUs (which must pass); then the
-#   negative controls, which must fail, every scenario on stale reads (never
-#   a timeout or a crash): "negative" (the TLBIs skipped) and
-#   "negative-local" (TLBIs that reach CPU 0 only).
+#   past the full-flush ceiling; all through the crate's aarch64 Arch) and
+#   the reclaim flow (aging with page_referenced, then try_to_unmap,
+#   flush_dirty and flush; it needs a hardware access flag, so it runs on
+#   "max" and says "skipped" on the Cortex-A72) with 4 Cortex-A72 CPUs and
+#   with 2 "max" CPUs (which must pass); then the negative controls, which
+#   must fail, every scenario on stale reads (never a timeout or a crash):
+#   "negative" (the TLBIs skipped) and "negative-local" (TLBIs that reach
+#   CPU 0 only), on the Cortex-A72 and again on "max" for the reclaim flow.
 # Prints each run's boot-to-exit wall time. About half a minute on a 2-core
 # machine.
 # Needs: the aarch64-unknown-none target (added if missing) and
@@ -63,6 +66,10 @@ PASS=0
 FAIL=3 # EXIT_FAIL in qemu-test-aarch64/src/main.rs; 4 is a fatal error
 run "cortex-a72, 4 cpus" $PASS 4 cortex-a72 ""
 run "max, 2 cpus" $PASS 2 max ""
+if ! grep -q "^scenario reclaim flow: PASS" "$log"; then
+    failed=$((failed + 1))
+    echo "qemu-aarch64 max: the reclaim flow did not run and pass"
+fi
 run "negative control: no TLBI (must fail)" $FAIL 4 cortex-a72 "negative"
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling"; do
     failed_for_stale "$s"
@@ -71,6 +78,12 @@ run "negative control: local TLBI (must fail)" $FAIL 4 cortex-a72 "negative-loca
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling"; do
     failed_for_stale "$s"
 done
+
+# The reclaim flow needs the hardware access flag of "max".
+run "max negative control: no TLBI (must fail)" $FAIL 2 max "negative"
+failed_for_stale "reclaim flow"
+run "max negative control: local TLBI (must fail)" $FAIL 2 max "negative-local"
+failed_for_stale "reclaim flow"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

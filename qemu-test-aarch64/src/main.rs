@@ -25,7 +25,9 @@
 //! loads the test address space with `switch_mm`; the scenarios unmap and
 //! remap through `flush_tlb_page`, and unmap lists of pages through
 //! `try_to_unmap` into a `TlbFlushUnmapBatch` over this kernel's own tables
-//! ([`space`]). The crate's aarch64 `Arch` shoots down with broadcast
+//! ([`space`]); the reclaim flow ages pages with `page_referenced` (where
+//! the CPU sets access flags itself, TCR_EL1.HA) and reclaims the old ones
+//! with `try_to_unmap`, `flush_dirty` and `flush`. The crate's aarch64 `Arch` shoots down with broadcast
 //! `TLBI`s, so no scenario may send a flush IPI.
 //!
 //! What QEMU's TCG shows: its software TLB is per vCPU and keeps a
@@ -53,10 +55,11 @@ mod uart;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use scenario::{BatchNote, Change, Flush, Frame, Platform};
+use scenario::{BatchNote, Change, Flush, Frame, Platform, ReclaimNote};
 use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
 use tlb_batch::{
-    flush_tlb_page, flush_tlb_range, try_to_unmap, Arch, PageRange, SwapResult, TlbFlushUnmapBatch, TtuFlags,
+    flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, SwapResult,
+    TlbFlushUnmapBatch, TtuFlags,
 };
 
 /// CPUs this kernel starts at most.
@@ -70,6 +73,10 @@ pub const EXIT_FATAL: u32 = 4;
 const ROUNDS: u32 = 50;
 /// Rounds of each batched scenario.
 const BATCH_ROUNDS: u32 = 20;
+/// Rounds of the reclaim flow.
+const RECLAIM_ROUNDS: u32 = 20;
+/// Pages of the reclaim flow (half of them kept, half reclaimed).
+const RECLAIM_PAGES: usize = 16;
 /// Pages of the batched scenario that stays a list of pages (the other
 /// uses every test page, past the crate's full-flush ceiling).
 const LIST_PAGES: usize = 16;
@@ -207,10 +214,9 @@ impl Virt {
         let before = tlb::TLB.stats();
         let mut batch = TlbFlushUnmapBatch::new();
         let mut note = BatchNote::default();
-        // Every test descriptor is written with its access flag set (no
-        // hardware access-flag updates here), so without IGNORE_ACCESS the
-        // walk would only clear the flag and answer Fail: aging is not
-        // what these scenarios test.
+        // Every test descriptor is written with its access flag set, so
+        // without IGNORE_ACCESS the walk would only clear the flag and
+        // answer Fail: aging is what the reclaim flow tests, not these.
         let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
         for frame in FRAMES_A.iter().take(pages) {
             let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
@@ -230,7 +236,76 @@ impl Virt {
         note.shootdowns = tlb::TLB.stats().since(&before).shootdowns;
         note
     }
+
+    /// The first aging pass of the reclaim flow, with `a` as the `Arch`.
+    fn age_with<A: Arch>(&self, a: &A, pages: usize) -> (u64, u64) {
+        let before = tlb::TLB.stats();
+        let mut batch = TlbFlushUnmapBatch::new();
+        let mut young = 0;
+        for (i, frame) in FRAMES_A.iter().enumerate().take(pages) {
+            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
+            match page_referenced(a, &space::TestRmap, frame, &mut batch) {
+                Ok(r) if r.referenced > 0 => young |= 1 << i,
+                Ok(_) => {}
+                Err(_) => fatal("page_referenced refused a test frame"),
+            }
+        }
+        // Clearing an access flag leaves TLB entries that would keep it
+        // clear while the page is used: the crate recorded a flush for each.
+        if batch.flush(a).is_err() {
+            fatal("the aging batch's flush failed");
+        }
+        (young, tlb::TLB.stats().since(&before).shootdowns)
+    }
+
+    /// The reclaim pass of the reclaim flow, with `a` as the `Arch`.
+    fn reclaim_with<A: Arch>(&self, a: &A, pages: usize) -> ReclaimNote {
+        let before = tlb::TLB.stats();
+        let mut batch = TlbFlushUnmapBatch::new();
+        let mut note = ReclaimNote::default();
+        for (i, frame) in FRAMES_A.iter().enumerate().take(pages) {
+            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
+            match page_referenced(a, &space::TestRmap, frame, &mut batch) {
+                Ok(r) if r.referenced > 0 => {
+                    note.young |= 1 << i;
+                    continue;
+                }
+                Ok(_) => {}
+                Err(_) => fatal("page_referenced refused a test frame"),
+            }
+            // Old: unmap it, the flush deferred to the batch. The access
+            // flag is clear, so no IGNORE_ACCESS is needed.
+            match try_to_unmap(a, &space::TestRmap, frame, TtuFlags::BATCH_FLUSH, &mut batch) {
+                Ok(SwapResult::SuccessCached) => note.unmapped |= 1 << i,
+                Ok(_) => {}
+                Err(_) => fatal("try_to_unmap refused a test frame"),
+            }
+        }
+        // Writable entries were unmapped: no CPU may write the frames
+        // through a cached entry once their write-out starts.
+        if batch.flush_dirty(a).is_err() {
+            fatal("the reclaim batch's dirty flush failed");
+        }
+        let flushed = tlb::TLB.stats().since(&before).shootdowns > 0;
+        for (i, frame) in FRAMES_A.iter().enumerate().take(pages) {
+            if note.unmapped & 1 << i != 0 {
+                // The write-out: a copy of the frame's first word.
+                WRITTEN_OUT[i].store(frame.0[0].load(Ordering::Acquire), Ordering::Relaxed);
+                if !flushed {
+                    note.written_early += 1;
+                }
+            }
+        }
+        if batch.flush(a).is_err() {
+            fatal("the reclaim batch's flush failed");
+        }
+        note.shootdowns = tlb::TLB.stats().since(&before).shootdowns;
+        note
+    }
 }
+
+/// The reclaim flow's "swap": the first word of each page written out.
+static WRITTEN_OUT: [AtomicU64; mmu::TEST_PAGES] = [const { AtomicU64::new(0) }; mmu::TEST_PAGES];
 
 impl Platform for Virt {
     fn cpu_count(&self) -> usize {
@@ -267,6 +342,25 @@ impl Platform for Virt {
             Flush::AllCpus => self.unmap_with(&a, pages),
             Flush::ThisCpuOnly => self.unmap_with(&tlb::LocalTlbi(a), pages),
             Flush::Skipped => self.unmap_with(&tlb::SkipTlbi(a), pages),
+        }
+    }
+    fn hw_access_flag(&self) -> bool {
+        mmu::MmuFeatures::read().hw_access_flag
+    }
+    fn age_pages(&self, pages: usize, flush: Flush) -> (u64, u64) {
+        let a = *tlb::arch();
+        match flush {
+            Flush::AllCpus => self.age_with(&a, pages),
+            Flush::ThisCpuOnly => self.age_with(&tlb::LocalTlbi(a), pages),
+            Flush::Skipped => self.age_with(&tlb::SkipTlbi(a), pages),
+        }
+    }
+    fn reclaim_pages(&self, pages: usize, flush: Flush) -> ReclaimNote {
+        let a = *tlb::arch();
+        match flush {
+            Flush::AllCpus => self.reclaim_with(&a, pages),
+            Flush::ThisCpuOnly => self.reclaim_with(&tlb::LocalTlbi(a), pages),
+            Flush::Skipped => self.reclaim_with(&tlb::SkipTlbi(a), pages),
         }
     }
     fn full_flush_ceiling(&self) -> usize {
@@ -406,6 +500,14 @@ extern "C" fn kernel_main(x0: u64) -> ! {
             mmu::TEST_PAGES,
             flush,
             BATCH_ROUNDS,
+        ),
+        scenario::run(
+            &p,
+            "reclaim flow",
+            Change::Reclaim,
+            RECLAIM_PAGES,
+            flush,
+            RECLAIM_ROUNDS,
         ),
     ];
     for o in &outcomes {

@@ -30,6 +30,20 @@
 //! only; the page-table stores are still published) and must see exactly
 //! that.
 //!
+//! *Reclaim flow* (CPUs with a hardware access flag only): once the
+//! observers are warm the driver asks them to stop reading, ages every
+//! page (the crate's `page_referenced` clears each access flag and records
+//! a flush, which the driver makes with the flush under test), then lets
+//! the observers read the even ("hot") pages once, which sets their access
+//! flags again through the hardware. A second `page_referenced` pass must
+//! find exactly the hot pages young; they are kept, and the odd ("cold")
+//! ones are unmapped with `try_to_unmap` into the same batch, written out
+//! after `flush_dirty` and freed after `flush`: the driver then poisons
+//! each freed frame, as its next owner would overwrite it. After the
+//! signal the observers must read A's pattern on the hot pages and fault
+//! on the cold ones; reading A's pattern or the poison on a reclaimed page
+//! (or the poison on a hot one) is a stale read.
+//!
 //! Every scenario also checks that no flush interrupt was sent or asked
 //! for: on this machine a shootdown is a broadcast invalidation.
 
@@ -109,6 +123,22 @@ pub trait Platform: Sync {
     /// The page count above which a batch becomes a whole-address-space
     /// flush.
     fn full_flush_ceiling(&self) -> usize;
+    /// Whether the hardware sets access flags (TCR_EL1.HA is on).
+    fn hw_access_flag(&self) -> bool {
+        false
+    }
+    /// Ages pages `0..pages` (clears each access flag through the crate,
+    /// into one batch) and flushes what that recorded, as `flush` says.
+    /// Returns the pages found young and the shootdowns made.
+    fn age_pages(&self, _pages: usize, _flush: Flush) -> (u64, u64) {
+        (0, 0)
+    }
+    /// Ages pages `0..pages` again, keeps the young ones and reclaims the
+    /// others into one batch: `flush_dirty` before their write-out, `flush`
+    /// before returning (the frames are then free), as `flush` says.
+    fn reclaim_pages(&self, _pages: usize, _flush: Flush) -> ReclaimNote {
+        ReclaimNote::default()
+    }
     /// Reads `page`'s first word; `None` if the read faulted.
     fn read_page(&self, page: usize) -> Option<u64>;
     /// Flush interrupts sent so far: as counted by the shootdown code, and
@@ -130,6 +160,23 @@ pub enum Change {
     Remap,
     /// Every page unmapped into one batch, flushed once.
     BatchedUnmap,
+    /// Every page aged, the even ones touched again, the odd ones
+    /// reclaimed (unmapped, written out, freed and poisoned).
+    Reclaim,
+}
+
+/// What the platform's reclaim pass did, for the scenario to check.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ReclaimNote {
+    /// Pages (bit i: page i) whose mapping `page_referenced` found young.
+    pub young: u64,
+    /// Pages unmapped with a writable TLB entry left for the batch.
+    pub unmapped: u64,
+    /// Pages written out before any shootdown of the pass had been made
+    /// (before the dirty flush): must be none.
+    pub written_early: u32,
+    /// Shootdowns the pass made.
+    pub shootdowns: u64,
 }
 
 /// The result of one scenario.
@@ -162,10 +209,16 @@ pub struct Outcome {
     /// Calls of the platform's interrupt hook during the scenario.
     pub hook_calls: u64,
     pub elapsed_us: u64,
+    /// The scenario did not run (the reclaim flow without a hardware
+    /// access flag).
+    pub skipped: bool,
 }
 
 impl Outcome {
     pub fn passed(&self) -> bool {
+        if self.skipped {
+            return true;
+        }
         self.observers > 0
             && self.fresh == self.rounds * self.observers * self.pages
             && self.stale == 0
@@ -179,6 +232,13 @@ impl Outcome {
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.skipped {
+            return write!(
+                f,
+                "scenario {}: skipped: no hardware access flag (ID_AA64MMFR1_EL1.HAFDBS = 0)",
+                self.name
+            );
+        }
         write!(
             f,
             "scenario {}: {} ({} rounds x {} observing CPUs x {} pages, flush {}: {} {}, stale: {} reads of \
@@ -197,6 +257,7 @@ impl fmt::Display for Outcome {
             match self.change {
                 Change::Unmap | Change::BatchedUnmap => "faulted as they must",
                 Change::Remap => "read the new frame",
+                Change::Reclaim => "faulted on a reclaimed page or read a kept one",
             },
             self.stale,
             self.wrong,
@@ -211,6 +272,14 @@ impl fmt::Display for Outcome {
                 } else {
                     "page list"
                 },
+                self.batch_mismatches
+            )?;
+        }
+        if self.change == Change::Reclaim {
+            write!(
+                f,
+                "hot pages kept and cold ones reclaimed, written out after the dirty flush, with 1 shootdown per \
+                 aging and per reclaim pass: {} rounds off that, ",
                 self.batch_mismatches
             )?;
         }
@@ -236,6 +305,13 @@ static DONE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 static SEEN: [[AtomicU64; MAX_PAGES]; MAX_CPUS] =
     [const { [const { AtomicU64::new(0) }; MAX_PAGES] }; MAX_CPUS];
 static LAST_ROUND: AtomicU64 = AtomicU64::new(0);
+/// Reclaim flow: the round whose observers must stop reading the pages.
+static QUIET: AtomicU64 = AtomicU64::new(0);
+static QUIET_ACK: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Reclaim flow: the round whose pages are aged; observers touch the hot
+/// ones once.
+static AGED: AtomicU64 = AtomicU64::new(0);
+static TOUCHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 
 /// What an observer read, packed in one word: a fault is a value no
 /// pattern takes.
@@ -247,6 +323,29 @@ fn pattern(frame: Frame, page: usize, round: u64) -> u64 {
         Frame::B => 0xb0b0_0000_0000_0000,
     };
     tag | (page as u64) << 32 | round
+}
+
+/// What the driver writes into a frame it reclaimed, once it is free.
+fn poison(page: usize, round: u64) -> u64 {
+    0xdead_0000_0000_0000 | (page as u64) << 32 | round
+}
+
+/// Whether page `i` is one the reclaim flow's observers touch after aging.
+fn hot(i: usize) -> bool {
+    i & 1 == 0
+}
+
+/// The reclaim flow's hot pages among `0..pages`, as a bit mask.
+fn hot_mask(pages: usize) -> u64 {
+    (0..pages).filter(|&i| hot(i)).fold(0, |m, i| m | 1 << i)
+}
+
+fn all_mask(pages: usize) -> u64 {
+    if pages >= 64 {
+        u64::MAX
+    } else {
+        (1 << pages) - 1
+    }
 }
 
 /// Runs the observer side forever: every CPU but the driver calls this
@@ -279,14 +378,40 @@ fn observe_round(p: &impl Platform, me: usize, round: u64) {
         streak = if warm { streak + 1 } else { 0 };
     }
     READY[me].store(round, Ordering::Release);
-    // Keep every page's translation in use until the signal.
-    while SIGNAL.load(Ordering::Acquire) != round {
+    // Keep every page's translation in use until the signal (or until
+    // the reclaim flow asks for quiet).
+    while SIGNAL.load(Ordering::Acquire) != round && QUIET.load(Ordering::Acquire) != round {
         p.poll();
         if abandoned() {
             return;
         }
         for i in 0..pages {
             let _ = p.read_page(i);
+        }
+    }
+    if QUIET.load(Ordering::Acquire) == round {
+        // Reading nothing keeps the translations cached (no TLBI, no
+        // walk, so no access flag set) while the driver ages the pages.
+        QUIET_ACK[me].store(round, Ordering::Release);
+        let wait = |flag: &AtomicU64| {
+            while flag.load(Ordering::Acquire) != round {
+                p.poll();
+                if abandoned() {
+                    return false;
+                }
+                core::hint::spin_loop();
+            }
+            true
+        };
+        if !wait(&AGED) {
+            return;
+        }
+        for i in (0..pages).filter(|&i| hot(i)) {
+            let _ = p.read_page(i);
+        }
+        TOUCHED[me].store(round, Ordering::Release);
+        if !wait(&SIGNAL) {
+            return;
         }
     }
     for (i, seen) in SEEN[me].iter().enumerate().take(pages) {
@@ -323,7 +448,7 @@ pub fn run(
 ) -> Outcome {
     let pages = match change {
         Change::Unmap | Change::Remap => 1,
-        Change::BatchedUnmap => pages.clamp(1, MAX_PAGES),
+        Change::BatchedUnmap | Change::Reclaim => pages.clamp(1, MAX_PAGES),
     };
     let observers = p.cpu_count().clamp(1, MAX_CPUS) as u32 - 1;
     let mut out = Outcome {
@@ -342,7 +467,12 @@ pub fn run(
         ipis_sent: 0,
         hook_calls: 0,
         elapsed_us: 0,
+        skipped: false,
     };
+    if change == Change::Reclaim && !p.hw_access_flag() {
+        out.skipped = true;
+        return out;
+    }
     let (ipis_before, hook_before) = p.ipis();
     let start = p.now_us();
     PAGES.store(pages as u64, Ordering::Relaxed);
@@ -383,6 +513,36 @@ pub fn run(
                     out.batch_mismatches += 1;
                 }
             }
+            Change::Reclaim => {
+                QUIET.store(round, Ordering::Release);
+                if !wait_all(p, &QUIET_ACK, round) {
+                    out.timeouts += 1;
+                    ABANDONED.store(round, Ordering::Relaxed);
+                    continue;
+                }
+                let (young, aging_shootdowns) = p.age_pages(pages, flush);
+                AGED.store(round, Ordering::Release);
+                if !wait_all(p, &TOUCHED, round) {
+                    out.timeouts += 1;
+                    ABANDONED.store(round, Ordering::Relaxed);
+                    continue;
+                }
+                let note = p.reclaim_pages(pages, flush);
+                let cold = all_mask(pages) & !hot_mask(pages);
+                if young != all_mask(pages)
+                    || aging_shootdowns != 1
+                    || note.young != hot_mask(pages)
+                    || note.unmapped != cold
+                    || note.written_early != 0
+                    || note.shootdowns != 1
+                {
+                    out.batch_mismatches += 1;
+                }
+                // The frames are free: their next owner overwrites them.
+                for i in (0..pages).filter(|&i| note.unmapped & 1 << i != 0) {
+                    p.fill_frame(i, Frame::A, poison(i, round));
+                }
+            }
         }
         SIGNAL.store(round, Ordering::Release);
         if !wait_all(p, &DONE, round) {
@@ -395,10 +555,12 @@ pub fn run(
                 let expected = match change {
                     Change::Unmap | Change::BatchedUnmap => FAULTED,
                     Change::Remap => pattern(Frame::B, i, round),
+                    Change::Reclaim if hot(i) => pattern(Frame::A, i, round),
+                    Change::Reclaim => FAULTED,
                 };
                 match word.load(Ordering::Relaxed) {
                     v if v == expected => out.fresh += 1,
-                    v if v == pattern(Frame::A, i, round) => out.stale += 1,
+                    v if v == pattern(Frame::A, i, round) || v == poison(i, round) => out.stale += 1,
                     _ => out.wrong += 1,
                 }
             }
