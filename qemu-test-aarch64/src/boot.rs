@@ -9,6 +9,7 @@
 //! CurrentEL and stops on anything else rather than handling an EL2 entry.
 
 use core::arch::global_asm;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{halt, say, semihost};
 
@@ -41,6 +42,8 @@ extern "C" {
     pub fn secondary_entry();
     static probe_load: u8;
     static probe_fault: u8;
+    static probe_store: u8;
+    static probe_store_fault: u8;
 }
 
 // Both entries: mask interrupts, let EL1 use FP/SIMD (CPACR_EL1.FPEN = 0b11:
@@ -130,6 +133,22 @@ probe_load:
 probe_fault:
     mov x0, #0
     mov x1, #1
+    ret
+
+    // probe_write(va, value) -> faulted: the store at probe_store may take
+    // a data abort (translation or permission fault); the handler then
+    // resumes at probe_store_fault.
+    .global probe_write
+    .balign 4
+probe_write:
+    .global probe_store
+probe_store:
+    str x1, [x0]
+    mov x0, #0
+    ret
+    .global probe_store_fault
+probe_store_fault:
+    mov x0, #1
     ret
 
     // The EL1 vector table: 16 entries of 0x80 bytes (synchronous, IRQ,
@@ -223,6 +242,23 @@ pub struct Probe {
 
 extern "C" {
     fn probe_read(va: u64) -> Probe;
+    fn probe_write(va: u64, value: u64) -> u64;
+}
+
+/// Permission faults [`probe_write`] recovered from (writes refused by a
+/// read-only entry) since boot, on every CPU.
+pub static PERMISSION_FAULTS: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `value` to the 64-bit word at `va`; false if the store took a
+/// translation or permission fault (nothing was written). Any other abort
+/// is fatal.
+pub fn probe_store_word(va: u64, value: u64) -> bool {
+    // SAFETY: `probe_write` is a leaf routine that stores to `va`; a
+    // translation or permission fault there resumes at
+    // `probe_store_fault` (see `exception_entry`). Callers pass only test
+    // pages, whose frames are this kernel's own statics, written only
+    // through atomics; it follows the C calling convention.
+    unsafe { probe_write(va, value) == 0 }
 }
 
 /// Reads the 64-bit word at `va`; `None` if the read took a translation
@@ -246,6 +282,20 @@ extern "C" fn exception_entry(frame: &mut ExceptionFrame) {
     let load = core::ptr::addr_of!(probe_load) as u64;
     // Data fault status code 0b0001LL: a translation fault at level LL.
     let translation_fault = frame.esr & 0x3c == 0x04;
+    // 0b0011LL: a permission fault at level LL.
+    let permission_fault = frame.esr & 0x3c == 0x0c;
+    let store = core::ptr::addr_of!(probe_store) as u64;
+    if frame.kind == SYNC_CURRENT_SPX
+        && ec == EC_DATA_ABORT_SAME_EL
+        && (translation_fault || permission_fault)
+        && frame.elr == store
+    {
+        if permission_fault {
+            PERMISSION_FAULTS.fetch_add(1, Ordering::Relaxed);
+        }
+        frame.elr = core::ptr::addr_of!(probe_store_fault) as u64;
+        return;
+    }
     if frame.kind == SYNC_CURRENT_SPX && ec == EC_DATA_ABORT_SAME_EL && translation_fault && frame.elr == load
     {
         frame.elr = core::ptr::addr_of!(probe_fault) as u64;

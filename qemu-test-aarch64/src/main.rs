@@ -55,11 +55,11 @@ mod uart;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use scenario::{BatchNote, Change, Flush, Frame, Platform, ReclaimNote};
+use scenario::{BatchNote, Change, Flush, Frame, MprotectNote, Platform, ReclaimNote};
 use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
 use tlb_batch::{
-    flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, SwapResult,
-    TlbFlushUnmapBatch, TtuFlags,
+    change_protection, flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, Pte,
+    PteFlags, SwapResult, TlbFlushUnmapBatch, TtuFlags,
 };
 
 /// CPUs this kernel starts at most.
@@ -304,6 +304,38 @@ impl Virt {
     }
 }
 
+impl Virt {
+    /// The mprotect scenario's change, with `a` as the `Arch`.
+    fn mprotect_with<A: Arch>(&self, a: &A, unmapped: usize, pages: usize) -> MprotectNote {
+        let mut batch = TlbFlushUnmapBatch::new();
+        let mut note = MprotectNote::default();
+        for frame in FRAMES_A.iter().take(unmapped) {
+            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
+            let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
+            match try_to_unmap(a, &space::TestRmap, frame, flags, &mut batch) {
+                Ok(SwapResult::SuccessCached) => note.unmapped += 1,
+                Ok(_) => {}
+                Err(_) => fatal("try_to_unmap refused a test frame"),
+            }
+        }
+        // The reclaimer's batch is left pending across the mprotect.
+        note.pending_before = tlb::mm().batched_flush_pending();
+        let Ok(range) = PageRange::new(mmu::TEST_VA, pages as u64) else {
+            fatal("the mprotect range is not a page range");
+        };
+        let read_only = |pte: Pte| Pte(pte.0 & !PteFlags::WRITABLE.bits());
+        match change_protection(a, &space::TestSpace, range, read_only) {
+            Ok(n) => note.changed = n as u32,
+            Err(_) => fatal("change_protection failed"),
+        }
+        note.pending_after = tlb::mm().batched_flush_pending();
+        if batch.flush(a).is_err() {
+            fatal("the reclaimer's batch flush failed");
+        }
+        note
+    }
+}
+
 /// The reclaim flow's "swap": the first word of each page written out.
 static WRITTEN_OUT: [AtomicU64; mmu::TEST_PAGES] = [const { AtomicU64::new(0) }; mmu::TEST_PAGES];
 
@@ -362,6 +394,17 @@ impl Platform for Virt {
             Flush::ThisCpuOnly => self.reclaim_with(&tlb::LocalTlbi(a), pages),
             Flush::Skipped => self.reclaim_with(&tlb::SkipTlbi(a), pages),
         }
+    }
+    fn mprotect_pending(&self, unmapped: usize, pages: usize, flush: Flush) -> MprotectNote {
+        let a = *tlb::arch();
+        match flush {
+            Flush::AllCpus => self.mprotect_with(&a, unmapped, pages),
+            Flush::ThisCpuOnly => self.mprotect_with(&tlb::LocalTlbi(a), unmapped, pages),
+            Flush::Skipped => self.mprotect_with(&tlb::SkipTlbi(a), unmapped, pages),
+        }
+    }
+    fn write_page(&self, page: usize, value: u64) -> bool {
+        boot::probe_store_word(mmu::test_va(page) + 8, value)
     }
     fn full_flush_ceiling(&self) -> usize {
         <Aarch64 as Arch>::FULL_FLUSH_CEILING
@@ -503,6 +546,14 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         ),
         scenario::run(
             &p,
+            "mprotect with a pending batch",
+            Change::Mprotect,
+            LIST_PAGES,
+            flush,
+            BATCH_ROUNDS,
+        ),
+        scenario::run(
+            &p,
             "reclaim flow",
             Change::Reclaim,
             RECLAIM_PAGES,
@@ -516,13 +567,14 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let s = tlb::TLB.stats();
     say!(
         "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent, {} pages deferred, {} batches flushed; \
-         {} dirty frames reported\n",
+         {} dirty frames reported, {} permission faults recovered\n",
         s.shootdowns,
         s.broadcasts,
         s.ipis_sent,
         s.pages_deferred,
         s.batches_flushed,
-        space::DIRTIED.load(Ordering::Relaxed)
+        space::DIRTIED.load(Ordering::Relaxed),
+        boot::PERMISSION_FAULTS.load(Ordering::Relaxed)
     );
     let passed = outcomes.iter().filter(|o| o.passed()).count();
     say!("{passed} passed, {} failed\n", outcomes.len() - passed);

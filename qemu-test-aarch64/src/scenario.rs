@@ -44,6 +44,17 @@
 //! on the cold ones; reading A's pattern or the poison on a reclaimed page
 //! (or the poison on a hot one) is a stale read.
 //!
+//! *mprotect with a pending batch*: while the observers read every page
+//! and also write the second half, the driver unmaps the frames of the
+//! first half with `try_to_unmap` into a batch that it does not flush yet
+//! (a reclaimer's deferred flush), then makes the whole range read-only
+//! with `change_protection`, which must flush that batch first (contract
+//! rule 5). After the signal the observers must fault reading each page
+//! of the first half and fault writing each page of the second (a
+//! permission fault, which the exception handler turns into a skipped
+//! write); a read of A's pattern or a write that went through is a stale
+//! translation.
+//!
 //! Every scenario also checks that no flush interrupt was sent or asked
 //! for: on this machine a shootdown is a broadcast invalidation.
 
@@ -139,6 +150,16 @@ pub trait Platform: Sync {
     fn reclaim_pages(&self, _pages: usize, _flush: Flush) -> ReclaimNote {
         ReclaimNote::default()
     }
+    /// Unmaps the frames A of pages `0..unmapped` into a batch it does not
+    /// flush, makes pages `0..pages` read-only with the crate's
+    /// `change_protection`, then flushes the batch, as `flush` says.
+    fn mprotect_pending(&self, _unmapped: usize, _pages: usize, _flush: Flush) -> MprotectNote {
+        MprotectNote::default()
+    }
+    /// Writes `value` to `page`'s second word; false if the write faulted.
+    fn write_page(&self, _page: usize, _value: u64) -> bool {
+        false
+    }
     /// Reads `page`'s first word; `None` if the read faulted.
     fn read_page(&self, page: usize) -> Option<u64>;
     /// Flush interrupts sent so far: as counted by the shootdown code, and
@@ -163,8 +184,23 @@ pub enum Change {
     /// Every page aged, the even ones touched again, the odd ones
     /// reclaimed (unmapped, written out, freed and poisoned).
     Reclaim,
+    /// The first half unmapped into a batch left pending, then every page
+    /// made read-only.
+    Mprotect,
 }
 
+/// What the platform's mprotect did, for the scenario to check.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct MprotectNote {
+    /// Frames the deferred unmap took away with a writable entry left.
+    pub unmapped: u32,
+    /// Whether the address space had a batched flush pending before the
+    /// call, and after it.
+    pub pending_before: bool,
+    pub pending_after: bool,
+    /// Entries `change_protection` changed.
+    pub changed: u32,
+}
 /// What the platform's reclaim pass did, for the scenario to check.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct ReclaimNote {
@@ -258,6 +294,7 @@ impl fmt::Display for Outcome {
                 Change::Unmap | Change::BatchedUnmap => "faulted as they must",
                 Change::Remap => "read the new frame",
                 Change::Reclaim => "faulted on a reclaimed page or read a kept one",
+                Change::Mprotect => "faulted (unmapped reads, read-only writes)",
             },
             self.stale,
             self.wrong,
@@ -280,6 +317,14 @@ impl fmt::Display for Outcome {
                 f,
                 "hot pages kept and cold ones reclaimed, written out after the dirty flush, with 1 shootdown per \
                  aging and per reclaim pass: {} rounds off that, ",
+                self.batch_mismatches
+            )?;
+        }
+        if self.change == Change::Mprotect {
+            write!(
+                f,
+                "batch pending before change_protection and flushed by it, every page left made read-only: {} \
+                 rounds off that, ",
                 self.batch_mismatches
             )?;
         }
@@ -312,6 +357,11 @@ static QUIET_ACK: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS
 /// ones once.
 static AGED: AtomicU64 = AtomicU64::new(0);
 static TOUCHED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Whether the current scenario is the mprotect one: its observers also
+/// write the second half of the pages.
+static MPROTECT: AtomicU64 = AtomicU64::new(0);
+/// What an observer records for a write that went through.
+const WROTE: u64 = 0x5757_5757_5757_5757;
 
 /// What an observer read, packed in one word: a fault is a value no
 /// pattern takes.
@@ -388,6 +438,11 @@ fn observe_round(p: &impl Platform, me: usize, round: u64) {
         for i in 0..pages {
             let _ = p.read_page(i);
         }
+        if MPROTECT.load(Ordering::Relaxed) != 0 {
+            for i in pages / 2..pages {
+                let _ = p.write_page(i, round);
+            }
+        }
     }
     if QUIET.load(Ordering::Acquire) == round {
         // Reading nothing keeps the translations cached (no TLBI, no
@@ -414,8 +469,18 @@ fn observe_round(p: &impl Platform, me: usize, round: u64) {
             return;
         }
     }
+    let mprotect = MPROTECT.load(Ordering::Relaxed) != 0;
     for (i, seen) in SEEN[me].iter().enumerate().take(pages) {
-        seen.store(p.read_page(i).unwrap_or(FAULTED), Ordering::Relaxed);
+        let v = if mprotect && i >= pages / 2 {
+            if p.write_page(i, !round) {
+                WROTE
+            } else {
+                FAULTED
+            }
+        } else {
+            p.read_page(i).unwrap_or(FAULTED)
+        };
+        seen.store(v, Ordering::Relaxed);
     }
     DONE[me].store(round, Ordering::Release);
 }
@@ -449,6 +514,7 @@ pub fn run(
     let pages = match change {
         Change::Unmap | Change::Remap => 1,
         Change::BatchedUnmap | Change::Reclaim => pages.clamp(1, MAX_PAGES),
+        Change::Mprotect => pages.clamp(2, MAX_PAGES),
     };
     let observers = p.cpu_count().clamp(1, MAX_CPUS) as u32 - 1;
     let mut out = Outcome {
@@ -476,6 +542,7 @@ pub fn run(
     let (ipis_before, hook_before) = p.ipis();
     let start = p.now_us();
     PAGES.store(pages as u64, Ordering::Relaxed);
+    MPROTECT.store(u64::from(change == Change::Mprotect), Ordering::Relaxed);
     for _ in 0..rounds {
         let round = LAST_ROUND.fetch_add(1, Ordering::Relaxed) + 1;
         for i in 0..pages {
@@ -509,6 +576,17 @@ pub fn run(
                     || note.pending != pages as u32
                     || note.shootdowns != 1
                     || note.full_flush != want_full
+                {
+                    out.batch_mismatches += 1;
+                }
+            }
+            Change::Mprotect => {
+                let half = pages / 2;
+                let note = p.mprotect_pending(half, pages, flush);
+                if note.unmapped != half as u32
+                    || !note.pending_before
+                    || note.pending_after
+                    || note.changed != (pages - half) as u32
                 {
                     out.batch_mismatches += 1;
                 }
@@ -556,11 +634,13 @@ pub fn run(
                     Change::Unmap | Change::BatchedUnmap => FAULTED,
                     Change::Remap => pattern(Frame::B, i, round),
                     Change::Reclaim if hot(i) => pattern(Frame::A, i, round),
-                    Change::Reclaim => FAULTED,
+                    Change::Reclaim | Change::Mprotect => FAULTED,
                 };
                 match word.load(Ordering::Relaxed) {
                     v if v == expected => out.fresh += 1,
-                    v if v == pattern(Frame::A, i, round) || v == poison(i, round) => out.stale += 1,
+                    v if v == pattern(Frame::A, i, round) || v == poison(i, round) || v == WROTE => {
+                        out.stale += 1
+                    }
                     _ => out.wrong += 1,
                 }
             }
