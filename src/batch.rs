@@ -7,7 +7,7 @@ use crate::mm::MmTlbState;
 use crate::pte::Pte;
 use crate::range::PageRange;
 use crate::request::{FlushRequest, FlushScope};
-use crate::shootdown::{shootdown, ShootdownReport};
+use crate::shootdown::{complete_broadcast, issue_broadcast_page, shootdown, ShootdownReport};
 use crate::stats::Counter;
 use crate::ttu::TtuFlags;
 use crate::validate::{check_asid, check_va};
@@ -46,6 +46,12 @@ pub struct TlbFlushUnmapBatch {
     /// `u64::MAX` when that is not known of every entry (only an epoch
     /// opened after the clears will do); 0 while empty.
     aged: u64,
+    /// The CPUs that issued broadcast invalidations for recorded pages as
+    /// they were added ([`Arch::BATCH_BROADCAST_ON_ADD`]).
+    issued_on: CpuSet,
+    /// Whether some recorded page's invalidation was not issued on add (an
+    /// `Arch` without `BATCH_BROADCAST_ON_ADD` recorded it).
+    unissued: bool,
     /// The address of the filling machine's `TlbShootdown` (0: none yet).
     /// Only compared, never dereferenced.
     machine: usize,
@@ -65,6 +71,8 @@ impl TlbFlushUnmapBatch {
             request: FlushRequest::new(),
             writable: false,
             aged: 0,
+            issued_on: CpuSet::new(),
+            unissued: false,
             machine: 0,
         }
     }
@@ -103,6 +111,16 @@ impl TlbFlushUnmapBatch {
         aged: Option<u64>,
     ) {
         self.machine = machine_id(arch);
+        if A::BROADCAST_INVALIDATE && A::BATCH_BROADCAST_ON_ADD {
+            // After the PTE change (the callers record only then): the
+            // invalidation cannot let a walk refill the old entry.
+            for va in page.iter() {
+                issue_broadcast_page(arch, mm.asid(), va);
+            }
+            self.issued_on.insert(arch.current_cpu());
+        } else {
+            self.unissued = true;
+        }
         self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
         self.targets = self.targets.union(targets);
         self.aged = self.aged.max(aged.unwrap_or(u64::MAX));
@@ -210,8 +228,20 @@ impl TlbFlushUnmapBatch {
         !matches!(self.request.scope(), FlushScope::Ranges(_)) && !self.is_empty()
     }
 
+    /// Whether every pending invalidation was issued on add by the calling
+    /// CPU, so that waiting for them completes the flush.
+    fn issued_here<A: Arch>(&self, arch: &A) -> bool {
+        A::BROADCAST_INVALIDATE
+            && A::BATCH_BROADCAST_ON_ADD
+            && !self.unissued
+            && self.issued_on == CpuSet::single(arch.current_cpu())
+    }
+
     /// Flushes everything pending: one shootdown, at most one IPI per
-    /// target CPU, nothing at all when the batch is empty. After `Ok` the
+    /// target CPU, nothing at all when the batch is empty. On hardware that
+    /// invalidates on add ([`Arch::BATCH_BROADCAST_ON_ADD`]) the flush
+    /// only waits for those invalidations when this CPU issued them all,
+    /// and issues them again first when it did not. After `Ok` the
     /// deferred frames may be freed, reused or written out and the batch is
     /// empty; after `Err` the batch is unchanged and still owes its flush
     /// ([`Error::OtherMachine`] when `arch` is not the machine that filled
@@ -221,7 +251,11 @@ impl TlbFlushUnmapBatch {
             return Ok(ShootdownReport::default());
         }
         self.check_machine(arch)?;
-        let report = shootdown(arch, &self.targets, &self.request)?;
+        let report = if self.issued_here(arch) {
+            complete_broadcast(arch, &self.request)
+        } else {
+            shootdown(arch, &self.targets, &self.request)?
+        };
         arch.shootdown_state().count(Counter::BatchesFlushed, 1);
         *self = TlbFlushUnmapBatch::new();
         Ok(report)

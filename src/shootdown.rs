@@ -67,11 +67,8 @@ pub fn shootdown<A: Arch>(
     // A flush that reaches no other CPU is a local one, whatever the
     // hardware offers.
     if A::BROADCAST_INVALIDATE && !remote.is_empty() && arch.prefer_broadcast(remote.len(), request) {
-        state.count(Counter::Shootdowns, 1);
-        state.count(Counter::Broadcasts, 1);
-        broadcast(arch, state, request);
-        report.broadcast = true;
-        return Ok(report);
+        issue_broadcast(arch, state, request);
+        return Ok(complete_broadcast(arch, request));
     }
 
     if !remote.is_empty() {
@@ -338,7 +335,9 @@ pub(crate) fn execute_local<A: Arch>(
     });
 }
 
-fn broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushRequest) {
+/// Issues the broadcast invalidations `request` names, without waiting for
+/// them ([`complete_broadcast`] does).
+fn issue_broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushRequest) {
     match request.scope() {
         FlushScope::Ranges(ranges) => {
             for r in ranges {
@@ -363,10 +362,31 @@ fn broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushRequest) {
             state.count(Counter::LocalFullFlushes, 1);
         }
     }
+}
+
+/// Issues one page's broadcast invalidation as a batch records it
+/// ([`Arch::BATCH_BROADCAST_ON_ADD`]); [`complete_broadcast`] on the same
+/// CPU completes it.
+pub(crate) fn issue_broadcast_page<A: Arch>(arch: &A, asid: Asid, va: u64) {
+    arch.broadcast_flush_page(asid, va);
+    arch.shootdown_state().count(Counter::LocalPageFlushes, 1);
+}
+
+/// Waits until every broadcast invalidation the calling CPU issued, those
+/// of `request` among them, has taken effect on every CPU: the end of a
+/// broadcast shootdown, counted as one.
+pub(crate) fn complete_broadcast<A: Arch>(arch: &A, request: &FlushRequest) -> ShootdownReport {
+    let state = arch.shootdown_state();
+    state.count(Counter::Shootdowns, 1);
+    state.count(Counter::Broadcasts, 1);
     arch.broadcast_sync();
     arch.trace(&TraceEvent {
         cpu: arch.current_cpu(),
         reason: FlushReason::LocalShootdown,
         extent: extent_of(request),
     });
+    ShootdownReport {
+        broadcast: true,
+        ..ShootdownReport::default()
+    }
 }

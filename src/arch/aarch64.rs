@@ -54,6 +54,20 @@
 //! | one kernel page | `DSB NSHST`; `TLBI VAAE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI VAAE1IS` per page; then once `DSB ISH`; `ISB` |
 //! | a user ASID | `DSB NSHST`; `TLBI ASIDE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI ASIDE1IS`; `DSB ISH`; `ISB` |
 //! | everything (and the kernel's ASID) | `DSB NSHST`; `TLBI VMALLE1`; `DSB NSH`; `ISB` | `DSB ISHST`; `TLBI VMALLE1IS`; `DSB ISH`; `ISB` |
+//! | a [`TlbFlushUnmapBatch`](crate::TlbFlushUnmapBatch) | - | on each add: `DSB ISHST`; `TLBI VAE1IS`; at the flush: `DSB ISH`; `ISB` |
+//!
+//! Batched unmaps follow Linux's arm64 shape
+//! ([`BATCH_BROADCAST_ON_ADD`](Arch::BATCH_BROADCAST_ON_ADD) is true):
+//! each page's `TLBI` is issued, without waiting, by the call that adds
+//! the page to the batch, right after its entry was cleared, and the
+//! batch's flush executes only the `DSB ISH` that waits for them all (and
+//! the `ISB`), however many pages it holds; past the full-flush ceiling
+//! too, since the invalidations are already on their way. A `DSB`
+//! completes only the invalidations of the CPU that executes it, so when
+//! a batch is flushed on a CPU other than the one (or ones) that filled
+//! it (its task moved), the flush issues the batch's invalidations again
+//! from the flushing CPU, as an ordinary broadcast shootdown, before it
+//! waits.
 //!
 //! The barriers, in the order they run:
 //!
@@ -100,7 +114,8 @@
 //! - [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true, and the
 //!   trait's [`prefer_broadcast`](Arch::prefer_broadcast) (always) is kept:
 //!   every shootdown is a broadcast, and no flush IPI is ever sent for
-//!   one. [`send_flush_ipi`](Arch::send_flush_ipi) is still reached by
+//!   one. [`BATCH_BROADCAST_ON_ADD`](Arch::BATCH_BROADCAST_ON_ADD) is
+//!   true (above). [`send_flush_ipi`](Arch::send_flush_ipi) is still reached by
 //!   [`ipi_sync`](crate::ipi_sync), which
 //!   [`TableFreePolicy::IpiSync`](crate::TableFreePolicy) uses to wait out
 //!   lockless page-table walkers (an invalidation interrupts nobody, so it
@@ -674,6 +689,7 @@ unsafe impl Arch for Aarch64 {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
     const FILL_SETS_ACCESSED: bool = false;
     const BROADCAST_INVALIDATE: bool = true;
+    const BATCH_BROADCAST_ON_ADD: bool = true;
 
     fn current_cpu(&self) -> CpuId {
         // SAFETY: EL1 (constructor contract).

@@ -14,7 +14,9 @@
 //!   faults if the PTE is gone), as on x86; [`NoRewalk`] models hardware
 //!   without that guarantee, so tests can prove the crate never defers
 //!   there. [`BroadcastTlbi`] models broadcast invalidation (arm64 `TLBI IS`,
-//!   AMD `INVLPGB`): no IPIs, remote entries disappear at the barrier.
+//!   AMD `INVLPGB`): no IPIs, remote entries disappear at the issuing
+//!   CPU's barrier and not before; [`Arm64Like`] adds arm64's batched
+//!   unmap, which invalidates as pages are added and waits once.
 //! - A frame-state oracle knows which frames are free, in use or under I/O
 //!   and records every [`Violation`] of the safety contract.
 //! - IPIs are delivered either synchronously or, with
@@ -102,6 +104,7 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = M::ACCESSED_CLEAR_NEEDS_FLUSH;
     const FILL_SETS_ACCESSED: bool = M::FILL_SETS_ACCESSED;
     const BROADCAST_INVALIDATE: bool = M::BROADCAST_INVALIDATE;
+    const BATCH_BROADCAST_ON_ADD: bool = M::BATCH_BROADCAST_ON_ADD;
 
     fn current_cpu(&self) -> CpuId {
         self.id

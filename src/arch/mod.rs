@@ -119,6 +119,23 @@ pub unsafe trait Arch {
     /// IPIs.
     const BROADCAST_INVALIDATE: bool = false;
 
+    /// On hardware with [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE),
+    /// a [`TlbFlushUnmapBatch`](crate::TlbFlushUnmapBatch) issues each
+    /// page's broadcast invalidation ([`broadcast_flush_page`](Arch::broadcast_flush_page))
+    /// as the page is added, without waiting for it, and its flush only
+    /// waits ([`broadcast_sync`](Arch::broadcast_sync)) when every page was
+    /// added on the flushing CPU; otherwise the flush issues the
+    /// invalidations again from the flushing CPU before it waits, since
+    /// `broadcast_sync` completes only the calling CPU's. This is Linux's
+    /// batched unmap on arm64 (since 6.6): the invalidations run while the
+    /// unmap goes on, and the batch's one barrier finds most of them done.
+    /// It costs one broadcast per page however many pages the batch holds
+    /// (no [`FULL_FLUSH_CEILING`](Arch::FULL_FLUSH_CEILING) applies to what
+    /// is issued on add), and it bypasses
+    /// [`prefer_broadcast`](Arch::prefer_broadcast) for batched pages.
+    /// Ignored without `BROADCAST_INVALIDATE`. The default is false.
+    const BATCH_BROADCAST_ON_ADD: bool = false;
+
     /// The CPU running the caller.
     fn current_cpu(&self) -> CpuId;
 
@@ -199,7 +216,8 @@ pub unsafe trait Arch {
     }
 
     /// Waits until every broadcast invalidation this CPU issued has taken
-    /// effect on every CPU.
+    /// effect on every CPU (only this CPU's: one issued by another CPU may
+    /// still be in flight).
     fn broadcast_sync(&self) {}
 
     /// Whether to carry out `request` by broadcast invalidation rather than

@@ -14,7 +14,9 @@
 //!   faults if the PTE is gone), as on x86; [`NoRewalk`] models hardware
 //!   without that guarantee, so tests can prove the crate never defers
 //!   there. [`BroadcastTlbi`] models broadcast invalidation (arm64 `TLBI IS`,
-//!   AMD `INVLPGB`): no IPIs, remote entries disappear at the barrier.
+//!   AMD `INVLPGB`): no IPIs, remote entries disappear at the issuing
+//!   CPU's barrier and not before; [`Arm64Like`] adds arm64's batched
+//!   unmap, which invalidates as pages are added and waits once.
 //! - A frame-state oracle knows which frames are free, in use or under I/O
 //!   and records every [`Violation`] of the safety contract: a write
 //!   through a stale entry into a free or in-I/O frame, a read of a free
@@ -69,7 +71,7 @@ pub use cpu::MockCpu;
 pub use error::{Fault, MockError};
 pub use kernel::{IoMode, MockKernel, MockRmap};
 pub use machine::{IpiHook, MockMachine};
-pub use model::{BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Invlpgb, X86Like};
+pub use model::{Arm64Like, BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Invlpgb, X86Like};
 pub use oracle::{FrameError, FrameState, Violation};
 pub use own_table::MmuTable;
 pub use space::MockSpace;

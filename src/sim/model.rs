@@ -15,6 +15,10 @@ pub trait Model: Send + Sync + 'static {
     /// page-table walk's locked update), whatever this says; it only says
     /// whether the crate is told so.
     const FILL_SETS_ACCESSED: bool = false;
+    /// See [`Arch::BATCH_BROADCAST_ON_ADD`](crate::Arch::BATCH_BROADCAST_ON_ADD).
+    /// The simulated broadcast invalidations take effect at the issuing
+    /// CPU's next `broadcast_sync`, and not before, whatever this says.
+    const BATCH_BROADCAST_ON_ADD: bool = false;
 }
 
 /// x86-like hardware: writes through clean entries re-walk, clearing the
@@ -50,6 +54,20 @@ impl Model for BroadcastTlbi {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
     const BROADCAST_INVALIDATE: bool = true;
+}
+
+/// arm64 as the crate's `aarch64` `Arch` describes it: [`BroadcastTlbi`]
+/// whose batched unmaps issue each page's broadcast invalidation as the
+/// page is added and wait for them all once, at the flush (Linux's arm64
+/// shape). A fill does not promise to set the accessed bit.
+#[derive(Debug)]
+pub struct Arm64Like;
+
+impl Model for Arm64Like {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = true;
+    const BROADCAST_INVALIDATE: bool = true;
+    const BATCH_BROADCAST_ON_ADD: bool = true;
 }
 
 /// x86 with AMD's broadcast invalidation (`INVLPGB` + `TLBSYNC`): x86's
