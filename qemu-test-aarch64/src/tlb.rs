@@ -1,8 +1,9 @@
 //! This kernel's use of the crate: the CPU table, the shootdown state, the
 //! crate's aarch64 `Arch` built once the MMU setup is known, the test
-//! address space's `MmTlbState`, the flush-IPI hook (which must never be
-//! called), and the two deliberately broken `Arch` wrappers of the
-//! negative controls.
+//! address space's `MmTlbState`, the flush-IPI hook (which no flush may
+//! call: only the teardown scenario's table-free sync, `ipi_sync`, uses
+//! it), and the two deliberately broken `Arch` wrappers of the negative
+//! controls.
 
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,8 +25,11 @@ pub static HOOK_CALLS: AtomicU64 = AtomicU64::new(0);
 /// Per CPU: a flush request the hook asked it to serve.
 static IPI_PENDING: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
 
-/// The crate's flush-IPI hook. The broadcast path sends no IPI, so nothing
-/// should ever call it; the scenarios fail if anything did. It does not
+/// The crate's flush-IPI hook. The broadcast path sends no IPI, so no
+/// flush may call it; the shootdown scenarios fail if anything did. The
+/// one caller is `ipi_sync`, which the teardown scenario's table-free
+/// policy uses to wait for lockless page-table walkers (it flushes
+/// nothing; see `teardown.rs`). It does not
 /// raise an interrupt (this kernel sets up no GIC): it marks each target,
 /// and every CPU serves its mark from each of its wait loops ([`poll`]),
 /// which is where every CPU of this kernel spends its time between its own
