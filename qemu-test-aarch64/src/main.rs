@@ -22,7 +22,8 @@
 //! The teardown scenario ([`teardown`]) runs after them, its flush weakened
 //! the same way; `negative-teardown` frees its page tables right after the
 //! flush instead of after an IPI sync (its walker must then read a freed
-//! table).
+//! table), and `negative-nodsb` drops the `DSB ISH` that completes its
+//! broadcast flush (which TCG cannot show: see below).
 //!
 //! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
 //! in its `CpuTable` by MPIDR, comes online through `bring_online`, and

@@ -74,7 +74,9 @@
 //! once more and must fault: reading the round's data or the poison is a
 //! stale translation of a freed frame (the negative controls `negative`
 //! and `negative-local` make the teardown's flush skip its invalidations
-//! or make them local, and must show that).
+//! or make them local, and must show that). `negative-nodsb` flushes
+//! without the `DSB ISH` that waits for the broadcast (see
+//! `tlb::NoDsb`).
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -605,6 +607,12 @@ pub fn run(bootargs: &[u8]) -> bool {
         scenario(
             &tlb::LocalTlbi(a),
             "on CPU 0 only (negative control)",
+            after_flush,
+        )
+    } else if crate::has_word(bootargs, b"negative-nodsb") {
+        scenario(
+            &tlb::NoDsb(a),
+            "broadcast without DSB ISH (negative control)",
             after_flush,
         )
     } else {
