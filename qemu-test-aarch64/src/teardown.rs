@@ -778,8 +778,9 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
     crate::say!(
         "  (teardown: each flush is a broadcast TLBI and interrupts no CPU, so it sends 0 IPIs; the IPIs above \
          are ipi_sync's, the only user of the flush-IPI hook here: one per other CPU per teardown, which a CPU \
-         walking the tables with interrupts masked takes only after its walk, as Linux on arm64 interrupts \
-         every CPU before freeing page tables that a lockless walker may hold)\n"
+         walking the tables with interrupts masked takes only after its walk; Linux on arm64 does the same \
+         (tlb_remove_table_sync_one) where it cannot wait for an RCU grace period before freeing page tables \
+         that a lockless walker may hold)\n"
     );
     passed
 }
