@@ -178,6 +178,12 @@ pub fn root() -> u64 {
     L0.addr()
 }
 
+/// Entry `index` (below 512) of the root table, for the teardown
+/// scenario's page tables, which hang below a level 0 entry of their own.
+pub fn root_entry(index: usize) -> &'static AtomicU64 {
+    &L0.0[index]
+}
+
 /// The level 0-3 table indices of `va`.
 fn indices(va: u64) -> [usize; 4] {
     [39, 30, 21, 12].map(|shift| ((va >> shift) & 511) as usize)

@@ -1,8 +1,9 @@
 //! This kernel's use of the crate: the CPU table, the shootdown state, the
 //! crate's aarch64 `Arch` built once the MMU setup is known, the test
-//! address space's `MmTlbState`, the flush-IPI hook (which must never be
-//! called), and the two deliberately broken `Arch` wrappers of the
-//! negative controls.
+//! address space's `MmTlbState`, the flush-IPI hook (which no flush may
+//! call: only the teardown scenario's table-free sync, `ipi_sync`, uses
+//! it), and the three deliberately broken `Arch` wrappers of the negative
+//! controls.
 
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,8 +25,11 @@ pub static HOOK_CALLS: AtomicU64 = AtomicU64::new(0);
 /// Per CPU: a flush request the hook asked it to serve.
 static IPI_PENDING: [AtomicBool; MAX_CPUS] = [const { AtomicBool::new(false) }; MAX_CPUS];
 
-/// The crate's flush-IPI hook. The broadcast path sends no IPI, so nothing
-/// should ever call it; the scenarios fail if anything did. It does not
+/// The crate's flush-IPI hook. The broadcast path sends no IPI, so no
+/// flush may call it; the shootdown scenarios fail if anything did. The
+/// one caller is `ipi_sync`, which the teardown scenario's table-free
+/// policy uses to wait for lockless page-table walkers (it flushes
+/// nothing; see `teardown.rs`). It does not
 /// raise an interrupt (this kernel sets up no GIC): it marks each target,
 /// and every CPU serves its mark from each of its wait loops ([`poll`]),
 /// which is where every CPU of this kernel spends its time between its own
@@ -127,6 +131,16 @@ pub struct SkipTlbi(pub Aarch64);
 /// only (`TLBI VAE1`, `TLBI ASIDE1`, `TLBI VMALLE1`).
 pub struct LocalTlbi(pub Aarch64);
 
+/// The negative control `negative-nodsb`: the crate's broadcast
+/// invalidations issued as they are, but `broadcast_sync` without its
+/// `DSB ISH`: nothing waits for the `TLBI ... IS` to complete on the other
+/// CPUs before the flush returns (and the frames are freed). Only the
+/// `ISB` stays. On hardware a CPU may then still use a dropped entry after
+/// the shootdown returned; QEMU's TCG completes a broadcast TLBI on every
+/// vCPU before the issuing one runs its next instruction, so the
+/// emulator is expected to pass it (the script says so).
+pub struct NoDsb(pub Aarch64);
+
 macro_rules! forward_arch {
     () => {
         const CLEAN_WRITE_REWALK: bool = <Aarch64 as Arch>::CLEAN_WRITE_REWALK;
@@ -160,9 +174,6 @@ macro_rules! forward_arch {
             // SAFETY: forwarded from our caller unchanged.
             unsafe { self.0.switch_address_space(asid, root) }
         }
-        fn broadcast_sync(&self) {
-            self.0.broadcast_sync()
-        }
     };
 }
 
@@ -172,6 +183,9 @@ macro_rules! forward_arch {
 // the invalidations is the real implementation's.
 unsafe impl Arch for SkipTlbi {
     forward_arch!();
+    fn broadcast_sync(&self) {
+        self.0.broadcast_sync()
+    }
     fn flush_local_page(&self, _asid: Asid, _va: u64) {}
     fn flush_local_asid(&self, _asid: Asid) {}
     fn flush_local_all(&self, _include_global: bool) {}
@@ -186,6 +200,9 @@ unsafe impl Arch for SkipTlbi {
 // it; everything else is the real implementation's.
 unsafe impl Arch for LocalTlbi {
     forward_arch!();
+    fn broadcast_sync(&self) {
+        self.0.broadcast_sync()
+    }
     fn flush_local_page(&self, asid: Asid, va: u64) {
         self.0.flush_local_page(asid, va)
     }
@@ -203,5 +220,35 @@ unsafe impl Arch for LocalTlbi {
     }
     fn broadcast_flush_all(&self, include_global: bool) {
         self.0.flush_local_all(include_global)
+    }
+}
+
+// SAFETY: NOT sound, on purpose: the negative control shows what a
+// broadcast flush that is not waited for does. Only the flush under test
+// of the teardown scenario goes through it; every invalidation is the
+// real implementation's, only the completion barrier is missing.
+unsafe impl Arch for NoDsb {
+    forward_arch!();
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        self.0.flush_local_page(asid, va)
+    }
+    fn flush_local_asid(&self, asid: Asid) {
+        self.0.flush_local_asid(asid)
+    }
+    fn flush_local_all(&self, include_global: bool) {
+        self.0.flush_local_all(include_global)
+    }
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        self.0.broadcast_flush_page(asid, va)
+    }
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.0.broadcast_flush_asid(asid)
+    }
+    fn broadcast_flush_all(&self, include_global: bool) {
+        self.0.broadcast_flush_all(include_global)
+    }
+    fn broadcast_sync(&self) {
+        // The real one is `DSB ISH` then `ISB`: the DSB is skipped.
+        tlb_batch::arch::aarch64::isb();
     }
 }

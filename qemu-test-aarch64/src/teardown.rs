@@ -1,0 +1,786 @@
+//! munmap-style teardown with the crate's `MmuGather` and batched
+//! page-table freeing, while another CPU walks the page tables locklessly
+//! (the GUP-fast pattern).
+//!
+//! # The tables
+//!
+//! The scenario's pages hang below a level 0 entry of their own
+//! ([`ROOT_INDEX`]) of the kernel's root table, in level 1-3 tables taken
+//! from a small frame pool ([`POOL_FRAMES`] 4 KiB frames, identity-mapped
+//! like all of RAM), the way a hobby kernel grows its tables on demand:
+//! [`TeardownSpace::map`] allocates the missing tables on the way down and
+//! writes a page descriptor with the same attributes as the other test
+//! pages (non-global, so tagged with the test ASID; writable). A round
+//! maps [`PAGES`] pages spread over [`TABLES`] leaf (level 3) tables of one
+//! level 2 table, and CPU 0 writes every page through its new mapping.
+//!
+//! A freed frame is filled with [`POISON`] (bit 0 clear: an invalid
+//! descriptor at every level) and its generation counter is bumped, so a
+//! reader can tell that a table it is reading was freed under it.
+//!
+//! # The teardown
+//!
+//! `MmuGather::unmap_range` over the level 2 table's gigabyte, with
+//! `free_tables`: it clears every page descriptor, detaches the four leaf
+//! tables and then the level 2 table ([`TableTeardown`]), flushes once
+//! (through the crate's aarch64 `Arch`: a broadcast `TLBI ASIDE1IS`, which
+//! interrupts no CPU), frees the data frames in one call and, once the
+//! policy allows, the five tables in one call ([`TeardownBacking`]). The
+//! level 1 table stays, as upper tables do in a kernel.
+//!
+//! # The walker
+//!
+//! CPU 1 walks the tables in software, as a lockless walker does: from
+//! the root, one descriptor per level down to a page descriptor, with
+//! interrupts masked (they always are in this kernel), holding each level
+//! a while. It takes the table-free sync request (`tlb::poll`, standing
+//! for its interrupt handler) only between walks: that is "it takes the
+//! IPI once its interrupts are back on". A walk that reads [`POISON`], or
+//! finds at its end that a table it went through was freed since it
+//! reached it, counts as having read a freed table. CPU 0 starts each
+//! teardown while the walker holds a level 2 or level 3 table, the tables
+//! the teardown frees.
+//!
+//! Under `TableFreePolicy::IpiSync`, `ipi_sync` waits until every other CPU
+//! took its request, so no walk that could have reached a detached table
+//! is still running when the tables are freed. Under
+//! `TableFreePolicy::AfterFlush` (the command-line word
+//! `negative-teardown`) the tables are freed and poisoned right after the
+//! flush, under the walker, which must see it.
+//!
+//! # The IPIs
+//!
+//! The TLB flush is a broadcast invalidation here: it sends no IPI and
+//! does not wait for anyone, least of all for a CPU that reads tables with
+//! its interrupts masked. That is why the table free needs its own sync:
+//! `ipi_sync` is the only caller of the flush-IPI hook in this kernel (one
+//! hook call and one IPI per other CPU for each teardown). Linux on arm64
+//! has the same need: its fast GUP walks with interrupts off, so freeing
+//! page tables waits for an RCU grace period (`MMU_GATHER_RCU_TABLE_FREE`),
+//! and where it cannot defer (no memory for the batch, or khugepaged
+//! collapsing a table) it interrupts every CPU
+//! (`tlb_remove_table_sync_one`), although its TLB flushes send none.
+//!
+//! # The evidence
+//!
+//! The free callbacks check, at the moment the crate calls them, that a
+//! shootdown has happened since the teardown began (data and tables: freed
+//! only after the flush) and, for the tables, that the walk that was
+//! running when the last table was detached has ended (freed only after
+//! the walker finished). The hook's and the crate's IPI counters are read
+//! around each callback, which separates the flush's IPIs (must be 0)
+//! from the sync's. CPU 1 also reads every page through the MMU between
+//! walks, so that its TLB holds them; after each teardown it reads them
+//! once more and must fault: reading the round's data or the poison is a
+//! stale translation of a freed frame (the negative controls `negative`
+//! and `negative-local` make the teardown's flush skip its invalidations
+//! or make them local, and must show that). `negative-nodsb` flushes
+//! without the `DSB ISH` that waits for the broadcast (see
+//! `tlb::NoDsb`).
+
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use tlb_batch::arch::aarch64 as a64;
+use tlb_batch::{
+    flush_tlb_range, heapless, Arch, DetachedTable, Frame, FreeFrames, MmTlbState, MmuGather, OwnedFrame,
+    PageRange, PageTable, Pte, TableFreePolicy, TableTeardown, TeardownBacking, TeardownSummary,
+};
+
+use crate::mmu::{self, AF, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS, TEST_PAGE_FLAGS};
+use crate::space::{to_descriptor, to_pte};
+use crate::{boot, tlb};
+
+/// The root-table entry the scenario's tables hang below (the other test
+/// pages use entry 1, the identity map entry 0).
+const ROOT_INDEX: usize = 2;
+/// The first page of the scenario.
+const BASE: u64 = (ROOT_INDEX as u64) << 39;
+/// What the level 2 table maps: the range torn down each round.
+const SPAN: u64 = 1 << 30;
+/// Leaf tables mapped in a round.
+const TABLES: usize = 4;
+/// Pages mapped in each leaf table.
+const PER_TABLE: usize = 8;
+/// Pages mapped in a round.
+const PAGES: usize = TABLES * PER_TABLE;
+/// Map-write-teardown rounds.
+const ROUNDS: u64 = 16;
+/// Tables freed by each teardown: the leaf tables and their level 2 table.
+const TABLES_FREED: usize = TABLES + 1;
+/// Frames of the pool: data pages and tables of about four rounds, so the
+/// next-fit allocator does not hand a frame out again soon after its free.
+const POOL_FRAMES: usize = 160;
+/// What a free frame holds in every word (bit 0 clear: never a valid
+/// descriptor).
+const POISON: u64 = 0xdead_f4ee_dead_f4ee;
+/// How long the walker holds each level of a walk.
+const HOLD_US: u64 = 400;
+/// The CPU that walks the tables and reads the pages.
+const WALKER_CPU: usize = 1;
+/// How long CPU 0 waits for the walker at each step.
+const WAIT_LIMIT_US: u64 = 10_000_000;
+/// A table descriptor (levels 0-2) or a page descriptor (level 3).
+const TABLE_DESC: u64 = DESC_VALID | DESC_TABLE_OR_PAGE;
+
+// Two rounds' frames and the level 1 table fit.
+const _: () = assert!(2 * (PAGES + TABLES_FREED) < POOL_FRAMES);
+const _: () = assert!(PAGES <= 64, "the gather holds 64 frames of each kind");
+const _: () = assert!(TABLES as u64 * (1 << 21) <= SPAN);
+
+#[repr(C, align(4096))]
+struct PoolFrame([AtomicU64; 512]);
+
+static POOL: [PoolFrame; POOL_FRAMES] =
+    [const { PoolFrame([const { AtomicU64::new(0) }; 512]) }; POOL_FRAMES];
+static USED: [AtomicBool; POOL_FRAMES] = [const { AtomicBool::new(false) }; POOL_FRAMES];
+/// How many times each frame was freed.
+static GENERATION: [AtomicU64; POOL_FRAMES] = [const { AtomicU64::new(0) }; POOL_FRAMES];
+static NEXT_FIT: AtomicUsize = AtomicUsize::new(0);
+static IN_USE: AtomicUsize = AtomicUsize::new(0);
+static POOL_READY: AtomicBool = AtomicBool::new(false);
+
+/// 1 while CPU 0 wants the walker to run.
+static JOB: AtomicU32 = AtomicU32::new(0);
+/// Whether the walker is in its loop.
+static RUNNING: AtomicBool = AtomicBool::new(false);
+/// 0 between walks; otherwise 1 + the level of the table the walker holds
+/// (it read an entry of it and has not finished with it).
+static WALK_LEVEL: AtomicU32 = AtomicU32::new(0);
+/// The number of the walk started last (each walk takes the next one).
+static WALK_SEQ: AtomicU64 = AtomicU64::new(0);
+/// The number of the walk finished last.
+static WALK_DONE: AtomicU64 = AtomicU64::new(0);
+/// The newest walk that was started when a table was detached: it may
+/// hold that table until it is done.
+static DETACH_SEEN: AtomicU64 = AtomicU64::new(0);
+/// Walks that read a freed table.
+static CAUGHT: AtomicU64 = AtomicU64::new(0);
+/// Walks that reached a leaf table.
+static LEAVES: AtomicU64 = AtomicU64::new(0);
+/// The round whose pages are mapped and written (0: none).
+static ROUND: AtomicU64 = AtomicU64::new(0);
+/// The round whose pages the walker CPU read, every one, through the MMU.
+static WARM: AtomicU64 = AtomicU64::new(0);
+/// The round whose teardown returned.
+static TORN: AtomicU64 = AtomicU64::new(0);
+/// The round the walker CPU read again after its teardown.
+static CHECKED: AtomicU64 = AtomicU64::new(0);
+/// Reads after a teardown that faulted.
+static FRESH: AtomicU64 = AtomicU64::new(0);
+/// Reads that returned a torn-down page's data after its teardown, or the
+/// poison of a freed frame at any time.
+static STALE: AtomicU64 = AtomicU64::new(0);
+/// Reads that returned anything else unexpected.
+static OTHER: AtomicU64 = AtomicU64::new(0);
+
+fn pool_index(pa: u64) -> Option<usize> {
+    let i = (pa.checked_sub(POOL.as_ptr() as u64)? / 4096) as usize;
+    (i < POOL_FRAMES).then_some(i)
+}
+
+/// The descriptor word at physical (= virtual) address `pa`, when it lies
+/// in the root table or in the pool; `None` elsewhere.
+fn word(pa: u64) -> Option<&'static AtomicU64> {
+    if !pa.is_multiple_of(8) {
+        return None;
+    }
+    let root = mmu::root();
+    if (root..root + 4096).contains(&pa) {
+        return Some(mmu::root_entry(((pa - root) / 8) as usize));
+    }
+    let i = pool_index(pa)?;
+    Some(&POOL[i].0[((pa % 4096) / 8) as usize])
+}
+
+fn fill(i: usize, value: u64) {
+    for w in &POOL[i].0 {
+        w.store(value, Ordering::Relaxed);
+    }
+}
+
+/// A zeroed frame of the pool (its address), next-fit.
+fn alloc() -> Option<u64> {
+    let start = NEXT_FIT.load(Ordering::Relaxed);
+    for k in 0..POOL_FRAMES {
+        let i = (start + k) % POOL_FRAMES;
+        if !USED[i].swap(true, Ordering::AcqRel) {
+            NEXT_FIT.store(i + 1, Ordering::Relaxed);
+            fill(i, 0);
+            IN_USE.fetch_add(1, Ordering::SeqCst);
+            // The zeroes are stored before the frame is linked anywhere.
+            core::sync::atomic::fence(Ordering::Release);
+            return Some(POOL[i].0.as_ptr() as u64);
+        }
+    }
+    None
+}
+
+/// Returns a frame to the pool: its generation bumped, then poisoned.
+fn free(pa: u64) {
+    let Some(i) = pool_index(pa) else {
+        crate::fatal("teardown: freeing a frame outside the pool");
+    };
+    GENERATION[i].fetch_add(1, Ordering::SeqCst);
+    fill(i, POISON);
+    if !USED[i].swap(false, Ordering::AcqRel) {
+        crate::fatal("teardown: double free of a pool frame");
+    }
+    IN_USE.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// How many times the frame holding `pa` was freed (0 outside the pool).
+fn generation(pa: u64) -> u64 {
+    pool_index(pa).map_or(0, |i| GENERATION[i].load(Ordering::SeqCst))
+}
+
+/// The index of `va` in its table of `level` (0: the root ... 3: leaf).
+fn index(va: u64, level: usize) -> u64 {
+    (va >> (39 - 9 * level)) & 511
+}
+
+/// What a table of `level` maps.
+fn reach(level: usize) -> u64 {
+    1 << (39 + 9 - 9 * level)
+}
+
+/// Page `p` of the scenario: leaf table `p / PER_TABLE`, at entry `p` of
+/// it (so that no two pages share their low address bits, nor, under
+/// QEMU, their software-TLB slot).
+fn page_va(p: usize) -> u64 {
+    BASE + (p / PER_TABLE) as u64 * reach(3) + p as u64 * 4096
+}
+
+fn pattern(round: u64, p: usize) -> u64 {
+    0x7ea2_0000_0000_0000 | (p as u64) << 32 | round
+}
+
+/// The scenario's address space: the test address space's `MmTlbState`,
+/// below the root entry [`ROOT_INDEX`].
+pub struct TeardownSpace;
+
+impl TeardownSpace {
+    /// The slot of `va`'s entry in its table of `level`, allocating the
+    /// missing tables above it when `create`; `None` when one is missing
+    /// (or the pool is exhausted).
+    fn slot(&self, va: u64, level: usize, create: bool) -> Option<&'static AtomicU64> {
+        let mut table = mmu::root();
+        for l in 0..level {
+            let e = word(table + index(va, l) * 8)?;
+            let mut v = e.load(Ordering::Acquire);
+            if v & TABLE_DESC != TABLE_DESC {
+                if !create {
+                    return None;
+                }
+                v = alloc()? | TABLE_DESC;
+                e.store(v, Ordering::Release);
+            }
+            table = v & OUTPUT_ADDRESS;
+        }
+        word(table + index(va, level) * 8)
+    }
+
+    /// Maps `va` to the frame at `pa`, writable, like the other test pages.
+    fn map(&self, va: u64, pa: u64) {
+        let Some(slot) = self.slot(va, 3, true) else {
+            crate::fatal("teardown: the frame pool is exhausted");
+        };
+        slot.store(pa | TEST_PAGE_FLAGS, Ordering::Release);
+    }
+}
+
+// SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
+// operations on the descriptor, so an access flag the hardware sets
+// (TCR_EL1.HA where the CPU has it; HD is off) is never lost; `lookup`
+// reads the descriptor as it is and the conversions are space.rs's, which
+// report every writable page dirty as the crate's aarch64 `Arch` needs;
+// the state is the test address space's, whose ASID and root (the root
+// these tables hang below) every CPU loaded with `switch_mm`;
+// `next_populated` skips only spans under a missing table, where every
+// entry is empty; only CPU 0 changes these tables, one call at a time,
+// so the default `with_table_locked` is right.
+unsafe impl PageTable for TeardownSpace {
+    fn tlb_state(&self) -> &MmTlbState {
+        tlb::mm()
+    }
+
+    fn lookup(&self, va: u64) -> Pte {
+        self.slot(va, 3, false)
+            .map_or(Pte::EMPTY, |s| to_pte(s.load(Ordering::Acquire)))
+    }
+
+    fn exchange(&self, va: u64, new: Pte) -> Pte {
+        self.slot(va, 3, false).map_or(Pte::EMPTY, |s| {
+            to_pte(s.swap(to_descriptor(new), Ordering::AcqRel))
+        })
+    }
+
+    fn test_and_clear_accessed(&self, va: u64) -> bool {
+        self.slot(va, 3, false)
+            .is_some_and(|s| s.fetch_and(!AF, Ordering::AcqRel) & AF != 0)
+    }
+
+    fn set(&self, va: u64, pte: Pte) {
+        if let Some(s) = self.slot(va, 3, false) {
+            s.store(to_descriptor(pte), Ordering::Release);
+        }
+    }
+
+    fn next_populated(&self, range: PageRange) -> Option<u64> {
+        let last = range.last()?;
+        let mut va = range.start();
+        'outer: while va <= last {
+            // Step over the span of the highest missing table.
+            for level in 0..3 {
+                let linked = self
+                    .slot(va, level, false)
+                    .is_some_and(|s| s.load(Ordering::Acquire) & TABLE_DESC == TABLE_DESC);
+                if !linked {
+                    let span = reach(level + 1);
+                    va = (va | (span - 1)).checked_add(1)?;
+                    continue 'outer;
+                }
+            }
+            return Some(va);
+        }
+        None
+    }
+}
+
+// SAFETY: `detach_table` unlinks (one atomic store of an invalid
+// descriptor) a level 3 or level 2 table whose whole reach lies in
+// `range`, leaf tables first, so a level 2 table goes only once no leaf
+// table is linked below it; the frame it hands over was allocated for that
+// table alone and nothing else frees it. A present page descriptor held
+// the only claim on its pool frame: each data frame is mapped once, at
+// the page it was allocated for.
+unsafe impl TableTeardown for TeardownSpace {
+    fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
+        let end = range.start().checked_add(range.pages() * 4096)?;
+        for level in [3, 2] {
+            let span = reach(level);
+            let mut va = range.start().checked_add(span - 1)? & !(span - 1);
+            while va.checked_add(span).is_some_and(|e| e <= end) {
+                // The entry that links a table of `level` is in the one
+                // above it.
+                let Some(above) = self.slot(va, level - 1, false) else {
+                    // No table of `level - 1` here: step over its reach.
+                    va = (va | (reach(level - 1) - 1)).checked_add(1)?;
+                    continue;
+                };
+                let v = above.load(Ordering::Acquire);
+                if v & TABLE_DESC == TABLE_DESC {
+                    above.store(0, Ordering::SeqCst);
+                    // A walk started before this point may still hold the
+                    // table; one started after it finds the entry empty.
+                    DETACH_SEEN.fetch_max(WALK_SEQ.load(Ordering::SeqCst), Ordering::SeqCst);
+                    return Some(DetachedTable {
+                        frame: Frame((v & OUTPUT_ADDRESS) >> 12),
+                        range: PageRange::from_bounds(va, va + span).ok()?,
+                    });
+                }
+                va += span;
+            }
+        }
+        None
+    }
+}
+
+/// The counters read at one moment of a teardown.
+#[derive(Clone, Copy, Default)]
+struct Moment {
+    shootdowns: u64,
+    ipis: u64,
+    hook_calls: u64,
+}
+
+impl Moment {
+    fn now() -> Self {
+        let (ipis, hook_calls) = tlb::ipis();
+        Moment {
+            shootdowns: tlb::TLB.stats().shootdowns,
+            ipis,
+            hook_calls,
+        }
+    }
+}
+
+/// The kernel side of the teardown: frees into the pool and checks, at
+/// each free, what must have happened before it.
+#[derive(Default)]
+struct Backing {
+    /// When the current teardown began, and when its data frames were
+    /// freed.
+    began: Moment,
+    data_freed_at: Moment,
+    data_freed: usize,
+    tables_freed: usize,
+    dirty: usize,
+    /// Frames freed with no shootdown since the teardown began.
+    before_flush: usize,
+    /// Tables freed while the walk that was running at their detach could
+    /// still be holding them.
+    under_walk: usize,
+    /// IPIs and hook calls from the start to the data free (the flush),
+    /// and from there to the table free (the sync).
+    flush_ipis: u64,
+    flush_hooks: u64,
+    sync_ipis: u64,
+    sync_hooks: u64,
+}
+
+impl Backing {
+    fn begin(&mut self) {
+        self.began = Moment::now();
+        self.data_freed_at = self.began;
+    }
+}
+
+impl FreeFrames for Backing {
+    fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>) {
+        let now = Moment::now();
+        if now.shootdowns == self.began.shootdowns {
+            self.before_flush += frames.len();
+        }
+        self.flush_ipis += now.ipis - self.began.ipis;
+        self.flush_hooks += now.hook_calls - self.began.hook_calls;
+        self.data_freed_at = now;
+        while let Some(f) = frames.pop() {
+            free(f.into_frame().addr());
+            self.data_freed += 1;
+        }
+    }
+}
+
+impl TeardownBacking for Backing {
+    fn set_dirty(&mut self, _frame: Frame) {
+        self.dirty += 1;
+    }
+
+    fn free_tables<const N: usize>(&mut self, tables: &mut heapless::Vec<OwnedFrame, N>) {
+        let now = Moment::now();
+        if now.shootdowns == self.began.shootdowns {
+            self.before_flush += tables.len();
+        }
+        if WALK_DONE.load(Ordering::SeqCst) < DETACH_SEEN.load(Ordering::SeqCst) {
+            self.under_walk += tables.len();
+        }
+        self.sync_ipis += now.ipis - self.data_freed_at.ipis;
+        self.sync_hooks += now.hook_calls - self.data_freed_at.hook_calls;
+        while let Some(f) = tables.pop() {
+            free(f.into_frame().addr());
+            self.tables_freed += 1;
+        }
+    }
+}
+
+fn hold(us: u64) {
+    let start = crate::now_us();
+    while crate::now_us() - start < us {
+        core::hint::spin_loop();
+    }
+}
+
+/// One lockless walk to `va`'s page descriptor, holding each level
+/// [`HOLD_US`]; returns whether it read a freed table. Runs with
+/// interrupts masked, as everything in this kernel does: nothing can
+/// interrupt it, and the table-free sync is taken after it returns.
+///
+/// Every table the walk went through is checked again at its end: its
+/// generation must not have changed, nor the entry it read have become
+/// [`POISON`], so a table freed at any moment of the walk is caught.
+fn walk_once(va: u64) -> bool {
+    let mut seen = [(0u64, 0u64); 4];
+    let mut depth = 0;
+    let mut table = mmu::root();
+    let mut freed = false;
+    for level in 0..4 {
+        let slot = table + index(va, level) * 8;
+        // Not a table of ours: a freed table's frame reused; the check
+        // below catches that.
+        let Some(entry) = word(slot) else { break };
+        seen[depth] = (slot, generation(table));
+        depth += 1;
+        if level == 3 {
+            LEAVES.fetch_add(1, Ordering::Relaxed);
+        }
+        let v = entry.load(Ordering::SeqCst);
+        if v == POISON {
+            freed = true;
+            break;
+        }
+        WALK_LEVEL.store(level as u32 + 1, Ordering::SeqCst);
+        hold(HOLD_US);
+        if level == 3 || v & TABLE_DESC != TABLE_DESC {
+            break;
+        }
+        table = v & OUTPUT_ADDRESS;
+    }
+    WALK_LEVEL.store(0, Ordering::SeqCst);
+    freed
+        || seen[..depth].iter().any(|&(slot, gen)| {
+            word(slot).is_some_and(|w| w.load(Ordering::SeqCst) == POISON) || generation(slot) != gen
+        })
+}
+
+/// One pass of the walker CPU over the pages through the MMU: before the
+/// round's teardown returned it must read the round's data (or fault,
+/// once the teardown has begun); after it, it must fault.
+fn read_pass() {
+    let round = ROUND.load(Ordering::Acquire);
+    if round == 0 || CHECKED.load(Ordering::Acquire) == round {
+        return;
+    }
+    let after = TORN.load(Ordering::Acquire) == round;
+    let mut warm = true;
+    for p in 0..PAGES {
+        match boot::probe(page_va(p)) {
+            None if after => {
+                FRESH.fetch_add(1, Ordering::Relaxed);
+            }
+            None => warm = false,
+            Some(POISON) => {
+                STALE.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(v) if v == pattern(round, p) => {
+                if after {
+                    STALE.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Some(_) => {
+                OTHER.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if after {
+        CHECKED.store(round, Ordering::Release);
+    } else if warm {
+        WARM.store(round, Ordering::Release);
+    }
+}
+
+/// The walker's side, called from every wait loop of every CPU
+/// (`Platform::poll` in main.rs): on the walker CPU, while CPU 0 asks for
+/// it, walks the tables and reads the pages, taking flush-IPI requests
+/// between walks only.
+pub fn serve() {
+    if crate::cpu_index() != WALKER_CPU || JOB.load(Ordering::Acquire) != 1 {
+        return;
+    }
+    RUNNING.store(true, Ordering::SeqCst);
+    let mut p = 0;
+    while JOB.load(Ordering::Acquire) == 1 {
+        let seq = WALK_SEQ.fetch_add(1, Ordering::SeqCst) + 1;
+        if walk_once(page_va(p % PAGES)) {
+            CAUGHT.fetch_add(1, Ordering::SeqCst);
+        }
+        WALK_DONE.store(seq, Ordering::SeqCst);
+        p += 1;
+        // "Interrupts back on": a pending table-free sync is taken here.
+        tlb::poll();
+        read_pass();
+    }
+    RUNNING.store(false, Ordering::SeqCst);
+}
+
+/// Waits until `done` holds; false after [`WAIT_LIMIT_US`].
+fn wait(done: impl Fn() -> bool) -> bool {
+    let start = crate::now_us();
+    while !done() {
+        if crate::now_us() - start > WAIT_LIMIT_US {
+            return false;
+        }
+        tlb::poll();
+        core::hint::spin_loop();
+    }
+    true
+}
+
+/// Runs the scenario with the flush under test and the table-free policy
+/// that the kernel command line asks for, prints its line and returns
+/// whether it passed.
+pub fn run(bootargs: &[u8]) -> bool {
+    let a = *tlb::arch();
+    let after_flush = crate::has_word(bootargs, b"negative-teardown");
+    if crate::has_word(bootargs, b"negative") {
+        scenario(&tlb::SkipTlbi(a), "SKIPPED (negative control)", after_flush)
+    } else if crate::has_word(bootargs, b"negative-local") {
+        scenario(
+            &tlb::LocalTlbi(a),
+            "on CPU 0 only (negative control)",
+            after_flush,
+        )
+    } else if crate::has_word(bootargs, b"negative-nodsb") {
+        scenario(
+            &tlb::NoDsb(a),
+            "broadcast without DSB ISH (negative control)",
+            after_flush,
+        )
+    } else {
+        scenario(&a, "on every CPU", after_flush)
+    }
+}
+
+fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
+    if !POOL_READY.swap(true, Ordering::SeqCst) {
+        for i in 0..POOL_FRAMES {
+            fill(i, POISON);
+        }
+    }
+    let space = TeardownSpace;
+    let Ok(range) = PageRange::from_bounds(BASE, BASE + SPAN) else {
+        crate::fatal("teardown: bad range");
+    };
+    let cpus = tlb::CPUS.online().len() as u64;
+    for c in [
+        &CAUGHT, &LEAVES, &FRESH, &STALE, &OTHER, &ROUND, &WARM, &TORN, &CHECKED,
+    ] {
+        c.store(0, Ordering::SeqCst);
+    }
+    let start = crate::now_us();
+    let mut timeouts = 0u32;
+    JOB.store(1, Ordering::SeqCst);
+    if !wait(|| RUNNING.load(Ordering::SeqCst)) {
+        timeouts += 1;
+    }
+    let walks_before = WALK_DONE.load(Ordering::SeqCst);
+    let mut backing = Backing::default();
+    let mut total = TeardownSummary::default();
+    let (mut handed_back, mut errors) = (0usize, 0usize);
+    for round in 1..=ROUNDS {
+        for p in 0..PAGES {
+            let Some(pa) = alloc() else {
+                crate::fatal("teardown: the frame pool is exhausted");
+            };
+            space.map(page_va(p), pa);
+        }
+        // The descriptors reach every CPU's table walks; what an earlier
+        // round (or a negative control's flush) left in a TLB is gone.
+        a64::dsb_ishst();
+        a64::isb();
+        if flush_tlb_range(tlb::arch(), tlb::mm(), range).is_err() {
+            crate::fatal("teardown: flush_tlb_range refused the range");
+        }
+        for p in 0..PAGES {
+            if !boot::probe_store_word(page_va(p), pattern(round, p)) {
+                crate::fatal("teardown: a freshly mapped page faulted");
+            }
+        }
+        ROUND.store(round, Ordering::Release);
+        // The walker CPU's TLB holds every page, and the walker holds a
+        // table this teardown frees.
+        if !wait(|| WARM.load(Ordering::Acquire) == round) {
+            timeouts += 1;
+        }
+        if !wait(|| matches!(WALK_LEVEL.load(Ordering::SeqCst), 3 | 4)) {
+            timeouts += 1;
+        }
+        backing.begin();
+        let mut policy = if after_flush {
+            TableFreePolicy::AfterFlush
+        } else {
+            TableFreePolicy::IpiSync
+        };
+        let mut gather: MmuGather<64> = MmuGather::new();
+        match gather.unmap_range(
+            arch,
+            &space,
+            &mut backing,
+            range,
+            true,
+            &mut policy,
+            &mut |_, _| handed_back += 1,
+        ) {
+            Ok(s) => {
+                total.pages_unmapped += s.pages_unmapped;
+                total.data_freed += s.data_freed;
+                total.tables_freed += s.tables_freed;
+                total.flushes += s.flushes;
+                total.syncs += s.syncs;
+                total.ipis_sent += s.ipis_sent;
+            }
+            Err(_) => errors += 1,
+        }
+        TORN.store(round, Ordering::Release);
+        if !wait(|| CHECKED.load(Ordering::Acquire) == round) {
+            timeouts += 1;
+        }
+    }
+    JOB.store(0, Ordering::SeqCst);
+    if !wait(|| !RUNNING.load(Ordering::SeqCst)) {
+        timeouts += 1;
+    }
+    ROUND.store(0, Ordering::SeqCst);
+    let elapsed_ms = (crate::now_us() - start) / 1000;
+    let walks = WALK_DONE.load(Ordering::SeqCst) - walks_before;
+    let (caught, leaves) = (CAUGHT.load(Ordering::SeqCst), LEAVES.load(Ordering::SeqCst));
+    let (fresh, stale, other) = (
+        FRESH.load(Ordering::SeqCst),
+        STALE.load(Ordering::SeqCst),
+        OTHER.load(Ordering::SeqCst),
+    );
+    // Only the level 1 table is left allocated.
+    let leaked = IN_USE.load(Ordering::SeqCst).saturating_sub(1);
+    let rounds = ROUNDS as usize;
+    let syncs = if after_flush { 0 } else { rounds };
+    let b = &backing;
+    let passed = errors == 0
+        && handed_back == 0
+        && leaked == 0
+        && total.pages_unmapped == PAGES * rounds
+        && total.data_freed == PAGES * rounds
+        && b.data_freed == PAGES * rounds
+        && b.dirty == PAGES * rounds
+        && total.tables_freed == TABLES_FREED * rounds
+        && b.tables_freed == TABLES_FREED * rounds
+        && total.flushes == rounds
+        && total.syncs == syncs
+        && b.before_flush == 0
+        && b.under_walk == 0
+        && b.flush_ipis == 0
+        && b.flush_hooks == 0
+        && b.sync_hooks == syncs as u64
+        && b.sync_ipis == syncs as u64 * (cpus - 1)
+        && total.ipis_sent as u64 == b.sync_ipis
+        && leaves > 0
+        && caught == 0
+        && fresh == (PAGES * rounds) as u64
+        && stale == 0
+        && other == 0
+        && timeouts == 0;
+    crate::say!(
+        "scenario teardown with batched table free: {} ({ROUNDS} rounds x {PAGES} pages in {TABLES} leaf tables \
+         written by CPU 0, torn down by MmuGather, tables freed {}, flush {flush}: {} data frames and {} tables \
+         freed, {} of them before the flush, {} tables while a walk could hold them, {} pages dirty, {handed_back} \
+         handed back, {} errors, {leaked} frames leaked; {} flushes sent {} IPIs ({} hook calls), {} table-free \
+         syncs sent {} IPIs ({} hook calls); walker on CPU {WALKER_CPU}, lockless, interrupts masked: {walks} \
+         walks, {leaves} reached a leaf table, walker read {caught} freed tables; CPU {WALKER_CPU} after each \
+         teardown: {fresh} reads faulted as they must, stale: {stale} reads of the old frame, {other} other, \
+         {timeouts} timeouts, {elapsed_ms} ms)\n",
+        if passed { "PASS" } else { "FAIL" },
+        if after_flush {
+            "right after the flush (AfterFlush, negative control)"
+        } else {
+            "after an IPI sync (IpiSync)"
+        },
+        b.data_freed,
+        b.tables_freed,
+        b.before_flush,
+        b.under_walk,
+        b.dirty,
+        errors,
+        total.flushes,
+        b.flush_ipis,
+        b.flush_hooks,
+        total.syncs,
+        b.sync_ipis,
+        b.sync_hooks,
+    );
+    crate::say!(
+        "  (teardown: each flush is a broadcast TLBI and interrupts no CPU, so it sends 0 IPIs; the IPIs above \
+         are ipi_sync's, the only user of the flush-IPI hook here: one per other CPU per teardown, which a CPU \
+         walking the tables with interrupts masked takes only after its walk; Linux on arm64 does the same \
+         (tlb_remove_table_sync_one) where it cannot wait for an RCU grace period before freeing page tables \
+         that a lockless walker may hold)\n"
+    );
+    passed
+}
