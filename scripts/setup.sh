@@ -7,7 +7,8 @@
 #              x2APIC from 10 on), qemu-system-arm for qemu-system-aarch64
 #              (from bookworm-backports too, the same QEMU), bochs with its
 #              BIOS, VGA BIOS and terminal display plugin, grub-pc-bin,
-#              xorriso and mtools (the ISO for Bochs), binutils (objcopy)
+#              xorriso and mtools (the ISO for Bochs), binutils (objcopy),
+#              llvm (llvm-objdump, for the aarch64 flush sequences)
 #   rustup:    the x86_64-unknown-none and aarch64-unknown-none targets, a
 #              nightly toolchain with miri and rust-src (Miri, cargo-fuzz)
 #   cargo:     cargo-fuzz
@@ -30,7 +31,7 @@ qemu_major() {
 
 # Debian packages.
 missing=()
-for pkg in bochs bochsbios vgabios bochs-term grub-pc-bin xorriso mtools binutils; do
+for pkg in bochs bochsbios vgabios bochs-term grub-pc-bin xorriso mtools binutils llvm; do
     installed "$pkg" || missing+=("$pkg")
 done
 need_qemu=false

@@ -2,7 +2,9 @@
 # Every test, after installing what they need (scripts/setup.sh):
 #   1. the x86_64 code on an emulated SMP machine: QEMU (scripts/qemu-test.sh)
 #      and Bochs, whose CPU model has PCIDs (scripts/bochs-test.sh); the
-#      aarch64 code on QEMU's virt machine (scripts/qemu-test-aarch64.sh);
+#      aarch64 code on QEMU's virt machine (scripts/qemu-test-aarch64.sh),
+#      and the barriers and TLBIs its flushes compile to
+#      (scripts/aarch64-flush-sequences.sh);
 #   2. loom models of the shootdown protocol (scripts/loom.sh);
 #   3. with a nightly toolchain: Miri over the protocol, batch and mock
 #      machine tests (scripts/miri.sh) and a short run of each fuzz target
@@ -13,6 +15,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/qemu-test.sh
 scripts/qemu-test-aarch64.sh
+scripts/aarch64-flush-sequences.sh
 scripts/bochs-test.sh
 scripts/loom.sh
 if cargo +nightly --version >/dev/null 2>&1; then

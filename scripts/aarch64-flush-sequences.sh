@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Prints, from the aarch64 test kernel as built (qemu-test-aarch64/), the
+# barriers and TLB invalidations each flush kind of the crate's aarch64
+# `Arch` executes, and fails when one is not the documented sequence
+# (src/arch/aarch64.rs, "What each flush executes"):
+#   local page / ASID / everything: DSB NSHST; TLBI VAE1|VAAE1 / ASIDE1 |
+#     VMALLE1 / VMALLE1; DSB NSH; ISB
+#   broadcast page / ASID / everything: DSB ISHST; TLBI ...IS (no wait)
+#   a batched unmap: the TLBI issued when a page is added (the batch's
+#     record calls broadcast_flush_page), and its flush waits with
+#     DSB ISH; ISB and issues no TLBI of its own.
+# (The second TLBI after a DSB ISH in each is the repeat-TLBI errata path,
+# taken only when Config::with_repeated_tlbi asked for it.)
+# Needs llvm-objdump (Debian: apt-get install llvm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+kernel=qemu-test-aarch64/target/aarch64-unknown-none/release/tlb-batch-qemu-test-aarch64
+(cd qemu-test-aarch64 && cargo build --release --quiet)
+dis=$(mktemp)
+trap 'rm -f "$dis"' EXIT
+llvm-objdump -d --no-show-raw-insn "$kernel" >"$dis"
+
+failed=0
+# body PATTERN: the barrier, TLBI, ISB and call lines of the first
+# function whose symbol contains PATTERN.
+body() {
+    awk -v pat="$1" '
+        /^[0-9a-f]+ </ { if (done) exit; p = index($0, pat) > 0; if (p) done = 1; next }
+        p && /\t(tlbi|dsb|isb|bl)(\t|$)/ { sub(/^[ \t0-9a-f]+:[ \t]+/, ""); sub(/[ \t]0x[0-9a-f]+ </, " <"); gsub(/\t/, " "); print }
+    ' "$dis"
+}
+# expect NAME PATTERN REGEX [ABSENT]: prints NAME's sequence; REGEX must
+# match the sequence joined with "; ", and ABSENT must not.
+expect() {
+    local seq
+    seq=$(body "$2" | sed -E 's/<_ZN[^>]*[0-9]+([a-z_]+)17h[0-9a-f]{16}E>/<\1>/g; s/<_RNv[^>]*panicking[^>]*>/<a bounds-check panic>/' |
+        paste -sd ';' - | sed 's/;/; /g')
+    printf '%-32s %s\n' "$1:" "${seq:-(not found)}"
+    if ! grep -qE "$3" <<<"$seq" || { [ -n "${4:-}" ] && grep -qE "$4" <<<"$seq"; }; then
+        echo "    FAIL: expected /$3/${4:+ without /$4/}"
+        failed=$((failed + 1))
+    fi
+}
+arch='Aarch64$u20$as$u20$tlb_batch..arch..Arch$GT$'
+expect "local page" "${arch}16flush_local_page17" '^dsb nshst; tlbi vae1, x8; dsb ish; tlbi vae1, x8; dsb nsh; isb; tlbi vaae1, x8; dsb ish; tlbi vaae1, x8; dsb nsh; isb$'
+expect "local ASID" "${arch}16flush_local_asid17" '^dsb nshst; tlbi aside1, x8; dsb ish; tlbi aside1, x8; dsb nsh; isb; tlbi vmalle1; dsb ish; tlbi vmalle1; dsb nsh; isb$'
+expect "local everything" "${arch}15flush_local_all17" '^dsb nshst; tlbi vmalle1; dsb ish; tlbi vmalle1; dsb nsh; isb$'
+expect "broadcast page (no wait)" "${arch}20broadcast_flush_page17" '^dsb ishst; tlbi vae1is, x8; dsb ish; tlbi vae1is, x8; tlbi vaae1is, x8; dsb ish; tlbi vaae1is, x8$'
+expect "broadcast ASID (no wait)" "${arch}20broadcast_flush_asid17" '^dsb ishst; tlbi aside1is, x8; dsb ish; tlbi aside1is, x8; tlbi vmalle1is; dsb ish; tlbi vmalle1is$'
+expect "broadcast everything (no wait)" "${arch}19broadcast_flush_all17" '^dsb ishst; tlbi vmalle1is; dsb ish; tlbi vmalle1is$'
+expect "batch: page added" "TlbFlushUnmapBatch6record17" '^bl <broadcast_flush_page>; ' 'tlbi|dsb'
+expect "batch: flush" "TlbFlushUnmapBatch5flush17" 'bl <shootdown>.*; dsb ish; isb; ' 'tlbi'
+if [ "$failed" -ne 0 ]; then
+    echo "aarch64 flush sequences: $failed not as documented"
+    exit 1
+fi
+echo "aarch64 flush sequences: as documented"
