@@ -7,21 +7,23 @@
 // On other targets only this module's tests use it.
 #![cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 
-use core::sync::atomic::{AtomicU16, AtomicU32, AtomicUsize, Ordering};
-
 use super::aarch64_encoding::mpidr_affinity;
-use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use super::cpu_registry::{DirectSlots, HwIdTable};
+use crate::cpuset::{CpuId, CpuSet};
 use crate::Error;
-
-/// The affinity of an unused slot. A processor whose four affinity fields
-/// are all 0xFF cannot be registered (no real topology numbers its CPUs
-/// that far in every field).
-const NO_AFFINITY: u32 = u32::MAX;
 
 /// Affinities whose Aff3 and Aff2 are 0 and whose Aff1 and Aff0 are below
 /// 16 (up to 16 clusters of 16 CPUs, the usual numbering) are found with
-/// one load; others by a scan of the registered CPUs.
-const DIRECT_SLOTS: usize = 256;
+/// one load; others by a scan of the registered CPUs. A processor whose
+/// four affinity fields are all 0xFF cannot be registered (no real
+/// topology numbers its CPUs that far in every field).
+struct Affinities;
+
+impl DirectSlots for Affinities {
+    fn slot(affinity: u32) -> Option<usize> {
+        direct_slot(affinity)
+    }
+}
 
 /// The direct slot of `affinity`, if it has one.
 const fn direct_slot(affinity: u32) -> Option<usize> {
@@ -34,8 +36,8 @@ const fn direct_slot(affinity: u32) -> Option<usize> {
     }
 }
 
-/// The machine's processors by MPIDR affinity, and which of them are
-/// online: a `static` the kernel fills during bring-up.
+/// CPU indices by MPIDR_EL1 affinity, and which CPUs are online: a
+/// `static` the kernel fills during bring-up.
 ///
 /// The CPU that starts a processor [registers](Self::register) its index
 /// and affinity first; the processor then joins the online set only
@@ -43,13 +45,7 @@ const fn direct_slot(affinity: u32) -> Option<usize> {
 /// itself, which flushes its TLB first: nothing else can mark a CPU
 /// online.
 pub struct CpuTable {
-    affinities: [AtomicU32; MAX_CPUS],
-    /// For affinities with a direct slot: the CPU index plus one, 0 for
-    /// none, so that finding the running CPU (every crate call does) is one
-    /// load instead of a scan.
-    direct: [AtomicU16; DIRECT_SLOTS],
-    count: AtomicUsize,
-    online: AtomicCpuSet,
+    table: HwIdTable<Affinities>,
 }
 
 impl Default for CpuTable {
@@ -62,10 +58,7 @@ impl CpuTable {
     /// An empty table, usable in a `static`.
     pub const fn new() -> Self {
         CpuTable {
-            affinities: [const { AtomicU32::new(NO_AFFINITY) }; MAX_CPUS],
-            direct: [const { AtomicU16::new(0) }; DIRECT_SLOTS],
-            count: AtomicUsize::new(0),
-            online: AtomicCpuSet::new(),
+            table: HwIdTable::new(),
         }
     }
 
@@ -82,78 +75,38 @@ impl CpuTable {
     /// as "self" while the other is flushed);
     /// [`Error::CpuAlreadyRegistered`] when `cpu` has another affinity.
     pub fn register(&self, cpu: usize, mpidr: u64) -> Result<CpuId, Error> {
-        let id = CpuId::new(cpu)?;
-        let affinity = mpidr_affinity(mpidr);
-        if affinity == NO_AFFINITY {
-            return Err(Error::InvalidHardwareId { hw_id: affinity });
-        }
-        match self.cpu_of_affinity(affinity) {
-            Some(other) if other != id => return Err(Error::InvalidHardwareId { hw_id: affinity }),
-            _ => {}
-        }
-        match self.affinities[cpu].compare_exchange(
-            NO_AFFINITY,
-            affinity,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {}
-            Err(existing) if existing == affinity => {}
-            Err(_) => return Err(Error::CpuAlreadyRegistered { cpu }),
-        }
-        if let Some(slot) = direct_slot(affinity) {
-            // `cpu` < MAX_CPUS <= u16::MAX (checked by `CpuId::new`, and
-            // asserted in cpuset.rs), so `cpu + 1` fits.
-            self.direct[slot].store(cpu as u16 + 1, Ordering::Release);
-        }
-        self.count.fetch_max(cpu + 1, Ordering::AcqRel);
-        Ok(id)
+        self.table.register(cpu, mpidr_affinity(mpidr))
     }
 
     /// The online CPUs.
     pub fn online(&self) -> CpuSet {
-        self.online.load(Ordering::SeqCst)
+        self.table.online()
     }
 
     /// The packed affinity ([`mpidr_affinity`]) of `cpu`, if registered: what
     /// a kernel's IPI hook needs to address it (GICv3 `ICC_SGI1R_EL1` takes
     /// Aff3, Aff2, Aff1 and a bit for Aff0).
     pub fn affinity(&self, cpu: CpuId) -> Option<u32> {
-        match self.affinities[cpu.index()].load(Ordering::Acquire) {
-            NO_AFFINITY => None,
-            affinity => Some(affinity),
-        }
+        self.table.id(cpu)
     }
 
     /// The CPU whose MPIDR_EL1 is `mpidr`, if registered.
     pub fn cpu_of(&self, mpidr: u64) -> Option<CpuId> {
-        self.cpu_of_affinity(mpidr_affinity(mpidr))
-    }
-
-    fn cpu_of_affinity(&self, affinity: u32) -> Option<CpuId> {
-        if affinity == NO_AFFINITY {
-            return None;
-        }
-        if let Some(slot) = direct_slot(affinity) {
-            let index = usize::from(self.direct[slot].load(Ordering::Acquire)).checked_sub(1)?;
-            return CpuId::new(index).ok();
-        }
-        let count = self.count.load(Ordering::Acquire).min(MAX_CPUS);
-        (0..count)
-            .find(|&i| self.affinities[i].load(Ordering::Acquire) == affinity)
-            .and_then(|i| CpuId::new(i).ok())
+        self.table.cpu_of(mpidr_affinity(mpidr))
     }
 
     /// Puts `cpu` in the online set; only `Aarch64::bring_online` calls it,
     /// after the flush that the online set's contract requires.
     pub(crate) fn join(&self, cpu: CpuId) {
-        self.online.insert(cpu, Ordering::SeqCst);
+        self.table.join(cpu);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::cpu_registry::DIRECT_SLOTS;
     use super::*;
+    use crate::cpuset::MAX_CPUS;
 
     fn cpu(i: usize) -> CpuId {
         CpuId::new(i).unwrap()

@@ -25,8 +25,11 @@ pub mod x86_64;
 pub mod aarch64;
 #[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
 mod aarch64_cpus;
+// The CPU table both hardware `Arch`es wrap.
 #[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
 mod aarch64_encoding;
+#[cfg(all(not(loom), any(test, target_arch = "x86_64", target_arch = "aarch64")))]
+mod cpu_registry;
 
 pub use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};

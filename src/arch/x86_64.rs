@@ -26,12 +26,13 @@
 
 use core::arch::asm;
 use core::ptr::NonNull;
-use core::sync::atomic::{fence, AtomicU16, AtomicU32, AtomicUsize, Ordering};
+use core::sync::atomic::{fence, AtomicUsize, Ordering};
 
 use volatile::VolatilePtr;
 
+use crate::arch::cpu_registry::{DirectSlots, HwIdTable, DIRECT_SLOTS};
 use crate::arch::{Arch, Asid};
-use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
 use crate::Error;
 
@@ -467,24 +468,22 @@ impl LocalApic {
 /// [`X86_64::bring_online`], run on the CPU itself, which flushes its TLB
 /// first: nothing else can mark a CPU online.
 pub struct CpuTable {
-    apic_ids: [AtomicU32; MAX_CPUS],
-    /// For APIC IDs below [`DIRECT_IDS`] (every xAPIC ID, and x2APIC IDs
-    /// on most machines): the CPU index plus one, 0 for none, so that
-    /// finding the running CPU, which every crate call does, is one load
-    /// instead of a scan of the table.
-    by_apic_id: [AtomicU16; DIRECT_IDS],
-    count: AtomicUsize,
+    table: HwIdTable<ApicIds>,
     present: AtomicUsize,
-    online: AtomicCpuSet,
 }
 
-/// The value of an unused slot, and the x2APIC broadcast destination: no
-/// CPU has it.
-const NO_APIC_ID: u32 = u32::MAX;
+/// APIC IDs below [`DIRECT_SLOTS`] (every xAPIC ID, and x2APIC IDs on most
+/// machines) are looked up with one load; larger ones (x2APIC on very
+/// large or sparse machines) by a scan of the registered CPUs. The x2APIC
+/// broadcast destination, `0xFFFF_FFFF`, cannot be registered.
+struct ApicIds;
 
-/// APIC IDs below this are looked up directly; larger ones (x2APIC on
-/// very large or sparse machines) by a scan of the registered CPUs.
-const DIRECT_IDS: usize = 256;
+impl DirectSlots for ApicIds {
+    fn slot(apic_id: u32) -> Option<usize> {
+        let id = apic_id as usize;
+        (id < DIRECT_SLOTS).then_some(id)
+    }
+}
 
 impl Default for CpuTable {
     fn default() -> Self {
@@ -496,11 +495,8 @@ impl CpuTable {
     /// An empty table, usable in a `static`.
     pub const fn new() -> Self {
         CpuTable {
-            apic_ids: [const { AtomicU32::new(NO_APIC_ID) }; MAX_CPUS],
-            by_apic_id: [const { AtomicU16::new(0) }; DIRECT_IDS],
-            count: AtomicUsize::new(0),
+            table: HwIdTable::new(),
             present: AtomicUsize::new(0),
-            online: AtomicCpuSet::new(),
         }
     }
 
@@ -515,26 +511,7 @@ impl CpuTable {
     /// other is flushed); [`Error::CpuAlreadyRegistered`] when `cpu` has
     /// another APIC ID.
     pub fn register(&self, cpu: usize, apic_id: u32) -> Result<CpuId, Error> {
-        let id = CpuId::new(cpu)?;
-        if apic_id == NO_APIC_ID {
-            return Err(Error::InvalidHardwareId { hw_id: apic_id });
-        }
-        match self.cpu_of(apic_id) {
-            Some(other) if other != id => return Err(Error::InvalidHardwareId { hw_id: apic_id }),
-            _ => {}
-        }
-        match self.apic_ids[cpu].compare_exchange(NO_APIC_ID, apic_id, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => {}
-            Err(existing) if existing == apic_id => {}
-            Err(_) => return Err(Error::CpuAlreadyRegistered { cpu }),
-        }
-        if let Some(slot) = self.by_apic_id.get(apic_id as usize) {
-            // `cpu` < MAX_CPUS <= u16::MAX (checked by `CpuId::new` and
-            // asserted in cpuset.rs), so `cpu + 1` fits.
-            slot.store(cpu as u16 + 1, Ordering::Release);
-        }
-        self.count.fetch_max(cpu + 1, Ordering::AcqRel);
-        Ok(id)
+        self.table.register(cpu, apic_id)
     }
 
     /// Records how many CPUs the machine has: every processor the firmware
@@ -553,30 +530,17 @@ impl CpuTable {
 
     /// The online CPUs.
     pub fn online(&self) -> CpuSet {
-        self.online.load(Ordering::SeqCst)
+        self.table.online()
     }
 
     /// The APIC ID of `cpu`, if registered.
     pub fn apic_id(&self, cpu: CpuId) -> Option<u32> {
-        match self.apic_ids[cpu.index()].load(Ordering::Acquire) {
-            NO_APIC_ID => None,
-            id => Some(id),
-        }
+        self.table.id(cpu)
     }
 
     /// The CPU whose APIC ID is `apic_id`, if registered.
     pub fn cpu_of(&self, apic_id: u32) -> Option<CpuId> {
-        if apic_id == NO_APIC_ID {
-            return None;
-        }
-        if let Some(slot) = self.by_apic_id.get(apic_id as usize) {
-            let index = usize::from(slot.load(Ordering::Acquire)).checked_sub(1)?;
-            return CpuId::new(index).ok();
-        }
-        let count = self.count.load(Ordering::Acquire).min(MAX_CPUS);
-        (0..count)
-            .find(|&i| self.apic_ids[i].load(Ordering::Acquire) == apic_id)
-            .and_then(|i| CpuId::new(i).ok())
+        self.table.cpu_of(apic_id)
     }
 }
 
@@ -735,7 +699,7 @@ impl X86_64 {
             .cpu_of(apic_id)
             .ok_or(Error::UnregisteredCpu { hw_id: apic_id })?;
         crate::prepare_cpu_online(self);
-        self.cpus.online.insert(cpu, Ordering::SeqCst);
+        self.cpus.table.join(cpu);
         // The join is visible (SeqCst) before the second flush starts.
         fence(Ordering::SeqCst);
         self.flush_local_all(true);
@@ -950,6 +914,7 @@ mod tests {
     //! instruction drops a page. The instructions themselves run in the
     //! QEMU and Bochs test kernels (`qemu-test/`).
     use super::*;
+    use crate::cpuset::MAX_CPUS;
 
     fn cpu(i: usize) -> CpuId {
         CpuId::new(i).unwrap()

@@ -1,0 +1,171 @@
+//! [`HwIdTable`]: the part of a hardware `Arch`'s CPU table that does not
+//! depend on the architecture: which CPU index each processor, known by a
+//! 32-bit hardware id (an x86 APIC ID, a packed arm64 MPIDR affinity), has,
+//! found with one load for the usual ids, and which CPUs are online.
+//!
+//! It holds no instruction, so host tests check it; `x86_64::CpuTable` and
+//! `aarch64::CpuTable` wrap it with their own id and its direct slots.
+
+// On targets with neither hardware `Arch`, only this module's tests use it.
+#![cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+
+use core::marker::PhantomData;
+use core::sync::atomic::{AtomicU16, AtomicU32, AtomicUsize, Ordering};
+
+use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use crate::Error;
+
+/// The id of an unused slot; no processor can be registered with it.
+pub(crate) const NO_HW_ID: u32 = u32::MAX;
+
+/// How many ids are found with one load.
+pub(crate) const DIRECT_SLOTS: usize = 256;
+
+/// Which hardware ids have a direct slot, and which: each slot belongs to
+/// one id at most.
+pub(crate) trait DirectSlots {
+    /// The direct slot of `id` (below [`DIRECT_SLOTS`]), if it has one.
+    fn slot(id: u32) -> Option<usize>;
+}
+
+/// CPU index by hardware id, and the online set.
+pub(crate) struct HwIdTable<S> {
+    ids: [AtomicU32; MAX_CPUS],
+    /// For ids with a direct slot: the CPU index plus one, 0 for none, so
+    /// that finding the running CPU, which every crate call does, is one
+    /// load instead of a scan of the table.
+    direct: [AtomicU16; DIRECT_SLOTS],
+    count: AtomicUsize,
+    online: AtomicCpuSet,
+    slots: PhantomData<S>,
+}
+
+impl<S: DirectSlots> HwIdTable<S> {
+    /// An empty table, usable in a `static`.
+    pub(crate) const fn new() -> Self {
+        HwIdTable {
+            ids: [const { AtomicU32::new(NO_HW_ID) }; MAX_CPUS],
+            direct: [const { AtomicU16::new(0) }; DIRECT_SLOTS],
+            count: AtomicUsize::new(0),
+            online: AtomicCpuSet::new(),
+            slots: PhantomData,
+        }
+    }
+
+    /// Records that CPU `cpu` has hardware id `id` (not yet online).
+    /// Registering the same pair again is harmless. Errors, with nothing
+    /// recorded: [`Error::CpuOutOfRange`]; [`Error::InvalidHardwareId`] for
+    /// [`NO_HW_ID`] or an id another index already has (two indices for one
+    /// processor would let one be skipped as "self" while the other is
+    /// flushed); [`Error::CpuAlreadyRegistered`] when `cpu` has another id.
+    pub(crate) fn register(&self, cpu: usize, id: u32) -> Result<CpuId, Error> {
+        let cpu_id = CpuId::new(cpu)?;
+        if id == NO_HW_ID {
+            return Err(Error::InvalidHardwareId { hw_id: id });
+        }
+        match self.cpu_of(id) {
+            Some(other) if other != cpu_id => return Err(Error::InvalidHardwareId { hw_id: id }),
+            _ => {}
+        }
+        match self.ids[cpu].compare_exchange(NO_HW_ID, id, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {}
+            Err(existing) if existing == id => {}
+            Err(_) => return Err(Error::CpuAlreadyRegistered { cpu }),
+        }
+        if let Some(slot) = S::slot(id).and_then(|s| self.direct.get(s)) {
+            // `cpu` < MAX_CPUS <= u16::MAX (checked by `CpuId::new`, and
+            // asserted in cpuset.rs), so `cpu + 1` fits.
+            slot.store(cpu as u16 + 1, Ordering::Release);
+        }
+        self.count.fetch_max(cpu + 1, Ordering::AcqRel);
+        Ok(cpu_id)
+    }
+
+    /// The online CPUs.
+    pub(crate) fn online(&self) -> CpuSet {
+        self.online.load(Ordering::SeqCst)
+    }
+
+    /// The hardware id of `cpu`, if registered.
+    pub(crate) fn id(&self, cpu: CpuId) -> Option<u32> {
+        match self.ids[cpu.index()].load(Ordering::Acquire) {
+            NO_HW_ID => None,
+            id => Some(id),
+        }
+    }
+
+    /// The CPU whose hardware id is `id`, if registered.
+    pub(crate) fn cpu_of(&self, id: u32) -> Option<CpuId> {
+        if id == NO_HW_ID {
+            return None;
+        }
+        if let Some(slot) = S::slot(id).and_then(|s| self.direct.get(s)) {
+            let index = usize::from(slot.load(Ordering::Acquire)).checked_sub(1)?;
+            return CpuId::new(index).ok();
+        }
+        let count = self.count.load(Ordering::Acquire).min(MAX_CPUS);
+        (0..count)
+            .find(|&i| self.ids[i].load(Ordering::Acquire) == id)
+            .and_then(|i| CpuId::new(i).ok())
+    }
+
+    /// Puts `cpu` in the online set; only an `Arch`'s bring-up calls it,
+    /// after the flush that the online set's contract requires.
+    pub(crate) fn join(&self, cpu: CpuId) {
+        self.online.insert(cpu, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ids below 4 have a direct slot, in reverse order.
+    struct Low;
+
+    impl DirectSlots for Low {
+        fn slot(id: u32) -> Option<usize> {
+            (id < 4).then(|| 3 - id as usize)
+        }
+    }
+
+    fn cpu(i: usize) -> CpuId {
+        CpuId::new(i).unwrap()
+    }
+
+    #[test]
+    fn direct_and_scanned_ids_are_found_and_refused_alike() {
+        let t = HwIdTable::<Low>::new();
+        assert_eq!(t.register(0, 2), Ok(cpu(0)));
+        assert_eq!(t.register(0, 2), Ok(cpu(0)));
+        assert_eq!(t.register(1, 9), Ok(cpu(1)));
+        assert_eq!(t.register(2, 2), Err(Error::InvalidHardwareId { hw_id: 2 }));
+        assert_eq!(t.register(2, 9), Err(Error::InvalidHardwareId { hw_id: 9 }));
+        assert_eq!(t.register(1, 3), Err(Error::CpuAlreadyRegistered { cpu: 1 }));
+        assert_eq!(
+            t.register(2, NO_HW_ID),
+            Err(Error::InvalidHardwareId { hw_id: NO_HW_ID })
+        );
+        assert_eq!(
+            t.register(MAX_CPUS, 1),
+            Err(Error::CpuOutOfRange {
+                cpu: MAX_CPUS,
+                limit: MAX_CPUS
+            })
+        );
+        assert_eq!(t.cpu_of(2), Some(cpu(0)));
+        assert_eq!(t.cpu_of(9), Some(cpu(1)));
+        assert_eq!(t.cpu_of(3), None);
+        assert_eq!(t.cpu_of(8), None);
+        assert_eq!(t.cpu_of(NO_HW_ID), None);
+        assert_eq!(t.id(cpu(0)), Some(2));
+        assert_eq!(t.id(cpu(1)), Some(9));
+        assert_eq!(t.id(cpu(2)), None);
+        // A scanned id registered at a high index is found too.
+        assert_eq!(t.register(40, 77), Ok(cpu(40)));
+        assert_eq!(t.cpu_of(77), Some(cpu(40)));
+        assert!(t.online().is_empty());
+        t.join(cpu(40));
+        assert_eq!(t.online(), CpuSet::single(cpu(40)));
+    }
+}
