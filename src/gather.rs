@@ -105,6 +105,20 @@ pub struct TeardownSummary {
     pub ipis_sent: usize,
 }
 
+/// Adds another teardown's counts (saturating), for totals over many.
+impl core::ops::AddAssign for TeardownSummary {
+    fn add_assign(&mut self, other: TeardownSummary) {
+        self.pages_unmapped = self.pages_unmapped.saturating_add(other.pages_unmapped);
+        self.data_freed = self.data_freed.saturating_add(other.data_freed);
+        self.tables_freed = self.tables_freed.saturating_add(other.tables_freed);
+        self.flushes = self.flushes.saturating_add(other.flushes);
+        self.data_free_calls = self.data_free_calls.saturating_add(other.data_free_calls);
+        self.table_free_calls = self.table_free_calls.saturating_add(other.table_free_calls);
+        self.syncs = self.syncs.saturating_add(other.syncs);
+        self.ipis_sent = self.ipis_sent.saturating_add(other.ipis_sent);
+    }
+}
+
 /// A range teardown's pending work: the pages to flush, and up to `N` data
 /// frames and `N` page-table frames waiting for that flush. Fixed storage,
 /// no allocation; [`PageGather`] sizes it like Linux.

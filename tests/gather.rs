@@ -469,3 +469,34 @@ fn a_teardown_counts_its_sync_and_the_ipis_it_sent() {
     assert_eq!(s.ipis_sent, 3);
     assert_eq!(m.ipis_sent(), 3);
 }
+
+#[test]
+fn summaries_add_field_by_field_and_saturate() {
+    let a = tlb_batch::TeardownSummary {
+        pages_unmapped: 1,
+        data_freed: 2,
+        tables_freed: 3,
+        flushes: 4,
+        data_free_calls: 5,
+        table_free_calls: 6,
+        syncs: 7,
+        ipis_sent: usize::MAX,
+    };
+    let mut total = tlb_batch::TeardownSummary::default();
+    total += a;
+    assert_eq!(total, a);
+    total += a;
+    assert_eq!(
+        total,
+        tlb_batch::TeardownSummary {
+            pages_unmapped: 2,
+            data_freed: 4,
+            tables_freed: 6,
+            flushes: 8,
+            data_free_calls: 10,
+            table_free_calls: 12,
+            syncs: 14,
+            ipis_sent: usize::MAX,
+        }
+    );
+}

@@ -690,14 +690,7 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
             &mut policy,
             &mut |_, _| handed_back += 1,
         ) {
-            Ok(s) => {
-                total.pages_unmapped += s.pages_unmapped;
-                total.data_freed += s.data_freed;
-                total.tables_freed += s.tables_freed;
-                total.flushes += s.flushes;
-                total.syncs += s.syncs;
-                total.ipis_sent += s.ipis_sent;
-            }
+            Ok(s) => total += s,
             Err(_) => errors += 1,
         }
         TORN.store(round, Ordering::Release);

@@ -128,14 +128,7 @@ pub fn scenario_teardown(after_flush: bool) -> bool {
                 }
             },
         ) {
-            Ok(s) => {
-                total.pages_unmapped += s.pages_unmapped;
-                total.data_freed += s.data_freed;
-                total.tables_freed += s.tables_freed;
-                total.flushes += s.flushes;
-                total.syncs += s.syncs;
-                total.ipis_sent += s.ipis_sent;
-            }
+            Ok(s) => total += s,
             Err(_) => errors += 1,
         }
     }
