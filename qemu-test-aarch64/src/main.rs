@@ -6,7 +6,8 @@
 //! ([`mmu`]), turns its MMU and caches on, and starts every other CPU the
 //! DTB lists through PSCI CPU_ON ([`psci`]); each of them turns its MMU on
 //! with the same tables before it runs any Rust code. Then CPU 0 drives the
-//! scenarios ([`scenario`]) while the others observe, prints one line per
+//! scenarios ([`scenario`], the set in `qemu-scenarios/` that the x86_64
+//! kernel runs too) while the others observe, prints one line per
 //! scenario on the PL011 ([`uart`]) and ends the run through semihosting
 //! ([`semihost`]): exit status 0 when every scenario passed,
 //! [`EXIT_FAIL`] when one failed, [`EXIT_FATAL`] when the kernel could not
@@ -46,7 +47,6 @@ mod boot;
 mod fdt;
 mod mmu;
 mod psci;
-mod scenario;
 mod semihost;
 mod space;
 mod tlb;
@@ -54,6 +54,8 @@ mod uart;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use tlb_batch_qemu_scenarios as scenario;
 
 use scenario::{BatchNote, Change, Flush, Frame, MprotectNote, Platform, ReclaimNote};
 use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};

@@ -1,7 +1,8 @@
 //! The shootdown scenarios, written against [`Platform`] only: nothing here
 //! knows how the machine booted, which architecture it is, or how a TLB is
-//! invalidated. The x86_64 kernel (`qemu-test/`) is meant to run the same
-//! set later through its own `Platform`.
+//! invalidated. Both bare-metal test kernels run this set, each through
+//! its own `Platform`: the aarch64 one (`qemu-test-aarch64/`) and the
+//! x86_64 one (`qemu-test/`).
 //!
 //! A scenario uses the first `pages` test pages P0, P1, ... of one
 //! non-global (ASID-tagged) address space; each can map its frame A or its
@@ -57,6 +58,8 @@
 //!
 //! Every scenario also checks that no flush interrupt was sent or asked
 //! for: on this machine a shootdown is a broadcast invalidation.
+
+#![no_std]
 
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};
