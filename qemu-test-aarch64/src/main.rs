@@ -57,7 +57,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tlb_batch_qemu_scenarios as scenario;
 
-use scenario::{BatchNote, Change, Flush, Frame, MprotectNote, Platform, ReclaimNote};
+use scenario::{BatchNote, Change, Flush, Frame, Ipis, MprotectNote, Platform, ReclaimNote};
 use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
 use tlb_batch::{
     change_protection, flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, Pte,
@@ -381,6 +381,9 @@ impl Platform for Virt {
     fn hw_access_flag(&self) -> bool {
         mmu::MmuFeatures::read().hw_access_flag
     }
+    fn no_access_flag_why(&self) -> &'static str {
+        "no hardware access flag (ID_AA64MMFR1_EL1.HAFDBS = 0)"
+    }
     fn age_pages(&self, pages: usize, flush: Flush) -> (u64, u64) {
         let a = *tlb::arch();
         match flush {
@@ -414,8 +417,17 @@ impl Platform for Virt {
     fn read_page(&self, page: usize) -> Option<u64> {
         boot::probe(mmu::test_va(page))
     }
-    fn ipis(&self) -> (u64, u64) {
-        tlb::ipis()
+    fn broadcast_shootdowns(&self) -> bool {
+        // The crate's aarch64 `Arch` shoots down with `TLBI ... IS`.
+        <Aarch64 as Arch>::BROADCAST_INVALIDATE
+    }
+    fn ipis(&self) -> Ipis {
+        let (sent, hook_calls) = tlb::ipis();
+        Ipis {
+            sent,
+            seen: hook_calls,
+            shootdowns: tlb::TLB.stats().shootdowns,
+        }
     }
     fn poll(&self) {
         tlb::poll();
