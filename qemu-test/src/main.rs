@@ -14,7 +14,10 @@
 //! `negative` (the negative control: remote CPUs acknowledge flush requests
 //! without flushing, so the scenarios must fail; the teardown scenario
 //! also frees page tables right after the flush instead of after an IPI
-//! sync), `negative-teardown` (only the latter), `timing` (also time N
+//! sync; the shared scenarios' flush under test then reaches CPU 0 only),
+//! `negative-noinval` (with `negative`: the shared scenarios' flush under
+//! test invalidates nothing, on CPU 0 either), `negative-teardown` (only
+//! the teardown's control), `timing` (also time N
 //! single-page shootdowns against one batched shootdown of N pages),
 //! `storm-only` (run the storm scenario alone, for the many-CPU runs),
 //! `unregistered` (the last AP is started without being registered in the
@@ -27,7 +30,9 @@
 //! APs store into the pages ([`flow`]); the storm ([`storm`]) has every CPU
 //! shoot at every other at once; [`mapper`] builds an address space with
 //! the `x86_64` crate's `OffsetPageTable` and runs `change_protection` and a
-//! teardown through the crate's `x86_64-mapper` adapter. With PCIDs on,
+//! teardown through the crate's `x86_64-mapper` adapter; [`shared`] runs
+//! the scenario set the aarch64 kernel runs too (`qemu-scenarios/`), with
+//! this kernel's test mapping as its `Platform`. With PCIDs on,
 //! [`pcid`] adds scenarios with two PCID-tagged address spaces.
 
 #![no_std]

@@ -207,7 +207,7 @@ pub struct TestSpace;
 
 fn entry(va: u64) -> Option<&'static AtomicU64> {
     let page = (va.checked_sub(TEST_BASE)? / 4096) as usize;
-    (page < PAGES && va % 4096 == 0).then(|| &TEST_PT.0[page])
+    (page < PAGES && va & 0xfff == 0).then(|| &TEST_PT.0[page])
 }
 
 // SAFETY: TEST_PT is the leaf table the main address space (`mm()`, loaded
