@@ -9,7 +9,7 @@
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
 #   run; and the storm alone at 16 and 64 CPUs. Prints each run's
-#   boot-to-exit wall time. About 3 minutes on a 2-core machine.
+#   boot-to-exit wall time. About 3 to 4 minutes on a 2-core machine.
 # Needs: the x86_64-unknown-none target, objcopy, qemu-system-x86_64 (10.x
 # for x2APIC under TCG).
 set -euo pipefail
