@@ -155,8 +155,10 @@ pub trait Platform: Sync {
         "no hardware access flag"
     }
     /// Ages pages `0..pages` (clears each access flag through the crate,
-    /// into one batch) and flushes what that recorded, as `flush` says.
-    /// Returns the pages found young and the shootdowns made.
+    /// into one batch) and flushes what that recorded, as `flush` says;
+    /// where the crate records no flush for a cleared flag (x86), the
+    /// platform flushes the aged pages itself, in one shootdown. Returns
+    /// the pages found young and the shootdowns made.
     fn age_pages(&self, _pages: usize, _flush: Flush) -> (u64, u64) {
         (0, 0)
     }
