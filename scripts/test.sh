@@ -9,7 +9,8 @@
 #   3. with a nightly toolchain: Miri over the protocol, batch and mock
 #      machine tests (scripts/miri.sh) and a short run of each fuzz target
 #      (scripts/fuzz.sh, FUZZ_SECONDS each, 20 by default here);
-#   4. every host test, property tests included (cargo test), last.
+#   4. the shared scenario set's host tests (qemu-scenarios/), then every
+#      host test of the crate, property tests included (cargo test), last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -24,4 +25,5 @@ if cargo +nightly --version >/dev/null 2>&1; then
 else
     echo "no nightly toolchain: Miri and fuzzing skipped (rustup toolchain install nightly)"
 fi
+(cd qemu-scenarios && cargo test)
 cargo test

@@ -6,7 +6,8 @@
 //! ([`mmu`]), turns its MMU and caches on, and starts every other CPU the
 //! DTB lists through PSCI CPU_ON ([`psci`]); each of them turns its MMU on
 //! with the same tables before it runs any Rust code. Then CPU 0 drives the
-//! scenarios ([`scenario`]) while the others observe, prints one line per
+//! scenarios ([`scenario`], the set in `qemu-scenarios/` that the x86_64
+//! kernel runs too) while the others observe, prints one line per
 //! scenario on the PL011 ([`uart`]) and ends the run through semihosting
 //! ([`semihost`]): exit status 0 when every scenario passed,
 //! [`EXIT_FAIL`] when one failed, [`EXIT_FATAL`] when the kernel could not
@@ -51,7 +52,6 @@ mod boot;
 mod fdt;
 mod mmu;
 mod psci;
-mod scenario;
 mod semihost;
 mod space;
 mod teardown;
@@ -61,7 +61,9 @@ mod uart;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use scenario::{BatchNote, Change, Flush, Frame, MprotectNote, Platform, ReclaimNote};
+use tlb_batch_qemu_scenarios as scenario;
+
+use scenario::{BatchNote, Change, Flush, Frame, Ipis, MprotectNote, Platform, ReclaimNote};
 use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
 use tlb_batch::{
     change_protection, flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, Pte,
@@ -385,6 +387,9 @@ impl Platform for Virt {
     fn hw_access_flag(&self) -> bool {
         mmu::MmuFeatures::read().hw_access_flag
     }
+    fn no_access_flag_why(&self) -> &'static str {
+        "no hardware access flag (ID_AA64MMFR1_EL1.HAFDBS = 0)"
+    }
     fn age_pages(&self, pages: usize, flush: Flush) -> (u64, u64) {
         let a = *tlb::arch();
         match flush {
@@ -418,8 +423,17 @@ impl Platform for Virt {
     fn read_page(&self, page: usize) -> Option<u64> {
         boot::probe(mmu::test_va(page))
     }
-    fn ipis(&self) -> (u64, u64) {
-        tlb::ipis()
+    fn broadcast_shootdowns(&self) -> bool {
+        // The crate's aarch64 `Arch` shoots down with `TLBI ... IS`.
+        <Aarch64 as Arch>::BROADCAST_INVALIDATE
+    }
+    fn ipis(&self) -> Ipis {
+        let (sent, hook_calls) = tlb::ipis();
+        Ipis {
+            sent,
+            seen: hook_calls,
+            shootdowns: tlb::TLB.stats().shootdowns,
+        }
     }
     fn poll(&self) {
         tlb::poll();

@@ -3,7 +3,7 @@
 
 use core::arch::asm;
 use core::fmt;
-use core::sync::atomic::{AtomicBool, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::boot::isr_table;
 
@@ -203,6 +203,41 @@ pub fn cr2() -> u64 {
 pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC is allowed in ring 0 and has no side effect.
     unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+/// TSC ticks per microsecond, measured at boot ([`calibrate_tsc`]).
+static TSC_PER_US: AtomicU64 = AtomicU64::new(1);
+
+/// PIT input clock ticks in 10 ms (1.193182 MHz).
+const PIT_10MS: u16 = 11_932;
+
+/// Measures the TSC against 10 ms of the PIT's channel 2 (gated by port
+/// 0x61, its output read back there), for [`now_us`]. Call once, on the
+/// boot CPU, before other CPUs start.
+pub fn calibrate_tsc() {
+    // SAFETY: the PC's port 0x61 (channel 2's gate in bit 0, the speaker
+    // off in bit 1, its output in bit 5) and the PIT's mode and channel 2
+    // registers; nothing else in this kernel uses channel 2 or the speaker.
+    let ticks = unsafe {
+        outb(0x61, (inb(0x61) & !0x02) | 0x01);
+        // Channel 2, low then high byte, mode 0 (output high at terminal
+        // count), binary.
+        outb(0x43, 0xb0);
+        outb(0x42, PIT_10MS as u8);
+        outb(0x42, (PIT_10MS >> 8) as u8);
+        let start = rdtsc();
+        let mut polls = 0u64;
+        while inb(0x61) & 0x20 == 0 && polls < 100_000_000 {
+            polls += 1;
+        }
+        rdtsc() - start
+    };
+    TSC_PER_US.store((ticks / 10_000).max(1), Ordering::Relaxed);
+}
+
+/// Microseconds since the TSC's reset, as calibrated.
+pub fn now_us() -> u64 {
+    rdtsc() / TSC_PER_US.load(Ordering::Relaxed)
 }
 
 /// Busy-waits about `n` pause instructions.

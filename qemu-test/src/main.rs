@@ -14,7 +14,10 @@
 //! `negative` (the negative control: remote CPUs acknowledge flush requests
 //! without flushing, so the scenarios must fail; the teardown scenario
 //! also frees page tables right after the flush instead of after an IPI
-//! sync), `negative-teardown` (only the latter), `timing` (also time N
+//! sync; the shared scenarios' flush under test then reaches CPU 0 only),
+//! `negative-noinval` (with `negative`: the shared scenarios' flush under
+//! test invalidates nothing, on CPU 0 either), `negative-teardown` (only
+//! the teardown's control), `timing` (also time N
 //! single-page shootdowns against one batched shootdown of N pages),
 //! `storm-only` (run the storm scenario alone, for the many-CPU runs),
 //! `unregistered` (the last AP is started without being registered in the
@@ -27,7 +30,9 @@
 //! APs store into the pages ([`flow`]); the storm ([`storm`]) has every CPU
 //! shoot at every other at once; [`mapper`] builds an address space with
 //! the `x86_64` crate's `OffsetPageTable` and runs `change_protection` and a
-//! teardown through the crate's `x86_64-mapper` adapter. With PCIDs on,
+//! teardown through the crate's `x86_64-mapper` adapter; [`shared`] runs
+//! the scenario set the aarch64 kernel runs too (`qemu-scenarios/`), with
+//! this kernel's test mapping as its `Platform`. With PCIDs on,
 //! [`pcid`] adds scenarios with two PCID-tagged address spaces.
 
 #![no_std]
@@ -43,6 +48,7 @@ mod mprotect;
 mod paging;
 mod pcid;
 mod reclaim;
+mod shared;
 mod storm;
 mod teardown;
 
@@ -58,6 +64,7 @@ use tlb_batch::{
 
 use boot::Frame;
 use hw::Serial;
+use tlb_batch_qemu_scenarios::Flush;
 
 const FLUSH_VECTOR: u8 = 0xf0;
 const SPURIOUS_VECTOR: u8 = 0xff;
@@ -254,7 +261,12 @@ extern "C" fn interrupt_dispatch(frame: &mut Frame) {
         }
         0xf0 => {
             IPIS_TAKEN[me()].fetch_add(1, Ordering::SeqCst);
-            if NEGATIVE.load(Ordering::Relaxed) {
+            let skip = match shared::REMOTE.load(Ordering::SeqCst) {
+                shared::SKIP => true,
+                shared::FLUSH => false,
+                _ => NEGATIVE.load(Ordering::Relaxed),
+            };
+            if skip {
                 handle_flush_ipi(&SkipFlush(arch()));
                 arch().apic().eoi();
             } else {
@@ -333,6 +345,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
                 COMMAND[cpu].store(IDLE, Ordering::SeqCst);
             }
             pcid::AP_STEP => pcid::ap_step(cpu),
+            shared::OBSERVE => shared::observe(cpu),
             BUSY => {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
@@ -536,6 +549,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
     MM_READY.store(true, Ordering::Release);
 
     hw::mask_legacy_pic();
+    hw::calibrate_tsc();
     hw::build_idt();
     // SAFETY: enabling the APIC early lets the boot CPU read its ID below;
     // `cpu_init` enables it again, harmlessly.
@@ -562,7 +576,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
     }
 
     let negative = NEGATIVE.load(Ordering::Relaxed);
-    let mut results: heapless::Vec<bool, 16> = heapless::Vec::new();
+    let mut results: heapless::Vec<bool, 24> = heapless::Vec::new();
     if !storm_only {
         let _ = results.extend_from_slice(&[
             basic::scenario_one_page(),
@@ -578,6 +592,26 @@ extern "C" fn kernel_main(info: u32) -> ! {
             mprotect::scenario_mprotect(),
             mapper::scenario_mapper(kernel_entry),
         ]);
+        // The scenario set the aarch64 kernel runs too; under `negative`
+        // its flush under test reaches CPU 0 only (the other CPUs skip
+        // it, as this kernel's negative control has them do), and with
+        // `negative-noinval` as well it invalidates nothing at all.
+        let flush = if !negative {
+            Flush::AllCpus
+        } else if has_word(line, b"negative-noinval") {
+            Flush::Skipped
+        } else {
+            Flush::ThisCpuOnly
+        };
+        match shared::run(flush) {
+            Some(outcomes) => {
+                for o in &outcomes {
+                    say!("{o}\n");
+                    let _ = results.push(o.passed());
+                }
+            }
+            None => say!("shared scenarios not run: more CPUs than they coordinate\n"),
+        }
     }
     let _ = results.push(storm::scenario_storm());
     say!(

@@ -1,7 +1,8 @@
 //! The shootdown scenarios, written against [`Platform`] only: nothing here
 //! knows how the machine booted, which architecture it is, or how a TLB is
-//! invalidated. The x86_64 kernel (`qemu-test/`) is meant to run the same
-//! set later through its own `Platform`.
+//! invalidated. Both bare-metal test kernels run this set, each through
+//! its own `Platform`: the aarch64 one (`qemu-test-aarch64/`) and the
+//! x86_64 one (`qemu-test/`).
 //!
 //! A scenario uses the first `pages` test pages P0, P1, ... of one
 //! non-global (ASID-tagged) address space; each can map its frame A or its
@@ -33,7 +34,10 @@
 //! *Reclaim flow* (CPUs with a hardware access flag only): once the
 //! observers are warm the driver asks them to stop reading, ages every
 //! page (the crate's `page_referenced` clears each access flag and records
-//! a flush, which the driver makes with the flush under test), then lets
+//! a flush, which the driver makes with the flush under test; where the
+//! crate records none, as on x86, on which a missed re-set only makes a
+//! page look older, the platform flushes the aged pages itself with the
+//! flush under test, so that the next step is deterministic), then lets
 //! the observers read the even ("hot") pages once, which sets their access
 //! flags again through the hardware. A second `page_referenced` pass must
 //! find exactly the hot pages young; they are kept, and the odd ("cold")
@@ -55,8 +59,14 @@
 //! write); a read of A's pattern or a write that went through is a stale
 //! translation.
 //!
-//! Every scenario also checks that no flush interrupt was sent or asked
-//! for: on this machine a shootdown is a broadcast invalidation.
+//! Every scenario also checks the flush interrupts against what the
+//! platform says its shootdowns are ([`Platform::broadcast_shootdowns`]):
+//! where a shootdown is a broadcast invalidation (aarch64's `TLBI ... IS`)
+//! none may be sent or asked for; where it is made with IPIs (x86_64) each
+//! shootdown must have sent exactly one to every observer, and every one
+//! sent must have been taken.
+
+#![cfg_attr(not(test), no_std)]
 
 use core::fmt;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -134,13 +144,21 @@ pub trait Platform: Sync {
     /// The page count above which a batch becomes a whole-address-space
     /// flush.
     fn full_flush_ceiling(&self) -> usize;
-    /// Whether the hardware sets access flags (TCR_EL1.HA is on).
+    /// Whether the hardware sets access flags (on aarch64: TCR_EL1.HA is
+    /// on; x86_64 always sets its accessed bits).
     fn hw_access_flag(&self) -> bool {
         false
     }
+    /// Why [`Platform::hw_access_flag`] is false, for the reclaim flow's
+    /// "skipped" line.
+    fn no_access_flag_why(&self) -> &'static str {
+        "no hardware access flag"
+    }
     /// Ages pages `0..pages` (clears each access flag through the crate,
-    /// into one batch) and flushes what that recorded, as `flush` says.
-    /// Returns the pages found young and the shootdowns made.
+    /// into one batch) and flushes what that recorded, as `flush` says;
+    /// where the crate records no flush for a cleared flag (x86), the
+    /// platform flushes the aged pages itself, in one shootdown. Returns
+    /// the pages found young and the shootdowns made.
     fn age_pages(&self, _pages: usize, _flush: Flush) -> (u64, u64) {
         (0, 0)
     }
@@ -162,14 +180,30 @@ pub trait Platform: Sync {
     }
     /// Reads `page`'s first word; `None` if the read faulted.
     fn read_page(&self, page: usize) -> Option<u64>;
-    /// Flush interrupts sent so far: as counted by the shootdown code, and
-    /// as seen by the hook that would send them.
-    fn ipis(&self) -> (u64, u64);
+    /// Whether a shootdown reaches the other CPUs by a broadcast
+    /// invalidation, so that no flush interrupt may be sent (true), or by
+    /// flush IPIs, one to each other CPU that may cache the pages (false).
+    fn broadcast_shootdowns(&self) -> bool;
+    /// Flush interrupts and shootdowns so far (counters since boot).
+    fn ipis(&self) -> Ipis;
     /// Called in every wait loop: serves what the platform must serve
     /// while a CPU spins.
     fn poll(&self) {}
     /// Microseconds since some fixed point, for the driver's time limits.
     fn now_us(&self) -> u64;
+}
+
+/// The platform's counters of flush interrupts and shootdowns.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Ipis {
+    /// Flush IPIs sent, as counted by the shootdown code.
+    pub sent: u64,
+    /// Flush IPIs as the platform saw them: calls of the hook that would
+    /// send them (where shootdowns broadcast, which must see none), or
+    /// interrupts taken by the observers (where shootdowns send IPIs).
+    pub seen: u64,
+    /// Shootdowns made, as counted by the shootdown code.
+    pub shootdowns: u64,
 }
 
 /// What the driver does to the pages after the observers are warm.
@@ -240,19 +274,25 @@ pub struct Outcome {
     /// Whether the batches became whole-address-space flushes (batched
     /// unmaps only; the last round's).
     pub full_flush: bool,
+    /// Whether the platform's shootdowns are broadcast invalidations (no
+    /// IPI may be sent) or IPIs (one per shootdown and observer).
+    pub broadcast: bool,
     /// Flush interrupts the shootdown code counted during the scenario.
     pub ipis_sent: u64,
-    /// Calls of the platform's interrupt hook during the scenario.
-    pub hook_calls: u64,
+    /// Flush interrupts the platform saw during the scenario (see
+    /// [`Ipis::seen`]).
+    pub ipis_seen: u64,
+    /// Shootdowns made during the scenario.
+    pub shootdowns: u64,
     pub elapsed_us: u64,
     /// The scenario did not run (the reclaim flow without a hardware
-    /// access flag).
-    pub skipped: bool,
+    /// access flag), and why.
+    pub skipped: Option<&'static str>,
 }
 
 impl Outcome {
     pub fn passed(&self) -> bool {
-        if self.skipped {
+        if self.skipped.is_some() {
             return true;
         }
         self.observers > 0
@@ -261,19 +301,28 @@ impl Outcome {
             && self.wrong == 0
             && self.timeouts == 0
             && self.batch_mismatches == 0
-            && self.ipis_sent == 0
-            && self.hook_calls == 0
+            && self.ipis_as_expected()
+    }
+
+    /// Whether the flush interrupts match the platform's kind of
+    /// shootdown: none at all for broadcast invalidations; otherwise at
+    /// least one shootdown per round (the round's setup), each of which
+    /// sent one IPI to every observer, and every IPI taken.
+    pub fn ipis_as_expected(&self) -> bool {
+        if self.broadcast {
+            self.ipis_sent == 0 && self.ipis_seen == 0
+        } else {
+            self.shootdowns >= u64::from(self.rounds)
+                && self.ipis_sent == self.shootdowns * u64::from(self.observers)
+                && self.ipis_seen == self.ipis_sent
+        }
     }
 }
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.skipped {
-            return write!(
-                f,
-                "scenario {}: skipped: no hardware access flag (ID_AA64MMFR1_EL1.HAFDBS = 0)",
-                self.name
-            );
+        if let Some(why) = self.skipped {
+            return write!(f, "scenario {}: skipped: {}", self.name, why);
         }
         write!(
             f,
@@ -328,9 +377,20 @@ impl fmt::Display for Outcome {
                 self.batch_mismatches
             )?;
         }
-        write!(f, "IPIs sent: {}", self.ipis_sent)?;
-        if self.hook_calls > 0 {
-            write!(f, ", IPI hook called {} times", self.hook_calls)?;
+        if self.broadcast {
+            write!(f, "IPIs sent: {}", self.ipis_sent)?;
+            if self.ipis_seen > 0 {
+                write!(f, ", IPI hook called {} times", self.ipis_seen)?;
+            }
+        } else {
+            write!(
+                f,
+                "{} shootdowns, IPIs sent: {} (1 per shootdown and observer: {}), taken: {}",
+                self.shootdowns,
+                self.ipis_sent,
+                self.shootdowns * u64::from(self.observers),
+                self.ipis_seen
+            )?;
         }
         write!(f, ", {} ms)", self.elapsed_us / 1000)
     }
@@ -401,16 +461,36 @@ fn all_mask(pages: usize) -> u64 {
 /// Runs the observer side forever: every CPU but the driver calls this
 /// once it is up.
 pub fn observe(p: &impl Platform) -> ! {
-    let me = p.this_cpu();
-    let mut last = 0;
     loop {
+        observe_while(p, || true);
+    }
+}
+
+/// The last round each CPU observed (or began to).
+static OBSERVED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+
+/// Runs the observer side until `go_on` answers false, which it asks
+/// between rounds only: for a CPU that has other work between the driver's
+/// scenarios. A CPU that comes back joins the rounds started since, never
+/// one it already observed.
+pub fn observe_while(p: &impl Platform, go_on: impl Fn() -> bool) {
+    let me = p.this_cpu();
+    let Some(observed) = OBSERVED.get(me) else {
+        // More CPUs than the scenarios coordinate: this one sits out.
+        while go_on() {
+            p.poll();
+            core::hint::spin_loop();
+        }
+        return;
+    };
+    while go_on() {
         p.poll();
         let round = WARM.load(Ordering::Acquire);
-        if round == last || me >= MAX_CPUS {
+        if round == observed.load(Ordering::Relaxed) {
             core::hint::spin_loop();
             continue;
         }
-        last = round;
+        observed.store(round, Ordering::Relaxed);
         observe_round(p, me, round);
     }
 }
@@ -530,16 +610,18 @@ pub fn run(
         timeouts: 0,
         batch_mismatches: 0,
         full_flush: false,
+        broadcast: p.broadcast_shootdowns(),
         ipis_sent: 0,
-        hook_calls: 0,
+        ipis_seen: 0,
+        shootdowns: 0,
         elapsed_us: 0,
-        skipped: false,
+        skipped: None,
     };
     if change == Change::Reclaim && !p.hw_access_flag() {
-        out.skipped = true;
+        out.skipped = Some(p.no_access_flag_why());
         return out;
     }
-    let (ipis_before, hook_before) = p.ipis();
+    let before = p.ipis();
     let start = p.now_us();
     PAGES.store(pages as u64, Ordering::Relaxed);
     MPROTECT.store(u64::from(change == Change::Mprotect), Ordering::Relaxed);
@@ -647,8 +729,85 @@ pub fn run(
         }
     }
     out.elapsed_us = p.now_us() - start;
-    let (ipis_after, hook_after) = p.ipis();
-    out.ipis_sent = ipis_after - ipis_before;
-    out.hook_calls = hook_after - hook_before;
+    let after = p.ipis();
+    out.ipis_sent = after.sent - before.sent;
+    out.ipis_seen = after.seen - before.seen;
+    out.shootdowns = after.shootdowns - before.shootdowns;
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A passing round count for 3 observers x 4 pages, with the IPI
+    /// counters given.
+    fn outcome(broadcast: bool, shootdowns: u64, sent: u64, seen: u64) -> Outcome {
+        Outcome {
+            name: "t",
+            change: Change::BatchedUnmap,
+            flush: Flush::AllCpus,
+            rounds: 2,
+            pages: 4,
+            observers: 3,
+            fresh: 2 * 3 * 4,
+            stale: 0,
+            wrong: 0,
+            timeouts: 0,
+            batch_mismatches: 0,
+            full_flush: false,
+            broadcast,
+            ipis_sent: sent,
+            ipis_seen: seen,
+            shootdowns,
+            elapsed_us: 0,
+            skipped: None,
+        }
+    }
+
+    #[test]
+    fn broadcast_platforms_must_send_no_ipi() {
+        assert!(outcome(true, 4, 0, 0).passed());
+        assert!(!outcome(true, 4, 1, 0).passed());
+        assert!(!outcome(true, 4, 0, 1).passed());
+    }
+
+    #[test]
+    fn ipi_platforms_must_send_one_per_shootdown_and_observer() {
+        assert!(outcome(false, 4, 12, 12).passed());
+        // No IPI at all: the shootdowns did not reach the observers.
+        assert!(!outcome(false, 4, 0, 0).passed());
+        // One observer missed per shootdown.
+        assert!(!outcome(false, 4, 8, 8).passed());
+        // Sent but not all taken.
+        assert!(!outcome(false, 4, 12, 11).passed());
+        // Fewer shootdowns than rounds: a round's setup flush is missing.
+        assert!(!outcome(false, 1, 3, 3).passed());
+    }
+
+    #[test]
+    fn stale_reads_fail_whatever_the_ipis() {
+        let mut o = outcome(false, 4, 12, 12);
+        o.fresh -= 1;
+        o.stale = 1;
+        assert!(!o.passed());
+        assert!(format!("{o}").contains("FAIL"));
+        assert!(format!("{o}").contains("stale: 1 reads of the old frame, 0 other, 0 timeouts"));
+    }
+
+    #[test]
+    fn lines_keep_their_format() {
+        let o = outcome(true, 4, 0, 0);
+        let line = format!("{o}");
+        assert!(
+            line.starts_with("scenario t: PASS (2 rounds x 3 observing CPUs x 4 pages, flush on every CPU:")
+        );
+        assert!(line.ends_with("IPIs sent: 0, 0 ms)"), "{line}");
+        let mut skipped = outcome(true, 0, 0, 0);
+        skipped.skipped = Some("why");
+        assert!(skipped.passed());
+        assert_eq!(format!("{skipped}"), "scenario t: skipped: why");
+        let line = format!("{}", outcome(false, 4, 12, 12));
+        assert!(line.contains("4 shootdowns, IPIs sent: 12 (1 per shootdown and observer: 12), taken: 12"));
+    }
 }
