@@ -115,6 +115,11 @@ pub struct BatchNote {
     pub full_flush: bool,
     /// Shootdowns the unmap and the flush made together.
     pub shootdowns: u64,
+    /// Single-page invalidations the crate counted for the unmap and the
+    /// flush (on every CPU that made one).
+    pub page_invalidations: u64,
+    /// Whole-address-space (or whole-TLB) invalidations it counted.
+    pub full_invalidations: u64,
 }
 
 /// What the scenarios need from the machine.
@@ -144,6 +149,13 @@ pub trait Platform: Sync {
     /// The page count above which a batch becomes a whole-address-space
     /// flush.
     fn full_flush_ceiling(&self) -> usize;
+    /// Whether a batch invalidates each page as it is added, on hardware
+    /// that broadcasts (the crate's `BATCH_BROADCAST_ON_ADD`): a batched
+    /// unmap then makes exactly one page invalidation per page and no
+    /// whole-address-space one, past the ceiling too.
+    fn invalidates_on_add(&self) -> bool {
+        false
+    }
     /// Whether the hardware sets access flags (on aarch64: TCR_EL1.HA is
     /// on; x86_64 always sets its accessed bits).
     fn hw_access_flag(&self) -> bool {
@@ -274,6 +286,10 @@ pub struct Outcome {
     /// Whether the batches became whole-address-space flushes (batched
     /// unmaps only; the last round's).
     pub full_flush: bool,
+    /// The last round's page and whole-address-space invalidation counts
+    /// (batched unmaps only), and whether the pages were invalidated as
+    /// they were added.
+    pub invalidations: (u64, u64, bool),
     /// Whether the platform's shootdowns are broadcast invalidations (no
     /// IPI may be sent) or IPIs (one per shootdown and observer).
     pub broadcast: bool,
@@ -352,11 +368,18 @@ impl fmt::Display for Outcome {
         if self.change == Change::BatchedUnmap {
             write!(
                 f,
-                "1 batch flush per round as a {}, {} rounds off that, ",
+                "1 batch flush per round of {}, {} page and {} whole-ASID invalidations{}, {} rounds off that, ",
                 if self.full_flush {
-                    "whole-ASID flush"
+                    "a whole-ASID request"
                 } else {
-                    "page list"
+                    "a page list"
+                },
+                self.invalidations.0,
+                self.invalidations.1,
+                if self.invalidations.2 {
+                    " issued as the pages were added, one barrier"
+                } else {
+                    ""
                 },
                 self.batch_mismatches
             )?;
@@ -610,6 +633,7 @@ pub fn run(
         timeouts: 0,
         batch_mismatches: 0,
         full_flush: false,
+        invalidations: (0, 0, false),
         broadcast: p.broadcast_shootdowns(),
         ipis_sent: 0,
         ipis_seen: 0,
@@ -653,11 +677,14 @@ pub fn run(
             Change::BatchedUnmap => {
                 let note = p.unmap_batched(pages, flush);
                 out.full_flush = note.full_flush;
+                let on_add = p.invalidates_on_add();
+                out.invalidations = (note.page_invalidations, note.full_invalidations, on_add);
                 let want_full = pages > p.full_flush_ceiling();
                 if note.unmapped != pages as u32
                     || note.pending != pages as u32
                     || note.shootdowns != 1
                     || note.full_flush != want_full
+                    || (on_add && (note.page_invalidations != pages as u64 || note.full_invalidations != 0))
                 {
                     out.batch_mismatches += 1;
                 }
@@ -756,6 +783,7 @@ mod tests {
             timeouts: 0,
             batch_mismatches: 0,
             full_flush: false,
+            invalidations: (0, 0, false),
             broadcast,
             ipis_sent: sent,
             ipis_seen: seen,

@@ -241,7 +241,10 @@ impl Virt {
         if batch.flush(a).is_err() {
             fatal("the batch's flush failed");
         }
-        note.shootdowns = tlb::TLB.stats().since(&before).shootdowns;
+        let d = tlb::TLB.stats().since(&before);
+        note.shootdowns = d.shootdowns;
+        note.page_invalidations = d.local_page_flushes;
+        note.full_invalidations = d.local_full_flushes;
         note
     }
 
@@ -416,6 +419,9 @@ impl Platform for Virt {
     }
     fn write_page(&self, page: usize, value: u64) -> bool {
         boot::probe_store_word(mmu::test_va(page) + 8, value)
+    }
+    fn invalidates_on_add(&self) -> bool {
+        <Aarch64 as Arch>::BATCH_BROADCAST_ON_ADD
     }
     fn full_flush_ceiling(&self) -> usize {
         <Aarch64 as Arch>::FULL_FLUSH_CEILING

@@ -148,6 +148,7 @@ macro_rules! forward_arch {
         const FILL_SETS_ACCESSED: bool = <Aarch64 as Arch>::FILL_SETS_ACCESSED;
         const FULL_FLUSH_CEILING: usize = <Aarch64 as Arch>::FULL_FLUSH_CEILING;
         const BROADCAST_INVALIDATE: bool = <Aarch64 as Arch>::BROADCAST_INVALIDATE;
+        const BATCH_BROADCAST_ON_ADD: bool = <Aarch64 as Arch>::BATCH_BROADCAST_ON_ADD;
 
         fn current_cpu(&self) -> CpuId {
             self.0.current_cpu()

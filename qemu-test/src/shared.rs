@@ -308,7 +308,10 @@ impl Pc {
         if batch.flush(a).is_err() {
             fatal("the batch's flush failed");
         }
-        note.shootdowns = TLB.stats().since(&before).shootdowns;
+        let d = TLB.stats().since(&before);
+        note.shootdowns = d.shootdowns;
+        note.page_invalidations = d.local_page_flushes;
+        note.full_invalidations = d.local_full_flushes;
         note
     }
 
