@@ -230,7 +230,7 @@ impl TlbFlushUnmapBatch {
 
     /// Whether every pending invalidation was issued on add by the calling
     /// CPU, so that waiting for them completes the flush.
-    fn issued_here<A: Arch>(&self, arch: &A) -> bool {
+    pub(crate) fn issued_here<A: Arch>(&self, arch: &A) -> bool {
         A::BROADCAST_INVALIDATE
             && A::BATCH_BROADCAST_ON_ADD
             && !self.unissued

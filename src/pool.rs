@@ -81,7 +81,7 @@ use crate::arch::Arch;
 use crate::batch::machine_id;
 use crate::cpuset::CpuSet;
 use crate::request::FlushRequest;
-use crate::shootdown::{shootdown, ShootdownReport};
+use crate::shootdown::{complete_broadcast, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::unmap::{Flushed, OwnedFrame, UnmapBatch};
 use crate::Error;
@@ -295,6 +295,11 @@ impl<const N: usize> FramePool<N> {
     /// instead ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch)): CPUs that
     /// flushed since the aging need not flush again, so such frames often
     /// come back from the next [`release_passed`](Self::release_passed).
+    /// On hardware whose batches invalidate as pages are added
+    /// ([`Arch::BATCH_BROADCAST_ON_ADD`]), a batch filled on this CPU is
+    /// completed here with one barrier ([`Arch::broadcast_sync`], no IPI),
+    /// and its frames come back from the next `release_passed` whoever has
+    /// flushed.
     ///
     /// Refused, with `batch` and the pool unchanged (flush the batch as
     /// usual then), when a held frame is still mapped, a deferred mapping
@@ -320,9 +325,19 @@ impl<const N: usize> FramePool<N> {
         // accessed bit clear, an older epoch, read after the frames' last
         // aging, does as well (see `Rmap::aged_epoch`); it may not be
         // published yet.
-        let epoch = match tlb.aged_epoch() {
-            Some(aged) if aged <= state.epoch() => aged,
-            _ => state.publish_epoch(),
+        let epoch = if tlb.issued_here(arch) {
+            // This CPU issued every page's broadcast invalidation as it was
+            // added (`Arch::BATCH_BROADCAST_ON_ADD`): one barrier completes
+            // them on every CPU, after which none holds an entry for the
+            // frames, so the generation waits for no CPU (epoch 0, which
+            // every CPU has passed).
+            complete_broadcast(arch, tlb.request());
+            0
+        } else {
+            match tlb.aged_epoch() {
+                Some(aged) if aged <= state.epoch() => aged,
+                _ => state.publish_epoch(),
+            }
         };
         let targets = tlb.targets();
         for cpu in &targets {

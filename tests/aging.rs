@@ -471,3 +471,20 @@ fn an_unmap_that_finds_the_page_young_moves_the_epoch_too() {
     assert!(rmap.aged_epoch(f).unwrap() > first);
     pooled_until_cpu1_flushes(&w, &rmap, f, &mut FramePool::new());
 }
+
+/// An aging epoch that was never published (a map that kept it across a
+/// machine reset, or broke `Rmap`'s contract) is not trusted: the pool
+/// publishes a new epoch, so the CPUs' next flushes release the frame
+/// instead of none ever doing so.
+#[test]
+fn an_aging_epoch_from_the_future_is_not_trusted() {
+    let w = World::new();
+    let (rmap, f, _other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    // Far beyond any epoch this machine has published.
+    rmap.set_aged_epoch(f, Some(1 << 40));
+    let mut pool = FramePool::<8>::new();
+    pooled_until_cpu1_flushes(&w, &rmap, f, &mut pool);
+    assert!(pool.is_empty());
+}

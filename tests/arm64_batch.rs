@@ -10,10 +10,12 @@
 mod common;
 
 use common::{config, free_and_check, populate, unmap_deferred, va};
-use tlb_batch::arch::mock::{Arm64Like, BroadcastTlbi, MockConfig, MockCpu, MockMachine, Violation};
+use tlb_batch::arch::mock::{
+    Arm64Like, BroadcastTlbi, MockConfig, MockCpu, MockMachine, MockRmap, Violation,
+};
 use tlb_batch::{
-    Arch, Asid, CpuId, CpuSet, FlushRequest, TlbFlushUnmapBatch, TlbShootdown, TraceEvent,
-    DEFAULT_FULL_FLUSH_CEILING,
+    Arch, Asid, CpuId, CpuSet, FlushRequest, Flushed, Frame, FramePool, MappingFlags, TlbFlushUnmapBatch,
+    TlbShootdown, TraceEvent, TtuFlags, UnmapBatch, Unmapped, DEFAULT_FULL_FLUSH_CEILING,
 };
 
 fn arm64(cpus: usize) -> MockMachine<Arm64Like> {
@@ -243,4 +245,87 @@ fn an_accessed_clear_is_invalidated_on_add() {
     // The entry went everywhere (the page is still mapped: CPU 1 refills).
     cpu1.read(va(0)).unwrap();
     assert_eq!(m.costs().tlb_refill, refills + cost.tlb_refill);
+}
+
+/// One address space whose `pages` clean read-only pages CPUs `readers`
+/// cache; CPU `filler` unmaps them all into one `UnmapBatch`.
+fn unmapped_by(
+    m: &MockMachine<Arm64Like>,
+    pages: usize,
+    readers: &[usize],
+    filler: usize,
+) -> (UnmapBatch<16>, Vec<Frame>) {
+    let space = m.space(&m.new_mm(common::asid(1)).unwrap());
+    let rmap = MockRmap::new(m, vec![space]);
+    let frames: Vec<Frame> = (0..pages)
+        .map(|i| {
+            let f = m.alloc_frame().unwrap();
+            rmap.map(f, 0, va(i), false, MappingFlags::empty()).unwrap();
+            f
+        })
+        .collect();
+    for &c in readers {
+        let cpu = m.cpu(c).unwrap();
+        cpu.switch_to(rmap.spaces()[0].mm()).unwrap();
+        for i in 0..pages {
+            cpu.read(va(i)).unwrap();
+        }
+    }
+    let mut batch = UnmapBatch::<16>::new();
+    let cpu = m.cpu(filler).unwrap();
+    for &f in &frames {
+        let r = batch.try_to_unmap(&cpu, &rmap, common::owned(f), TtuFlags::IGNORE_ACCESS);
+        assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+    }
+    (batch, frames)
+}
+
+/// Frees every frame `released` holds; returns how many.
+fn free_all<const N: usize>(m: &MockMachine<Arm64Like>, mut released: Flushed<N>) -> usize {
+    let n = released.frames_mut().len();
+    while let Some(f) = released.frames_mut().pop() {
+        m.free_frame(f.into_frame()).unwrap();
+    }
+    n
+}
+
+/// A pool that takes a batch this CPU invalidated on add completes it with
+/// one barrier, and hands the frames back at the next `release_passed`
+/// although no CPU has flushed on its own.
+#[test]
+fn a_pool_completes_a_batch_invalidated_here_with_one_barrier() {
+    let m = arm64(3);
+    let cost = MockConfig::x86_like(3).cost;
+    let (mut batch, _frames) = unmapped_by(&m, 5, &[1, 2], 0);
+    assert_eq!(m.stale_entries().len(), 10, "issued, not waited for");
+    let mut pool = FramePool::<16>::new();
+    let cpu0 = m.cpu(0).unwrap();
+    assert_eq!(pool.defer(&cpu0, &mut batch), Ok(5));
+    assert_eq!(m.stale_entries(), []);
+    assert_eq!(
+        m.costs().broadcast,
+        5 * cost.broadcast_invalidate + cost.broadcast_sync
+    );
+    let released = pool.release_passed(&cpu0);
+    assert!(!released.report().flushed_locally);
+    assert_eq!(free_all(&m, released), 5);
+    assert!(pool.is_empty());
+    assert_eq!((m.ipis_sent(), m.violations()), (0, vec![]));
+}
+
+/// Filled on another CPU, the batch's invalidations are not this CPU's to
+/// wait for: the pool keeps the frames until the CPUs that cached them
+/// flush (here: its own flush).
+#[test]
+fn a_pool_keeps_a_batch_another_cpu_invalidated_until_a_flush() {
+    let m = arm64(3);
+    let (mut batch, _frames) = unmapped_by(&m, 4, &[1, 2], 1);
+    let mut pool = FramePool::<16>::new();
+    let cpu0 = m.cpu(0).unwrap();
+    assert_eq!(pool.defer(&cpu0, &mut batch), Ok(4));
+    assert!(free_all(&m, pool.release_passed(&cpu0)) == 0);
+    assert_eq!(pool.len(), 4);
+    let flushed = pool.flush(&cpu0).unwrap();
+    assert_eq!(free_all(&m, flushed), 4);
+    assert_eq!((m.stale_entries(), m.violations()), (vec![], vec![]));
 }
