@@ -84,7 +84,11 @@ pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
 ///   without the hardware guarantee, since batching relies on it.
 /// - When [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true, the
 ///   `broadcast_*` methods invalidate on every CPU and
-///   [`broadcast_sync`](Arch::broadcast_sync) waits until they completed.
+///   [`broadcast_sync`](Arch::broadcast_sync) waits until every one this
+///   CPU issued before it completed, in the same crate call or an earlier
+///   one ([`BATCH_BROADCAST_ON_ADD`](Arch::BATCH_BROADCAST_ON_ADD) issues
+///   them as pages are added and waits at the flush, possibly after other
+///   code ran on the CPU in between).
 pub unsafe trait Arch {
     /// A write through a cached *clean* (not dirty) writable TLB entry makes
     /// the hardware walk the page table again to set the dirty bit, and
