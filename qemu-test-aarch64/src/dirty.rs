@@ -46,6 +46,19 @@
 //!    poisoning them. The crate's dirty report of each page must match
 //!    what the observers did, and no IPI may be sent.
 //!
+//! # What TCG shows
+//!
+//! QEMU emulates the dirty update: a write through a clean page's
+//! descriptor clears AP\[2\] in memory by a compare-and-swap (the even
+//! pages' first writes go through only so, and step 1 checks AP\[2\]).
+//! Its software TLB keeps a clean page's entry read-only, and a store
+//! through a read-only entry always walks the tables again, so the clean
+//! stores after the unmap find the cleared descriptor by that walk. That
+//! the hardware cannot store through its cached clean entry is what the
+//! scenario shows; the way hardware gets there (the compare-and-swap
+//! against the cached descriptor failing, then a walk that faults with a
+//! translation fault, which the line requires) only hardware exercises.
+//!
 //! The negative control `negative-dirty` maps the odd pages writable
 //! (AP\[2\] = 0: no clean state) and marks them with a software bit that
 //! makes the conversion report them clean anyway: the stale entries then
