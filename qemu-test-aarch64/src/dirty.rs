@@ -625,8 +625,8 @@ fn scenario<A: Arch>(arch: &A, flush: &str, claim_clean: bool) -> bool {
          {observers} observers wrote the even pages and read the odd ({} faults or wrong reads; AP[2] in memory not \
          as they left it: {}); try_to_unmap(BATCH_FLUSH) of all, flush {flush}: {} unmapped, dirty reports wrong: \
          {}; then, the batch pending ({} rounds not), each observer read each page (the stale entry still cached \
-         in {} of {} reads of clean pages) and stored to it: {} of {} stores to clean pages faulted ({} permission \
-         faults, the others translation faults), stores landed after unmap: {} ({} words of clean frames changed at write-out); {} of {} stores to dirty pages landed \
+         in {} of {} reads of clean pages) and stored to it: {} of {} stores to clean pages faulted ({} of them \
+         permission faults, not translation faults), stores landed after unmap: {} ({} words of clean frames changed at write-out); {} of {} stores to dirty pages landed \
          before flush_dirty; flush_dirty flushed in {} rounds; {} words at write-out not as the stores reported; \
          after flush_dirty: stores landed after flush_dirty: {}, {} reads, {} words changed after write-out; \
          {other} other reads, {} errors, {ipis} IPIs ({hooks} hook calls), {} timeouts, {elapsed_ms} ms)\n",
