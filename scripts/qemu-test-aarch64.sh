@@ -10,11 +10,23 @@
 #   down 4 leaf tables of written pages while CPU 1 walks the tables
 #   locklessly with interrupts masked; tables freed after ipi_sync, the
 #   only user of the IPI hook, since the flush itself is a broadcast TLBI
-#   that sends no IPI) with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which
+#   that sends no IPI) and the clean writes after unmap (TCR_EL1.HD on,
+#   pages mapped clean, read-only with DBM: after a batched try_to_unmap,
+#   before any flush, every store to a clean page must fault, the hardware
+#   finding its descriptor gone when it tries to set it dirty, while a
+#   dirty page's store may land until flush_dirty and none after it; it
+#   needs hardware dirty state, so it runs on "max" and says "skipped" on
+#   the Cortex-A72) with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which
 #   must pass); then the negative controls, which must fail, every scenario
 #   on stale reads (never a timeout or a crash): "negative" (the TLBIs
 #   skipped) and "negative-local" (TLBIs that reach CPU 0 only), on the
-#   Cortex-A72 and again on "max" for the reclaim flow; "negative-teardown"
+#   Cortex-A72 and again on "max" for the reclaim flow (where the clean
+#   writes fail too, on stores to dirty pages that landed after
+#   flush_dirty, while every store to a clean page still faults: the
+#   re-walk needs no flush); "negative-dirty" on "max" (the clean pages
+#   mapped writable, AP[2] = 0, but reported clean to the crate), which
+#   must fail the clean writes alone, on stores landed after the unmap;
+#   "negative-teardown"
 #   (the tables freed right after the flush, TableFreePolicy::AfterFlush),
 #   which must fail the teardown alone, because its walker read a freed,
 #   poisoned table (not a stale read, not a timeout).
@@ -82,6 +94,7 @@ PASS=0
 FAIL=3 # EXIT_FAIL in qemu-test-aarch64/src/main.rs; 4 is a fatal error
 EITHER=-1 # a run whose verdict is read from its output, not its status
 TEARDOWN="teardown with batched table free"
+DIRTY="clean writes after unmap"
 
 # teardown_passed: the last run's teardown line must say PASS.
 teardown_passed() {
@@ -93,11 +106,19 @@ teardown_passed() {
 
 run "cortex-a72, 4 cpus" $PASS 4 cortex-a72 ""
 teardown_passed
+if ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
+    failed=$((failed + 1))
+    echo "qemu-aarch64 cortex-a72: the clean writes were not skipped for want of hardware dirty state"
+fi
 run "max, 2 cpus" $PASS 2 max ""
 teardown_passed
 if ! grep -q "^scenario reclaim flow: PASS" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 max: the reclaim flow did not run and pass"
+fi
+if ! grep -q "^scenario $DIRTY: PASS" "$log"; then
+    failed=$((failed + 1))
+    echo "qemu-aarch64 max: the clean writes after unmap did not run and pass"
 fi
 run "negative control: no TLBI (must fail)" $FAIL 4 cortex-a72 "negative"
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
@@ -108,21 +129,44 @@ for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprote
     failed_for_stale "$s"
 done
 
-# The reclaim flow needs the hardware access flag of "max".
+# dirty_failed_late: the last run's clean-write line must say FAIL on
+# stores to dirty pages that landed after flush_dirty, with every store to
+# a clean page faulted (none landed after the unmap).
+dirty_failed_late() {
+    if ! grep -qE "^scenario $DIRTY: FAIL .*stores landed after unmap: 0 \(0 words .*stores landed after flush_dirty: [1-9]" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 negative control: the clean writes did not fail on late stores to dirty pages alone"
+    fi
+}
+
+# The reclaim flow and the clean writes need the hardware access flag
+# and dirty state of "max".
 run "max negative control: no TLBI (must fail)" $FAIL 2 max "negative"
 failed_for_stale "reclaim flow"
 failed_for_stale "mprotect with a pending batch"
 failed_for_stale "$TEARDOWN"
+dirty_failed_late
 run "max negative control: local TLBI (must fail)" $FAIL 2 max "negative-local"
 failed_for_stale "reclaim flow"
 failed_for_stale "mprotect with a pending batch"
 failed_for_stale "$TEARDOWN"
+dirty_failed_late
+
+# Clean pages mapped writable but reported clean: the clean writes alone
+# fail, on stores that landed after the unmap (in the frames too), with
+# the flushes themselves intact (nothing landed after flush_dirty).
+run "max negative control: clean pages writable (must fail)" $FAIL 2 max "negative-dirty"
+if ! grep -qE "^scenario $DIRTY: FAIL .*stores landed after unmap: [1-9][0-9]* \([1-9][0-9]* words of clean frames changed .*stores landed after flush_dirty: 0," "$log" ||
+    ! grep -q "^7 passed, 1 failed" "$log"; then
+    failed=$((failed + 1))
+    echo "qemu-aarch64 negative control: 'negative-dirty' did not fail on stores landed after the unmap alone"
+fi
 
 # Tables freed right after the flush: the teardown alone fails, its walker
 # having read a freed table, with no stale read and no timeout.
 run "negative control: AfterFlush (must fail)" $FAIL 4 cortex-a72 "negative-teardown"
 if ! grep -qE "^scenario $TEARDOWN: FAIL .*walker read [1-9][0-9]* freed tables; .*stale: 0 reads of the old frame, 0 other, 0 timeouts" "$log" ||
-    ! grep -q "^6 passed, 1 failed" "$log"; then
+    ! grep -q "^7 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-teardown' did not fail on the walker reading a freed table alone"
 fi
@@ -131,11 +175,11 @@ fi
 # header), so either verdict is accepted and reported; a failure must be
 # the teardown's alone, on stale reads.
 run "negative control: no DSB ISH (reported)" $EITHER 4 cortex-a72 "negative-nodsb"
-if grep -q "^scenario $TEARDOWN: PASS" "$log" && grep -q "^7 passed, 0 failed" "$log"; then
+if grep -q "^scenario $TEARDOWN: PASS" "$log" && grep -q "^8 passed, 0 failed" "$log"; then
     echo "qemu-aarch64 negative-nodsb: PASSED, as expected under TCG, which cannot show a missing DSB ISH: it completes" \
         "a TLBI ...IS on every vCPU before the issuing vCPU goes on; only hardware can (not counted either way)"
 elif grep -qE "^scenario $TEARDOWN: FAIL .*stale: [1-9][0-9]* reads of the old frame, 0 other, 0 timeouts" "$log" &&
-    grep -q "^6 passed, 1 failed" "$log"; then
+    grep -q "^7 passed, 1 failed" "$log"; then
     echo "qemu-aarch64 negative-nodsb: failed on stale reads: this QEMU shows a missing DSB ISH (the control works)"
 else
     failed=$((failed + 1))

@@ -25,6 +25,12 @@
 //! flush instead of after an IPI sync (its walker must then read a freed
 //! table), and `negative-nodsb` drops the `DSB ISH` that completes its
 //! broadcast flush (which TCG cannot show: see below).
+//! Last, on CPUs with hardware dirty state (TCR_EL1.HD), the clean-write
+//! scenario ([`dirty`]): stores through stale entries of clean and dirty
+//! pages between a batched unmap and its flushes; `negative-dirty` maps
+//! its clean pages writable while reporting them clean, and it must fail
+//! on stores that landed after the unmap. Under `negative` and
+//! `negative-local` its batch is flushed the weakened way too.
 //!
 //! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
 //! in its `CpuTable` by MPIDR, comes online through `bring_online`, and
@@ -49,6 +55,7 @@
 #![no_main]
 
 mod boot;
+mod dirty;
 mod fdt;
 mod mmu;
 mod psci;
@@ -444,6 +451,7 @@ impl Platform for Virt {
     fn poll(&self) {
         tlb::poll();
         teardown::serve();
+        dirty::serve();
     }
     fn now_us(&self) -> u64 {
         now_us()
@@ -521,7 +529,8 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let (major, minor) = psci::version(conduit);
     say!(
         "tlb-batch aarch64 QEMU test kernel: EL{}, DTB at {:#x} (x0 {:#x}), RAM {:#x}+{:#x}, PSCI {}.{} via {}, \
-         {}-bit ASIDs (test ASID {:#x}), {}-bit VAs, PARange {:#x}, hardware access flag {}, flush under test: {:?}\n",
+         {}-bit ASIDs (test ASID {:#x}), {}-bit VAs, PARange {:#x}, hardware access flag {}, hardware dirty state {}, \
+         flush under test: {:?}\n",
         current_el(),
         dtb,
         x0,
@@ -535,6 +544,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         config.va_bits(),
         features.pa_range,
         if features.hw_access_flag { "on (TCR_EL1.HA)" } else { "absent" },
+        if features.hw_dirty_state() { "on (TCR_EL1.HD)" } else { "absent" },
         flush
     );
 
@@ -592,6 +602,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         say!("{o}\n");
     }
     let teardown_passed = teardown::run(info.bootargs);
+    let dirty_passed = dirty::run(info.bootargs);
     let s = tlb::TLB.stats();
     say!(
         "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent, {} pages deferred, {} batches flushed; \
@@ -604,8 +615,10 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         space::DIRTIED.load(Ordering::Relaxed),
         boot::PERMISSION_FAULTS.load(Ordering::Relaxed)
     );
-    let passed = outcomes.iter().filter(|o| o.passed()).count() + usize::from(teardown_passed);
-    let total = outcomes.len() + 1;
+    let passed = outcomes.iter().filter(|o| o.passed()).count()
+        + usize::from(teardown_passed)
+        + usize::from(dirty_passed);
+    let total = outcomes.len() + 2;
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }

@@ -20,8 +20,12 @@
 //! otherwise. Hardware access-flag updates (TCR_EL1.HA = 1) are on when
 //! ID_AA64MMFR1_EL1.HAFDBS says the CPU has them (QEMU's `max`, not the
 //! Cortex-A72): a walk that finds AF clear sets it instead of faulting.
-//! Dirty-state updates (HD) stay off. Every descriptor is written with AF
-//! set; only the reclaim flow's aging clears it.
+//! Hardware dirty-state updates (TCR_EL1.HD = 1) are on where HAFDBS says
+//! the CPU has them too (2 or more): they act only on descriptors with DBM
+//! (bit 51) set, which only the clean-write scenario (`dirty.rs`) writes,
+//! in the first [`DIRTY_PAGES`] entries of the test pages' leaf table.
+//! Every descriptor is written with AF set; only the reclaim flow's aging
+//! clears it.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -49,7 +53,11 @@ pub const AP_READ_ONLY: u64 = 1 << 7;
 const SH_INNER: u64 = 3 << 8;
 /// The access flag.
 pub const AF: u64 = 1 << 10;
-const NG: u64 = 1 << 11;
+pub const NG: u64 = 1 << 11;
+/// DBM, the dirty bit modifier: with TCR_EL1.HD = 1 a write through a
+/// read-only (AP\[2\] = 1) descriptor with DBM set makes the hardware
+/// clear AP\[2\] in memory instead of faulting.
+pub const DBM: u64 = 1 << 51;
 const PXN: u64 = 1 << 53;
 const UXN: u64 = 1 << 54;
 /// The output address field of a 4 KiB page descriptor (48-bit PAs).
@@ -59,6 +67,11 @@ pub const OUTPUT_ADDRESS: u64 = 0x0000_ffff_ffff_f000;
 /// (writable: AP\[2\] clear).
 pub const TEST_PAGE_FLAGS: u64 =
     DESC_VALID | DESC_TABLE_OR_PAGE | ATTR_NORMAL | SH_INNER | AF | NG | PXN | UXN;
+
+/// Pages of the clean-write scenario, at the start of the test pages'
+/// leaf table (the other test pages are its last [`TEST_PAGES`] entries).
+pub const DIRTY_PAGES: usize = 16;
+const _: () = assert!(DIRTY_PAGES + TEST_PAGES <= 512);
 
 /// MAIR_EL1: attribute 0 Device-nGnRnE, attribute 1 Normal memory,
 /// inner and outer write-back non-transient, read and write allocate.
@@ -108,6 +121,9 @@ pub struct MmuFeatures {
     /// ID_AA64MMFR1_EL1.HAFDBS is not 0: the hardware can set access
     /// flags (TCR_EL1.HA).
     pub hw_access_flag: bool,
+    /// ID_AA64MMFR1_EL1.HAFDBS, which says what the hardware can manage:
+    /// 1 access flags, 2 (or more) dirty state too (TCR_EL1.HD).
+    pub hafdbs: u64,
 }
 
 impl MmuFeatures {
@@ -120,11 +136,18 @@ impl MmuFeatures {
         unsafe { core::arch::asm!("mrs {}, id_aa64mmfr1_el1", out(reg) r1, options(nomem, nostack)) };
         MmuFeatures {
             hw_access_flag: r1 & 0xf != 0,
+            hafdbs: r1 & 0xf,
             asid_16: (r >> 4) & 0xf == 0b0010,
             pa_range: (r & 0xf).min(0b101),
             // TGran4 (bits 31:28): 0b1111 means no 4 KiB granule.
             has_4k: (r >> 28) & 0xf != 0xf,
         }
+    }
+
+    /// Whether the hardware can set pages dirty (FEAT_HAFDBS with dirty
+    /// state: HAFDBS 2 or more), so that TCR_EL1.HD is on.
+    pub fn hw_dirty_state(&self) -> bool {
+        self.hafdbs >= 2
     }
 
     /// The test address space's ASID.
@@ -168,6 +191,17 @@ pub fn test_pte(page: usize) -> &'static AtomicU64 {
     &L3_TEST.0[indices(test_va(page))[3]]
 }
 
+/// The leaf entry of the clean-write scenario's page `page` (below
+/// [`DIRTY_PAGES`]).
+pub fn dirty_pte(page: usize) -> &'static AtomicU64 {
+    &L3_TEST.0[indices(dirty_va(page))[3]]
+}
+
+/// The address of the clean-write scenario's page `page`.
+pub fn dirty_va(page: usize) -> u64 {
+    (TEST_VA & !0x1f_ffff) + page as u64 * 4096
+}
+
 /// The address of test page `page`.
 pub fn test_va(page: usize) -> u64 {
     TEST_VA + page as u64 * 4096
@@ -202,7 +236,8 @@ pub fn config(f: &MmuFeatures) -> MmuConfig {
     let ips = f.pa_range << 32;
     let as16 = u64::from(f.asid_16) << 36;
     let ha = u64::from(f.hw_access_flag) << 39;
-    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16 | ha;
+    let hd = u64::from(f.hw_dirty_state()) << 40;
+    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16 | ha | hd;
     // ASID 0 until the crate loads the test address space.
     let ttbr0 = L0.addr();
     // SCTLR_EL1 as reset left it, plus M (MMU), C (data cache) and I

@@ -6,8 +6,9 @@
 //! Descriptor to `Pte`: a valid page descriptor is present; its access
 //! flag is the accessed bit; AP\[2\] clear (writes allowed) is reported as
 //! writable *and dirty*, as the crate's aarch64 `Arch` requires (a clean
-//! writable page would be mapped read-only until its first write faults;
-//! this kernel maps no such page). An invalid descriptor is handed back as
+//! writable page would be mapped read-only until its first write faults,
+//! or with DBM until the hardware sets it dirty: only the clean-write
+//! scenario maps such pages, in its own space, `dirty.rs`). An invalid descriptor is handed back as
 //! it is: the hardware ignores every bit of it but bit 0, which the crate's
 //! not-present entries keep clear.
 
@@ -69,7 +70,8 @@ fn entry(va: u64) -> Option<&'static AtomicU64> {
 
 // SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
 // operations on the descriptor, so an access flag the hardware sets
-// (TCR_EL1.HA, on where the CPU has it; HD is off) is never lost between
+// (TCR_EL1.HA, on where the CPU has it; HD, where on, changes only
+// descriptors with DBM, which this space never writes) is never lost between
 // a read and a write; `lookup` reads the descriptor
 // as it is; the state is the address space these tables translate for
 // (loaded on every CPU with `switch_mm`). `next_populated` and

@@ -290,7 +290,8 @@ impl TeardownSpace {
 
 // SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
 // operations on the descriptor, so an access flag the hardware sets
-// (TCR_EL1.HA where the CPU has it; HD is off) is never lost; `lookup`
+// (TCR_EL1.HA where the CPU has it; HD acts only on descriptors with DBM,
+// which these tables never hold) is never lost; `lookup`
 // reads the descriptor as it is and the conversions are space.rs's, which
 // report every writable page dirty as the crate's aarch64 `Arch` needs;
 // the state is the test address space's, whose ASID and root (the root

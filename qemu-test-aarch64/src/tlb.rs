@@ -68,8 +68,11 @@ pub fn init(config: Config, asid: u16) -> Result<(), &'static str> {
     // and each CPU serves its mark from every loop it waits in (`poll`),
     // with interrupts masked as they always are here. The only user
     // address space is the test one, loaded only through switch_mm with a
-    // non-zero ASID. Its writable descriptors are reported dirty by
-    // space::TestSpace, and no fault handler makes an entry writable.
+    // non-zero ASID. Its descriptors that let writes through (AP[2] = 0)
+    // are reported dirty by space::TestSpace and dirty::DirtySpace; clean
+    // writable pages (dirty.rs) are mapped read-only with DBM, and no fault
+    // handler makes an entry writable (the negative control
+    // `negative-dirty` breaks this on purpose, for dirty.rs's pages only).
     // The statics are written here once, before READY is published and
     // before any other CPU runs.
     unsafe {
@@ -141,14 +144,30 @@ pub struct LocalTlbi(pub Aarch64);
 /// emulator is expected to pass it (the script says so).
 pub struct NoDsb(pub Aarch64);
 
+/// The crate's aarch64 `Arch` with one capability turned off:
+/// [`BATCH_BROADCAST_ON_ADD`](Arch::BATCH_BROADCAST_ON_ADD), so a batch
+/// issues its pages' `TLBI VAE1IS` at its flush instead of as each page is
+/// added (the trait's default; every instruction is the real
+/// implementation's). The clean-write scenario (`dirty.rs`) unmaps through
+/// it: on hardware a `TLBI` issued on add may not have reached another CPU
+/// before that CPU's next store, which is the window the scenario probes,
+/// but QEMU's TCG carries a `TLBI ... IS` out on every vCPU at once, so
+/// with the invalidations issued on add no stale entry would be left to
+/// store through. Issued at the flush, they leave the observers' entries
+/// cached until then, as a slow invalidation would on hardware.
+pub struct FlushTimeTlbi(pub Aarch64);
+
 macro_rules! forward_arch {
     () => {
+        forward_arch!(on_add: <Aarch64 as Arch>::BATCH_BROADCAST_ON_ADD);
+    };
+    (on_add: $on_add:expr) => {
         const CLEAN_WRITE_REWALK: bool = <Aarch64 as Arch>::CLEAN_WRITE_REWALK;
         const ACCESSED_CLEAR_NEEDS_FLUSH: bool = <Aarch64 as Arch>::ACCESSED_CLEAR_NEEDS_FLUSH;
         const FILL_SETS_ACCESSED: bool = <Aarch64 as Arch>::FILL_SETS_ACCESSED;
         const FULL_FLUSH_CEILING: usize = <Aarch64 as Arch>::FULL_FLUSH_CEILING;
         const BROADCAST_INVALIDATE: bool = <Aarch64 as Arch>::BROADCAST_INVALIDATE;
-        const BATCH_BROADCAST_ON_ADD: bool = <Aarch64 as Arch>::BATCH_BROADCAST_ON_ADD;
+        const BATCH_BROADCAST_ON_ADD: bool = $on_add;
 
         fn current_cpu(&self) -> CpuId {
             self.0.current_cpu()
@@ -221,6 +240,35 @@ unsafe impl Arch for LocalTlbi {
     }
     fn broadcast_flush_all(&self, include_global: bool) {
         self.0.flush_local_all(include_global)
+    }
+}
+
+// SAFETY: every method is the real implementation's, whose contract
+// `init` upholds; the one constant changed, BATCH_BROADCAST_ON_ADD, may be
+// false on any hardware (it is the trait's default): the crate then
+// issues a batch's invalidations at its flush, before it waits for them.
+unsafe impl Arch for FlushTimeTlbi {
+    forward_arch!(on_add: false);
+    fn broadcast_sync(&self) {
+        self.0.broadcast_sync()
+    }
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        self.0.flush_local_page(asid, va)
+    }
+    fn flush_local_asid(&self, asid: Asid) {
+        self.0.flush_local_asid(asid)
+    }
+    fn flush_local_all(&self, include_global: bool) {
+        self.0.flush_local_all(include_global)
+    }
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        self.0.broadcast_flush_page(asid, va)
+    }
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.0.broadcast_flush_asid(asid)
+    }
+    fn broadcast_flush_all(&self, include_global: bool) {
+        self.0.broadcast_flush_all(include_global)
     }
 }
 
