@@ -622,7 +622,7 @@ fn scenario<A: Arch>(arch: &A, flush: &str, claim_clean: bool) -> bool {
         && hooks == 0;
     crate::say!(
         "scenario {NAME}: {} ({ROUNDS} rounds x {DIRTY_PAGES} pages, TCR_EL1.HD on, mapped clean (read-only, DBM){}; \
-         {observers} observers wrote the even pages and read the odd ({} faults or wrong reads; AP[2] in memory not \
+         observing CPUs: {observers}; they wrote the even pages and read the odd ({} faults or wrong reads; AP[2] in memory not \
          as they left it: {}); try_to_unmap(BATCH_FLUSH) of all, flush {flush}: {} unmapped, dirty reports wrong: \
          {}; then, the batch pending ({} rounds not), each observer read each page (the stale entry still cached \
          in {} of {} reads of clean pages) and stored to it: {} of {} stores to clean pages faulted ({} of them \
