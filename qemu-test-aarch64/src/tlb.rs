@@ -197,15 +197,52 @@ macro_rules! forward_arch {
     };
 }
 
+/// The real implementation's local flushes.
+macro_rules! forward_local {
+    () => {
+        fn flush_local_page(&self, asid: Asid, va: u64) {
+            self.0.flush_local_page(asid, va)
+        }
+        fn flush_local_asid(&self, asid: Asid) {
+            self.0.flush_local_asid(asid)
+        }
+        fn flush_local_all(&self, include_global: bool) {
+            self.0.flush_local_all(include_global)
+        }
+    };
+}
+
+/// The real implementation's broadcast invalidations.
+macro_rules! forward_broadcast {
+    () => {
+        fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+            self.0.broadcast_flush_page(asid, va)
+        }
+        fn broadcast_flush_asid(&self, asid: Asid) {
+            self.0.broadcast_flush_asid(asid)
+        }
+        fn broadcast_flush_all(&self, include_global: bool) {
+            self.0.broadcast_flush_all(include_global)
+        }
+    };
+}
+
+/// The real implementation's completion barrier.
+macro_rules! forward_sync {
+    () => {
+        fn broadcast_sync(&self) {
+            self.0.broadcast_sync()
+        }
+    };
+}
+
 // SAFETY: NOT sound, on purpose: the negative control shows that the
 // scenarios notice a shootdown that invalidates nothing. Only the flush
 // under test of a negative-control run goes through it; everything but
 // the invalidations is the real implementation's.
 unsafe impl Arch for SkipTlbi {
     forward_arch!();
-    fn broadcast_sync(&self) {
-        self.0.broadcast_sync()
-    }
+    forward_sync!();
     fn flush_local_page(&self, _asid: Asid, _va: u64) {}
     fn flush_local_asid(&self, _asid: Asid) {}
     fn flush_local_all(&self, _include_global: bool) {}
@@ -220,18 +257,8 @@ unsafe impl Arch for SkipTlbi {
 // it; everything else is the real implementation's.
 unsafe impl Arch for LocalTlbi {
     forward_arch!();
-    fn broadcast_sync(&self) {
-        self.0.broadcast_sync()
-    }
-    fn flush_local_page(&self, asid: Asid, va: u64) {
-        self.0.flush_local_page(asid, va)
-    }
-    fn flush_local_asid(&self, asid: Asid) {
-        self.0.flush_local_asid(asid)
-    }
-    fn flush_local_all(&self, include_global: bool) {
-        self.0.flush_local_all(include_global)
-    }
+    forward_sync!();
+    forward_local!();
     fn broadcast_flush_page(&self, asid: Asid, va: u64) {
         self.0.flush_local_page(asid, va)
     }
@@ -249,27 +276,9 @@ unsafe impl Arch for LocalTlbi {
 // issues a batch's invalidations at its flush, before it waits for them.
 unsafe impl Arch for FlushTimeTlbi {
     forward_arch!(on_add: false);
-    fn broadcast_sync(&self) {
-        self.0.broadcast_sync()
-    }
-    fn flush_local_page(&self, asid: Asid, va: u64) {
-        self.0.flush_local_page(asid, va)
-    }
-    fn flush_local_asid(&self, asid: Asid) {
-        self.0.flush_local_asid(asid)
-    }
-    fn flush_local_all(&self, include_global: bool) {
-        self.0.flush_local_all(include_global)
-    }
-    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
-        self.0.broadcast_flush_page(asid, va)
-    }
-    fn broadcast_flush_asid(&self, asid: Asid) {
-        self.0.broadcast_flush_asid(asid)
-    }
-    fn broadcast_flush_all(&self, include_global: bool) {
-        self.0.broadcast_flush_all(include_global)
-    }
+    forward_sync!();
+    forward_local!();
+    forward_broadcast!();
 }
 
 // SAFETY: NOT sound, on purpose: the negative control shows what a
@@ -278,24 +287,8 @@ unsafe impl Arch for FlushTimeTlbi {
 // real implementation's, only the completion barrier is missing.
 unsafe impl Arch for NoDsb {
     forward_arch!();
-    fn flush_local_page(&self, asid: Asid, va: u64) {
-        self.0.flush_local_page(asid, va)
-    }
-    fn flush_local_asid(&self, asid: Asid) {
-        self.0.flush_local_asid(asid)
-    }
-    fn flush_local_all(&self, include_global: bool) {
-        self.0.flush_local_all(include_global)
-    }
-    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
-        self.0.broadcast_flush_page(asid, va)
-    }
-    fn broadcast_flush_asid(&self, asid: Asid) {
-        self.0.broadcast_flush_asid(asid)
-    }
-    fn broadcast_flush_all(&self, include_global: bool) {
-        self.0.broadcast_flush_all(include_global)
-    }
+    forward_local!();
+    forward_broadcast!();
     fn broadcast_sync(&self) {
         // The real one is `DSB ISH` then `ISB`: the DSB is skipped.
         tlb_batch::arch::aarch64::isb();
