@@ -4,7 +4,7 @@
 //! retries), write-outs, frees, reclaims (into a frame pool or not),
 //! timer ticks and pool flushes, migrations, mprotects, teardowns, CPUs
 //! going offline and back, and hostile input, from any CPU, on untagged and
-//! tagged TLBs, keeps the safety contract (the oracle sees nothing after
+//! tagged TLBs of x86 and arm64 hardware, keeps the safety contract (the oracle sees nothing after
 //! every step); and batching changes no page state. Sequences made for the
 //! pool (module `pool`) line up what random bytes rarely do: a page cached,
 //! pooled, and a tick.
@@ -386,7 +386,8 @@ fn the_model_exercises_the_pool_and_it_saves_ipis() {
 
 /// Every committed fuzz seed (fuzz/seeds/ops), replayed on stable with
 /// each `cargo test` as the fuzz target reads it: its first byte picks the
-/// TLB kind (`check` runs both), the rest are the operations.
+/// TLB kind and the hardware (`check` runs them all), the rest are the
+/// operations.
 #[test]
 fn the_committed_fuzz_seeds_keep_the_contract() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/ops");
