@@ -460,7 +460,11 @@ impl<const N: usize> FramePool<N> {
     /// [`Error::OtherMachine`], and those of [`shootdown`] (retry from a
     /// context not nested in another shootdown).
     pub fn flush<A: Arch>(&mut self, arch: &A) -> Result<Flushed<N>, Error> {
-        self.flush_oldest(arch, N)
+        // Every generation, not `N` frames' worth: a generation may hold
+        // no frame at all (a batch that only aged pages, on hardware where
+        // clearing an accessed bit owes a flush), and its flush is owed
+        // all the same.
+        self.flush_oldest(arch, usize::MAX)
     }
 
     /// Like [`flush`](Self::flush), but only for the oldest generations

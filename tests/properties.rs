@@ -4,13 +4,16 @@
 //! retries), write-outs, frees, reclaims (into a frame pool or not),
 //! timer ticks and pool flushes, migrations, mprotects, teardowns, CPUs
 //! going offline and back, and hostile input, from any CPU, on untagged and
-//! tagged TLBs, keeps the safety contract (the oracle sees nothing after
+//! tagged TLBs of x86 and arm64 hardware, keeps the safety contract (the oracle sees nothing after
 //! every step); and batching changes no page state. Sequences made for the
 //! pool (module `pool`) line up what random bytes rarely do: a page cached,
 //! pooled, and a tick.
 
 use proptest::prelude::*;
-use tlb_batch::arch::mock::ops::{self, check, ops_from_bytes, run, BadInput, Io, Op};
+use tlb_batch::arch::mock::ops::{
+    self, check, ops_from_bytes, run, run_with, BadInput, Hardware, Io, Op, RunConfig,
+};
+use tlb_batch::arch::mock::FrameState;
 
 fn checked(ops: &[Op]) -> Result<(ops::Outcome, ops::Outcome), TestCaseError> {
     check(ops).map_err(|f| TestCaseError::fail(format!("{f:?}")))
@@ -384,9 +387,69 @@ fn the_model_exercises_the_pool_and_it_saves_ipis() {
     assert_eq!(pooled.state, plain.state, "the pool changes no end state");
 }
 
+/// Pages 0 and 1 of space 0, cached by CPUs 1 and 2, unmapped with
+/// deferred flushes into low-level batch 0 by `adders` in turn, the batch
+/// flushed from `flusher`, then both frames freed. On arm64 each unmap
+/// issues its page's invalidation from the CPU that adds it, and the mock
+/// applies it only at that CPU's next barrier: a flush from a CPU that did
+/// not issue them all (a task that migrated between its unmaps and its
+/// flush, or a batch two CPUs filled) must issue them again, or the frees
+/// meet the stale entries.
+fn batch_moved_between_cpus(adders: [u8; 2], flusher: u8) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for p in 0..2 {
+        ops.extend([map(0, p), read(1, 0, p), read(2, 0, p)]);
+    }
+    for (p, &cpu) in adders.iter().enumerate() {
+        ops.push(unmap(cpu, 0, p as u8, 0));
+    }
+    ops.extend([
+        Flush {
+            cpu: flusher,
+            batch: 0,
+            typed: false,
+            fail: false,
+        },
+        Free { index: 0 },
+        Free { index: 0 },
+    ]);
+    ops
+}
+
+#[test]
+fn a_batch_filled_on_other_cpus_is_flushed_everywhere_on_arm64() {
+    // Added on one CPU and flushed on another; added on two, flushed on
+    // either of them; and, for comparison, added and flushed on one.
+    for (adders, flusher) in [([1, 1], 0), ([1, 2], 1), ([1, 2], 2), ([2, 1], 0), ([1, 1], 1)] {
+        let ops = batch_moved_between_cpus(adders, flusher);
+        check(&ops).unwrap();
+        for tagged in [false, true] {
+            let arm64 = run_with(
+                &ops,
+                RunConfig {
+                    batching: true,
+                    tagged,
+                    hardware: Hardware::Arm64,
+                },
+            )
+            .unwrap();
+            // Both pages deferred (issued on add), no IPI, both frames freed.
+            assert_eq!((arm64.deferred, arm64.ipis), (2, 0), "{adders:?} {flusher}");
+            let free = arm64
+                .state
+                .frames
+                .iter()
+                .filter(|(s, _)| *s == FrameState::Free)
+                .count();
+            assert_eq!(free, arm64.state.frames.len(), "{adders:?} {flusher}");
+        }
+    }
+}
+
 /// Every committed fuzz seed (fuzz/seeds/ops), replayed on stable with
 /// each `cargo test` as the fuzz target reads it: its first byte picks the
-/// TLB kind (`check` runs both), the rest are the operations.
+/// TLB kind and the hardware (`check` runs them all), the rest are the
+/// operations.
 #[test]
 fn the_committed_fuzz_seeds_keep_the_contract() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/ops");

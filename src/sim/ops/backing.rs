@@ -12,7 +12,7 @@ use crate::migrate::MigrateBacking;
 use crate::pte::Frame;
 use crate::reclaim::{PageOut, ReclaimBacking};
 use crate::rmap::Rmap;
-use crate::sim::{MockMachine, MockRmap};
+use crate::sim::{MockMachine, MockRmap, Model};
 use crate::unmap::{FreeFrames, OwnedFrame, WritebackFrame};
 
 /// Who holds a frame besides its mappings: batches, a reclaim or a
@@ -22,7 +22,12 @@ pub(super) type Holders = HashMap<Frame, u32>;
 
 /// Drops one hold on `frame`; frees it when nothing maps or holds it any
 /// more. Returns whether it was freed.
-pub(super) fn put(m: &MockMachine, rmap: &MockRmap<'_>, holders: &mut Holders, frame: Frame) -> bool {
+pub(super) fn put<M: Model>(
+    m: &MockMachine<M>,
+    rmap: &MockRmap<'_, M>,
+    holders: &mut Holders,
+    frame: Frame,
+) -> bool {
     if let Some(n) = holders.get_mut(&frame) {
         *n = n.saturating_sub(1);
         if *n == 0 {
@@ -33,9 +38,9 @@ pub(super) fn put(m: &MockMachine, rmap: &MockRmap<'_>, holders: &mut Holders, f
 }
 
 /// Frees `frame` if no mapping and no holder is left.
-pub(super) fn release_if_unused(
-    m: &MockMachine,
-    rmap: &MockRmap<'_>,
+pub(super) fn release_if_unused<M: Model>(
+    m: &MockMachine<M>,
+    rmap: &MockRmap<'_, M>,
     holders: &Holders,
     frame: Frame,
 ) -> bool {
@@ -51,9 +56,9 @@ pub(super) fn release_if_unused(
 }
 
 /// The services, for one driver call.
-pub(super) struct OpsKernel<'d, 'r, 'm> {
-    pub(super) m: &'m MockMachine,
-    pub(super) rmap: &'r MockRmap<'m>,
+pub(super) struct OpsKernel<'d, 'r, 'm, M: Model> {
+    pub(super) m: &'m MockMachine<M>,
+    pub(super) rmap: &'r MockRmap<'m, M>,
     pub(super) holders: &'d mut Holders,
     /// Whether the handles given to the free are holds (reclaim, migration)
     /// rather than the mappings' own claims (teardown).
@@ -66,12 +71,12 @@ pub(super) struct OpsKernel<'d, 'r, 'm> {
     pub(super) freed: Vec<Frame>,
 }
 
-impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
+impl<'d, 'r, 'm, M: Model> OpsKernel<'d, 'r, 'm, M> {
     /// The kernel a reclaim runs with: the handles are holds, write-out as
     /// `io` says, frees refused when `refuse_free`.
     pub(super) fn for_reclaim(
-        m: &'m MockMachine,
-        rmap: &'r MockRmap<'m>,
+        m: &'m MockMachine<M>,
+        rmap: &'r MockRmap<'m, M>,
         holders: &'d mut Holders,
         io: Io,
         refuse_free: bool,
@@ -82,8 +87,8 @@ impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
     /// The kernel a migration runs with: the handles are holds, target
     /// frames refused when `no_memory`.
     pub(super) fn for_migration(
-        m: &'m MockMachine,
-        rmap: &'r MockRmap<'m>,
+        m: &'m MockMachine<M>,
+        rmap: &'r MockRmap<'m, M>,
         holders: &'d mut Holders,
         no_memory: bool,
     ) -> Self {
@@ -92,13 +97,17 @@ impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
 
     /// The kernel a teardown frees through: the handles it frees are the
     /// mappings' own claims, written synchronously, every free accepted.
-    pub(super) fn for_teardown(m: &'m MockMachine, rmap: &'r MockRmap<'m>, holders: &'d mut Holders) -> Self {
+    pub(super) fn for_teardown(
+        m: &'m MockMachine<M>,
+        rmap: &'r MockRmap<'m, M>,
+        holders: &'d mut Holders,
+    ) -> Self {
         Self::new(m, rmap, holders, false, Io::Synchronous, false, false)
     }
 
     pub(super) fn new(
-        m: &'m MockMachine,
-        rmap: &'r MockRmap<'m>,
+        m: &'m MockMachine<M>,
+        rmap: &'r MockRmap<'m, M>,
         holders: &'d mut Holders,
         handles_are_holds: bool,
         io: Io,
@@ -118,7 +127,7 @@ impl<'d, 'r, 'm> OpsKernel<'d, 'r, 'm> {
     }
 }
 
-impl FreeFrames for OpsKernel<'_, '_, '_> {
+impl<M: Model> FreeFrames for OpsKernel<'_, '_, '_, M> {
     fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>) {
         if self.refuse_free {
             return;
@@ -141,7 +150,7 @@ impl FreeFrames for OpsKernel<'_, '_, '_> {
     }
 }
 
-impl ReclaimBacking for OpsKernel<'_, '_, '_> {
+impl<M: Model> ReclaimBacking for OpsKernel<'_, '_, '_, M> {
     fn is_dirty(&self, frame: Frame) -> bool {
         self.m.frame_dirty(frame).unwrap_or(false)
     }
@@ -157,7 +166,7 @@ impl ReclaimBacking for OpsKernel<'_, '_, '_> {
     }
 }
 
-impl MigrateBacking for OpsKernel<'_, '_, '_> {
+impl<M: Model> MigrateBacking for OpsKernel<'_, '_, '_, M> {
     fn alloc_target(&mut self, _old: Frame) -> Option<OwnedFrame> {
         if self.no_memory {
             return None;
@@ -177,7 +186,7 @@ impl MigrateBacking for OpsKernel<'_, '_, '_> {
     }
 }
 
-impl TeardownBacking for OpsKernel<'_, '_, '_> {
+impl<M: Model> TeardownBacking for OpsKernel<'_, '_, '_, M> {
     fn set_dirty(&mut self, frame: Frame) {
         let _ = self.m.set_frame_dirty(frame);
     }

@@ -23,7 +23,7 @@ use crate::mm::{flush_tlb_batched_pending, MmTlbState};
 use crate::pool::FramePool;
 use crate::pte::{Frame, Pte};
 use crate::rmap::{page_referenced, try_to_unmap, MappingFlags, PageTable, TtuFlags};
-use crate::sim::{FrameState, MockCpu, MockMachine, MockRmap, MockSpace};
+use crate::sim::{FrameState, MockCpu, MockMachine, MockRmap, MockSpace, Model};
 use crate::unmap::{OwnedFrame, Released, UnmapBatch, Unmapped};
 use crate::Error;
 
@@ -39,9 +39,9 @@ struct Pending {
     unmapped: bool,
 }
 
-pub(super) struct Driver<'m> {
-    m: &'m MockMachine,
-    rmap: MockRmap<'m>,
+pub(super) struct Driver<'m, M: Model> {
+    m: &'m MockMachine<M>,
+    rmap: MockRmap<'m, M>,
     holders: Holders,
     low: [TlbFlushUnmapBatch; BATCHES],
     pending: Vec<Pending>,
@@ -63,8 +63,8 @@ fn crate_error(e: Error) -> String {
     format!("crate error: {e}")
 }
 
-impl<'m> Driver<'m> {
-    pub(super) fn new(m: &'m MockMachine, batching: bool) -> Result<Self, String> {
+impl<'m, M: Model> Driver<'m, M> {
+    pub(super) fn new(m: &'m MockMachine<M>, batching: bool) -> Result<Self, String> {
         let mut spaces = Vec::new();
         for i in 0..SPACES {
             let asid = Asid::new(i as u16 + 1).map_err(crate_error)?;
@@ -86,7 +86,7 @@ impl<'m> Driver<'m> {
         })
     }
 
-    fn space(&self, s: usize) -> &MockSpace<'m> {
+    fn space(&self, s: usize) -> &MockSpace<'m, M> {
         &self.rmap.spaces()[s]
     }
 
@@ -96,13 +96,13 @@ impl<'m> Driver<'m> {
 
     /// The CPU named by `cpu`, if it is online (an offline one runs
     /// nothing).
-    fn cpu(&self, cpu: u8) -> Option<MockCpu<'m>> {
+    fn cpu(&self, cpu: u8) -> Option<MockCpu<'m, M>> {
         let c = self.m.cpu(usize::from(cpu) % CPUS).ok()?;
         self.m.online().contains(c.id()).then_some(c)
     }
 
     /// Some online CPU, to run what a fault handler would.
-    fn any_cpu(&self) -> Result<MockCpu<'m>, String> {
+    fn any_cpu(&self) -> Result<MockCpu<'m, M>, String> {
         self.m
             .cpus()
             .find(|c| self.m.online().contains(c.id()))
@@ -163,7 +163,7 @@ impl<'m> Driver<'m> {
         }
     }
 
-    fn flush_low(&mut self, c: &MockCpu<'m>, b: usize, fail: bool) -> Result<(), String> {
+    fn flush_low(&mut self, c: &MockCpu<'m, M>, b: usize, fail: bool) -> Result<(), String> {
         if fail {
             let first = c.in_shootdown(|| self.low[b].flush(c)).map_err(crate_error)?;
             if first.is_err() && self.low[b].is_empty() {
@@ -176,7 +176,7 @@ impl<'m> Driver<'m> {
         Ok(())
     }
 
-    fn flush_typed(&mut self, c: &MockCpu<'m>, b: usize, fail: bool, pool_it: bool) -> Result<(), String> {
+    fn flush_typed(&mut self, c: &MockCpu<'m, M>, b: usize, fail: bool, pool_it: bool) -> Result<(), String> {
         if pool_it && !fail && self.batching {
             // Into the driver's pool instead, if it takes the batch: frames
             // unmapped by typed unmaps, which may skip the aging (ignoring

@@ -23,7 +23,19 @@
 //! the documented retry; CPUs going offline and coming back; hostile input
 //! (non-canonical addresses, ranges across the hole or past the top, ASIDs
 //! wider than the hardware's), which must be refused with nothing changed;
-//! and untagged or tagged TLBs.
+//! and untagged or tagged TLBs, on x86 or arm64 hardware ([`Hardware`]).
+//!
+//! On arm64 ([`Arm64Like`](super::Arm64Like)) a batched unmap issues each
+//! page's broadcast invalidation as the page is added, from the CPU that
+//! adds it, and the mock applies it at that CPU's next barrier, not
+//! before. The driver's batches belong to no CPU: any CPU adds to a
+//! low-level or typed batch (each `Unmap`, `TypedUnmap` and `Referenced`
+//! names its own) and any CPU flushes it (`Flush`, `FlushDirty`, the
+//! first CPU online for a `WriteOut`, a `Free` and the end of the run).
+//! That is a kernel whose task fills its batch (Linux's per-task
+//! `tlb_ubc`), migrates, and flushes on another CPU, or whose batch is
+//! filled by several tasks in turn: the flush then must not only wait for
+//! the invalidations issued where it runs.
 //!
 //! The driver keeps frames the way a kernel with reference counts does: a
 //! frame is freed when no mapping and no holder (a batch, a reclaim or
@@ -39,8 +51,10 @@
 //! are left out of that comparison on purpose: a stale entry may serve an
 //! access before the flush point in the batched run, which the contract
 //! allows.
+//! [`check`] compares the hardware the same way, on the sequence made blind
+//! to accessed bits (see there why only that one).
 //!
-//! Runs reuse one machine per thread and configuration
+//! Runs reuse one machine per thread, hardware and TLB kind
 //! ([`MockMachine::reset`](super::MockMachine::reset)), so a fuzzer pays for the operations, not for
 //! building machines.
 //!
@@ -57,7 +71,7 @@ use std::vec::Vec;
 
 use crate::pte::PAGE_SIZE;
 
-pub use run::{check, check_with, run, run_with, EndState, Failure, Outcome, RunConfig};
+pub use run::{check, check_on, check_with, run, run_with, EndState, Failure, Hardware, Outcome, RunConfig};
 
 /// CPUs of the modelled machine.
 pub const CPUS: usize = 3;

@@ -1,56 +1,51 @@
 //! Running a sequence of [`Op`]s: one run on a reset machine
 //! ([`run_with`]), and the comparison of a batching run with a plain one
-//! ([`check_with`], [`check`]).
+//! ([`check_on`], [`check_with`], [`check`]), on x86 or arm64 hardware
+//! ([`Hardware`]).
 
 use std::cell::RefCell;
 use std::format;
 use std::string::String;
+use std::thread::LocalKey;
 use std::vec::Vec;
 
 use super::driver;
 use super::{Op, CPUS, FRAMES};
 use crate::pte::Frame;
-use crate::sim::{FrameState, MockConfig, MockMachine, Violation};
+use crate::sim::{Arm64Like, FrameState, MockConfig, MockMachine, Model, Violation, X86Like};
 
-/// Checks `ops` on an untagged or a tagged machine: the sequence runs
-/// batched and must keep the contract (its `Unmap` steps that do not ask
-/// for batching flush at once, so both paths run); then the sequence made
-/// blind to accessed bits ([`Op::ignoring_access`]) runs batched and
-/// unbatched, and both must keep the contract and end in the same page
-/// states. Returns the batched and unbatched outcomes of the blind
-/// sequence.
+/// Checks `ops` on an untagged or a tagged x86 machine: [`check_on`] with
+/// [`Hardware::X86`].
 pub fn check_with(ops: &[Op], tagged: bool) -> Result<(Outcome, Outcome), Failure> {
+    check_on(ops, tagged, Hardware::X86)
+}
+
+/// Checks `ops` on an untagged or a tagged machine of `hardware`: the
+/// sequence runs batched and must keep the contract (its `Unmap` steps
+/// that do not ask for batching flush at once, so both paths run); then
+/// the sequence made blind to accessed bits ([`Op::ignoring_access`]) runs
+/// batched and unbatched, and both must keep the contract and end in the
+/// same page states. Returns the batched and unbatched outcomes of the
+/// blind sequence.
+pub fn check_on(ops: &[Op], tagged: bool, hardware: Hardware) -> Result<(Outcome, Outcome), Failure> {
+    let config = |batching| RunConfig {
+        batching,
+        tagged,
+        hardware,
+    };
     let blind: Vec<Op> = ops.iter().filter_map(|op| op.ignoring_access()).collect();
     if blind != ops {
-        run_with(
-            ops,
-            RunConfig {
-                batching: true,
-                tagged,
-            },
-        )?;
+        run_with(ops, config(true))?;
     }
-    let batched = run_with(
-        &blind,
-        RunConfig {
-            batching: true,
-            tagged,
-        },
-    )?;
-    let plain = run_with(
-        &blind,
-        RunConfig {
-            batching: false,
-            tagged,
-        },
-    )?;
+    let batched = run_with(&blind, config(true))?;
+    let plain = run_with(&blind, config(false))?;
     if batched.state != plain.state {
         return Err(Failure {
             step: blind.len(),
             op: None,
             violations: Vec::new(),
             reason: format!(
-                "batching changed the end state (tagged: {tagged}):\n batched {:?}\n plain   {:?}",
+                "batching changed the end state ({hardware:?}, tagged: {tagged}):\n batched {:?}\n plain   {:?}",
                 batched.state, plain.state
             ),
         });
@@ -58,29 +53,87 @@ pub fn check_with(ops: &[Op], tagged: bool) -> Result<(Outcome, Outcome), Failur
     Ok((batched, plain))
 }
 
-/// [`check_with`] on an untagged and on a tagged machine, and the full
-/// sequence unbatched too; returns the untagged outcomes.
+/// [`check_on`] on every [`Hardware`], untagged and tagged, and the full
+/// sequence unbatched on each too; then the blind sequence's end state must
+/// be the same on every hardware (see below). Returns the untagged x86
+/// outcomes.
+///
+/// Why the hardware is compared on the blind sequence only: the full one
+/// ages pages and reclaims by their accessed bits, and those legitimately
+/// differ between hardware. On arm64 a fill need not set the accessed bit
+/// ([`Arch::FILL_SETS_ACCESSED`](crate::Arch::FILL_SETS_ACCESSED) is false)
+/// and clearing it owes a flush, so the pool's aging epochs and which
+/// flushes empty which TLBs differ, and with them which pages a later
+/// aging finds referenced. The blind sequence unmaps, migrates, protects
+/// and tears down whatever the accessed bits say, so what ends up mapped,
+/// freed and written there is the hardware's to change no more than
+/// batching's.
 pub fn check(ops: &[Op]) -> Result<(Outcome, Outcome), Failure> {
-    for tagged in [false, true] {
-        run_with(
-            ops,
-            RunConfig {
-                batching: false,
-                tagged,
-            },
-        )?;
+    for hardware in Hardware::ALL {
+        for tagged in [false, true] {
+            run_with(
+                ops,
+                RunConfig {
+                    batching: false,
+                    tagged,
+                    hardware,
+                },
+            )?;
+        }
     }
-    let tagged = check_with(ops, true);
-    check_with(ops, false).and_then(|untagged| tagged.map(|_| untagged))
+    let untagged = check_hardware(ops, false)?;
+    check_hardware(ops, true)?;
+    Ok(untagged)
 }
 
-/// How a run is set up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// [`check_on`] on x86 and on arm64 with the same TLB kind, whose blind end
+/// states must be the same; returns the x86 outcomes.
+fn check_hardware(ops: &[Op], tagged: bool) -> Result<(Outcome, Outcome), Failure> {
+    let x86 = check_on(ops, tagged, Hardware::X86)?;
+    let arm64 = check_on(ops, tagged, Hardware::Arm64)?;
+    if x86.0.state != arm64.0.state {
+        return Err(Failure {
+            step: ops.len(),
+            op: None,
+            violations: Vec::new(),
+            reason: format!(
+                "the hardware changed the end state (tagged: {tagged}):\n x86   {:?}\n arm64 {:?}",
+                x86.0.state, arm64.0.state
+            ),
+        });
+    }
+    Ok(x86)
+}
+
+/// The hardware a run's machine models.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Hardware {
+    /// x86 ([`X86Like`]): remote flushes by IPI, fills set the accessed
+    /// bit, clearing it needs no flush.
+    #[default]
+    X86,
+    /// arm64 ([`Arm64Like`]): remote flushes by broadcast invalidation;
+    /// a batched unmap issues each page's invalidation as the page is added
+    /// and the batch's flush waits for them (when the flushing CPU issued
+    /// them all) or issues them again; clearing an accessed bit owes a
+    /// flush.
+    Arm64,
+}
+
+impl Hardware {
+    /// Every hardware the model runs on.
+    pub const ALL: [Hardware; 2] = [Hardware::X86, Hardware::Arm64];
+}
+
+/// How a run is set up. The default: unbatched, untagged, x86.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RunConfig {
     /// Whether `Unmap` steps that ask for batching get it.
     pub batching: bool,
-    /// Whether TLB entries survive address-space switches (PCID).
+    /// Whether TLB entries survive address-space switches (PCID, ASIDs).
     pub tagged: bool,
+    /// The machine's hardware.
+    pub hardware: Hardware,
 }
 
 /// What a run ends with.
@@ -123,21 +176,29 @@ pub struct Failure {
     pub reason: String,
 }
 
+/// One machine per TLB kind (untagged, tagged) of a hardware.
+type Machines<M> = [RefCell<Option<MockMachine<M>>>; 2];
+
 std::thread_local! {
-    /// One machine per TLB kind (untagged, tagged) and thread, reset
-    /// between runs: a fuzzer's thread runs millions of inputs on them.
-    static MACHINES: [RefCell<Option<MockMachine>>; 2] = const { [RefCell::new(None), RefCell::new(None)] };
+    /// One machine per hardware, TLB kind and thread, reset between runs:
+    /// a fuzzer's thread runs millions of inputs on them.
+    static X86_MACHINES: Machines<X86Like> = const { [RefCell::new(None), RefCell::new(None)] };
+    static ARM64_MACHINES: Machines<Arm64Like> = const { [RefCell::new(None), RefCell::new(None)] };
 }
 
-/// Runs `f` on the thread's machine for `tagged`, reset (made on first
-/// use).
-fn with_machine<R>(tagged: bool, f: impl FnOnce(&MockMachine) -> R) -> Result<R, String> {
-    MACHINES.with(|machines| {
+/// Runs `f` on the thread's machine of `machines` for `tagged`, reset
+/// (made on first use).
+fn with_machine<M: Model, R>(
+    machines: &'static LocalKey<Machines<M>>,
+    tagged: bool,
+    f: impl FnOnce(&MockMachine<M>) -> R,
+) -> Result<R, String> {
+    machines.with(|machines| {
         let mut slot = machines[usize::from(tagged)].borrow_mut();
         match slot.as_ref() {
             Some(m) => m.reset(),
             None => {
-                let m = MockMachine::new(MockConfig {
+                let m = MockMachine::<M>::with_model(MockConfig {
                     frames: FRAMES,
                     table_frames: 16,
                     tlb_entries: 16,
@@ -155,14 +216,14 @@ fn with_machine<R>(tagged: bool, f: impl FnOnce(&MockMachine) -> R) -> Result<R,
     })
 }
 
-/// Runs `ops` on an untagged machine, with `Unmap` steps batched as they
+/// Runs `ops` on an untagged x86 machine, with `Unmap` steps batched as they
 /// ask (`batching`) or never. See [`run_with`].
 pub fn run(ops: &[Op], batching: bool) -> Result<Outcome, Failure> {
     run_with(
         ops,
         RunConfig {
             batching,
-            tagged: false,
+            ..RunConfig::default()
         },
     )
 }
@@ -181,11 +242,15 @@ pub fn run_with(ops: &[Op], config: RunConfig) -> Result<Outcome, Failure> {
         violations,
         reason,
     };
-    with_machine(config.tagged, |m| run_on(m, ops, config.batching))
-        .map_err(|r| fail(0, None, Vec::new(), r))?
+    let (tagged, batching) = (config.tagged, config.batching);
+    match config.hardware {
+        Hardware::X86 => with_machine(&X86_MACHINES, tagged, |m| run_on(m, ops, batching)),
+        Hardware::Arm64 => with_machine(&ARM64_MACHINES, tagged, |m| run_on(m, ops, batching)),
+    }
+    .map_err(|r| fail(0, None, Vec::new(), r))?
 }
 
-fn run_on(m: &MockMachine, ops: &[Op], batching: bool) -> Result<Outcome, Failure> {
+fn run_on<M: Model>(m: &MockMachine<M>, ops: &[Op], batching: bool) -> Result<Outcome, Failure> {
     let fail = |step: usize, op: Option<Op>, violations: Vec<Violation>, reason: String| Failure {
         step,
         op,

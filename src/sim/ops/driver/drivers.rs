@@ -15,9 +15,10 @@ use crate::migrate::{migrate_pages, MigrateOutcome};
 use crate::mprotect::change_protection;
 use crate::pte::{Pte, PteFlags};
 use crate::range::{PageRange, TABLE_PAGES, TABLE_SPAN};
+use crate::sim::Model;
 use crate::unmap::UnmapBatch;
 
-impl<'m> Driver<'m> {
+impl<'m, M: Model> Driver<'m, M> {
     /// `Op::Migrate`: one frame through the migration driver, with its
     /// documented retry.
     pub(super) fn migrate(
@@ -122,7 +123,7 @@ impl<'m> Driver<'m> {
         };
         // Frames still mapped elsewhere or held stay: the handle was the
         // mapping's own claim.
-        let unmap_all = |gather: &mut MmuGather<8>, kernel: &mut OpsKernel<'_, '_, 'm>, policy: &mut _| {
+        let unmap_all = |gather: &mut MmuGather<8>, kernel: &mut OpsKernel<'_, '_, 'm, M>, policy: &mut _| {
             gather.unmap_range(&c, space_ref, kernel, range, true, policy, &mut |_, _| {})
         };
         if fail {

@@ -16,7 +16,7 @@ use crate::mprotect::change_protection;
 use crate::pte::{Frame, Pte, PAGE_SIZE};
 use crate::range::PageRange;
 use crate::rmap::{try_to_unmap, MappingFlags, PageTable, Rmap, TtuFlags};
-use crate::sim::{MockCpu, MockRmap, MockSpace, TlbEntry};
+use crate::sim::{MockCpu, MockRmap, MockSpace, Model, TlbEntry};
 use crate::Error;
 
 /// What bad input must not change: every entry of every space, every TLB
@@ -27,7 +27,7 @@ type Snapshot = (
     [usize; BATCHES],
 );
 
-impl<'m> Driver<'m> {
+impl<'m, M: Model> Driver<'m, M> {
     fn snapshot(&self) -> Snapshot {
         let mut ptes = [[Pte::EMPTY; PAGES]; SPACES + 1];
         for (s, row) in ptes.iter_mut().enumerate() {
@@ -39,7 +39,7 @@ impl<'m> Driver<'m> {
         (ptes, self.m.all_entries(), pending)
     }
 
-    pub(super) fn hostile(&mut self, c: &MockCpu<'m>, kind: BadInput) -> Result<(), String> {
+    pub(super) fn hostile(&mut self, c: &MockCpu<'m, M>, kind: BadInput) -> Result<(), String> {
         let hole = 1u64 << 47;
         let before = self.snapshot();
         let result = match kind {
@@ -109,8 +109,8 @@ impl<'m> Driver<'m> {
 
 /// A reverse map that reports one good mapping of a frame and then one at
 /// a non-canonical address.
-struct BadRmap<'a, 'm> {
-    inner: &'a MockRmap<'m>,
+struct BadRmap<'a, 'm, M: Model> {
+    inner: &'a MockRmap<'m, M>,
     good: (usize, u64),
     bad: u64,
 }
@@ -118,8 +118,8 @@ struct BadRmap<'a, 'm> {
 // SAFETY: the good mapping is a real one of the mock rmap; the bad one is
 // an address no PTE can have, which the crate must refuse before it
 // changes anything.
-unsafe impl<'m> Rmap for BadRmap<'_, 'm> {
-    type Space = MockSpace<'m>;
+unsafe impl<'m, M: Model> Rmap for BadRmap<'_, 'm, M> {
+    type Space = MockSpace<'m, M>;
 
     fn walk(
         &self,

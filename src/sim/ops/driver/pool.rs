@@ -16,7 +16,7 @@ use crate::pool::{quiescent_flush, FramePool};
 use crate::pte::Frame;
 use crate::reclaim::{shrink_page_list, shrink_page_list_pooled, ReclaimSummary, Verdict};
 use crate::rmap::Rmap;
-use crate::sim::{FrameState, MockCpu};
+use crate::sim::{FrameState, MockCpu, Model};
 use crate::unmap::{Flushed, FreeFrames, OwnedFrame, UnmapBatch};
 
 /// What a failed pool flush must leave as it was: frames, generations and
@@ -35,7 +35,7 @@ struct Reclaimed {
     back: Vec<(Frame, Verdict)>,
 }
 
-impl<'m> Driver<'m> {
+impl<'m, M: Model> Driver<'m, M> {
     /// `Op::Reclaim`: the reclaim driver over the frames picked (aged
     /// first when `aged`), with its documented retry after an injected
     /// failure; into the pool when `pooled` and the run batches (the plain
@@ -79,7 +79,7 @@ impl<'m> Driver<'m> {
     /// `fail`), then the documented retry if it stopped.
     fn run_reclaim(
         &mut self,
-        c: &MockCpu<'m>,
+        c: &MockCpu<'m, M>,
         handles: Vec<OwnedFrame>,
         (io, refuse_free): Backing,
         fail: bool,
@@ -97,7 +97,7 @@ impl<'m> Driver<'m> {
                 batch.page_referenced(c, rmap, h).map_err(crate_error)?;
             }
         }
-        let call = |kernel: &mut OpsKernel<'_, '_, 'm>, handback: &mut dyn FnMut(OwnedFrame, Verdict)| {
+        let call = |kernel: &mut OpsKernel<'_, '_, 'm, M>, handback: &mut dyn FnMut(OwnedFrame, Verdict)| {
             if pooled {
                 shrink_page_list_pooled(c, rmap, kernel, &mut batch, pool, handles, handback)
             } else {
@@ -266,7 +266,7 @@ impl<'m> Driver<'m> {
     }
 
     /// The end of a run: the pool flushed and every frame it held freed.
-    pub(super) fn drain_pool(&mut self, c: &MockCpu<'m>) -> Result<(), String> {
+    pub(super) fn drain_pool(&mut self, c: &MockCpu<'m, M>) -> Result<(), String> {
         let released = self.pool.flush(c).map_err(crate_error)?;
         self.free_from_pool(released)?;
         if !self.pool.is_empty() {
