@@ -166,6 +166,11 @@ pub trait Platform: Sync {
     fn no_access_flag_why(&self) -> &'static str {
         "no hardware access flag"
     }
+    /// Printed before every scenario name in this platform's lines (for
+    /// a kernel that runs other scenarios of similar names too).
+    fn label(&self) -> &'static str {
+        ""
+    }
     /// Ages pages `0..pages` (clears each access flag through the crate,
     /// into one batch) and flushes what that recorded, as `flush` says;
     /// where the crate records no flush for a cleared flag (x86), the
@@ -263,6 +268,8 @@ pub struct ReclaimNote {
 
 /// The result of one scenario.
 pub struct Outcome {
+    /// Printed before the name ([`Platform::label`]).
+    pub label: &'static str,
     pub name: &'static str,
     pub change: Change,
     pub flush: Flush,
@@ -338,12 +345,13 @@ impl Outcome {
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(why) = self.skipped {
-            return write!(f, "scenario {}: skipped: {}", self.name, why);
+            return write!(f, "scenario {}{}: skipped: {}", self.label, self.name, why);
         }
         write!(
             f,
-            "scenario {}: {} ({} rounds x {} observing CPUs x {} pages, flush {}: {} {}, stale: {} reads of \
+            "scenario {}{}: {} ({} rounds x {} observing CPUs x {} pages, flush {}: {} {}, stale: {} reads of \
              the old frame, {} other, {} timeouts, ",
+            self.label,
             self.name,
             if self.passed() { "PASS" } else { "FAIL" },
             self.rounds,
@@ -603,6 +611,54 @@ fn wait_all(p: &impl Platform, slots: &[AtomicU64; MAX_CPUS], round: u64) -> boo
     true
 }
 
+/// Rounds of the single-page scenarios of [`run_set`].
+pub const PAGE_ROUNDS: u32 = 50;
+/// Rounds of the other scenarios of [`run_set`].
+pub const BATCH_ROUNDS: u32 = 20;
+/// Pages of the list, mprotect and reclaim scenarios of [`run_set`]: below
+/// any full-flush ceiling a platform may have (the kernels assert it).
+pub const LIST_PAGES: usize = 16;
+/// How many scenarios [`run_set`] runs.
+pub const SET: usize = 6;
+
+/// The scenario set both kernels run, in order: unmap and remap of one
+/// page, a batched list of [`LIST_PAGES`] pages, a batch of
+/// `past_ceiling` pages (more than the platform's full-flush ceiling),
+/// mprotect with a pending batch, and the reclaim flow, each with `flush`
+/// as the flush under test. Call on CPU 0 while the others run
+/// [`observe`].
+pub fn run_set(p: &impl Platform, past_ceiling: usize, flush: Flush) -> [Outcome; SET] {
+    [
+        run(p, "unmap shootdown", Change::Unmap, 1, flush, PAGE_ROUNDS),
+        run(p, "remap shootdown", Change::Remap, 1, flush, PAGE_ROUNDS),
+        run(p, "a list", Change::BatchedUnmap, LIST_PAGES, flush, BATCH_ROUNDS),
+        run(
+            p,
+            "past the ceiling",
+            Change::BatchedUnmap,
+            past_ceiling,
+            flush,
+            BATCH_ROUNDS,
+        ),
+        run(
+            p,
+            "mprotect with a pending batch",
+            Change::Mprotect,
+            LIST_PAGES,
+            flush,
+            BATCH_ROUNDS,
+        ),
+        run(
+            p,
+            "reclaim flow",
+            Change::Reclaim,
+            LIST_PAGES,
+            flush,
+            BATCH_ROUNDS,
+        ),
+    ]
+}
+
 /// Runs `rounds` rounds of `change` over `pages` pages (page 0 alone for
 /// [`Change::Unmap`] and [`Change::Remap`]) with `flush` as the flush under
 /// test. Call on CPU 0 while the others run [`observe`].
@@ -621,6 +677,7 @@ pub fn run(
     };
     let observers = p.cpu_count().clamp(1, MAX_CPUS) as u32 - 1;
     let mut out = Outcome {
+        label: p.label(),
         name,
         change,
         flush,
@@ -771,6 +828,7 @@ mod tests {
     /// counters given.
     fn outcome(broadcast: bool, shootdowns: u64, sent: u64, seen: u64) -> Outcome {
         Outcome {
+            label: "",
             name: "t",
             change: Change::BatchedUnmap,
             flush: Flush::AllCpus,

@@ -70,7 +70,7 @@ use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use tlb_batch_qemu_scenarios as scenario;
 
-use scenario::{BatchNote, Change, Flush, Frame, Ipis, MprotectNote, Platform, ReclaimNote};
+use scenario::{BatchNote, Flush, Frame, Ipis, MprotectNote, Platform, ReclaimNote};
 use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
 use tlb_batch::{
     change_protection, flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, Pte,
@@ -84,18 +84,7 @@ pub const EXIT_FAIL: u32 = 3;
 /// Exit status when the kernel stopped before its verdict (a boot error,
 /// an unexpected exception, a panic).
 pub const EXIT_FATAL: u32 = 4;
-/// Rounds of each single-page scenario.
-const ROUNDS: u32 = 50;
-/// Rounds of each batched scenario.
-const BATCH_ROUNDS: u32 = 20;
-/// Rounds of the reclaim flow.
-const RECLAIM_ROUNDS: u32 = 20;
-/// Pages of the reclaim flow (half of them kept, half reclaimed).
-const RECLAIM_PAGES: usize = 16;
-/// Pages of the batched scenario that stays a list of pages (the other
-/// uses every test page, past the crate's full-flush ceiling).
-const LIST_PAGES: usize = 16;
-const _: () = assert!(LIST_PAGES <= <Aarch64 as Arch>::FULL_FLUSH_CEILING);
+const _: () = assert!(scenario::LIST_PAGES <= <Aarch64 as Arch>::FULL_FLUSH_CEILING);
 const _: () = assert!(mmu::TEST_PAGES > <Aarch64 as Arch>::FULL_FLUSH_CEILING);
 const _: () = assert!(MAX_CPUS <= scenario::MAX_CPUS);
 
@@ -562,42 +551,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     }
 
     let p = Virt;
-    let outcomes = [
-        scenario::run(&p, "unmap shootdown", Change::Unmap, 1, flush, ROUNDS),
-        scenario::run(&p, "remap shootdown", Change::Remap, 1, flush, ROUNDS),
-        scenario::run(
-            &p,
-            "a list",
-            Change::BatchedUnmap,
-            LIST_PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-        scenario::run(
-            &p,
-            "past the ceiling",
-            Change::BatchedUnmap,
-            mmu::TEST_PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-        scenario::run(
-            &p,
-            "mprotect with a pending batch",
-            Change::Mprotect,
-            LIST_PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-        scenario::run(
-            &p,
-            "reclaim flow",
-            Change::Reclaim,
-            RECLAIM_PAGES,
-            flush,
-            RECLAIM_ROUNDS,
-        ),
-    ];
+    let outcomes = scenario::run_set(&p, mmu::TEST_PAGES, flush);
     for o in &outcomes {
         say!("{o}\n");
     }

@@ -43,7 +43,7 @@ use tlb_batch::{
 };
 use tlb_batch_qemu_scenarios as scenario;
 
-use scenario::{BatchNote, Change, Flush, Frame, Ipis, MprotectNote, Outcome, Platform, ReclaimNote};
+use scenario::{BatchNote, Flush, Frame, Ipis, MprotectNote, Outcome, Platform, ReclaimNote};
 
 use crate::{
     aps, arch, fatal, flow, hw, ipis_taken_by_aps, me, mm, probe, test_va, COMMAND, IDLE, ONLINE, TEST_BASE,
@@ -54,14 +54,7 @@ use crate::{
 pub const OBSERVE: u32 = 0x60;
 /// Test pages the scenarios use (TEST_PT's first entries).
 pub const PAGES: usize = scenario::MAX_PAGES;
-/// Rounds of each single-page scenario.
-const ROUNDS: u32 = 50;
-/// Rounds of each batched scenario and of the reclaim flow.
-const BATCH_ROUNDS: u32 = 20;
-/// Pages of the batched list, of mprotect and of the reclaim flow (the
-/// "past the ceiling" scenario uses every page).
-const LIST_PAGES: usize = 16;
-const _: () = assert!(LIST_PAGES <= <X86_64 as Arch>::FULL_FLUSH_CEILING);
+const _: () = assert!(scenario::LIST_PAGES <= <X86_64 as Arch>::FULL_FLUSH_CEILING);
 const _: () = assert!(PAGES > <X86_64 as Arch>::FULL_FLUSH_CEILING);
 const _: () = assert!(PAGES <= crate::TEST_PAGES);
 
@@ -465,6 +458,10 @@ impl Platform for Pc {
     fn read_page(&self, page: usize) -> Option<u64> {
         probe(test_va(page))
     }
+    fn label(&self) -> &'static str {
+        // This kernel has scenarios of its own with similar names.
+        "shared "
+    }
     fn broadcast_shootdowns(&self) -> bool {
         // The crate's X86_64 sends flush IPIs (no INVLPGB).
         <X86_64 as Arch>::BROADCAST_INVALIDATE
@@ -493,7 +490,7 @@ pub fn observe(cpu: usize) {
 /// under test, and leaves the test mapping as `map_all` makes it, with no
 /// CPU caching any of it. `None` when there are more CPUs than the set
 /// coordinates.
-pub fn run(flush: Flush) -> Option<[Outcome; 6]> {
+pub fn run(flush: Flush) -> Option<[Outcome; scenario::SET]> {
     if ONLINE.load(Ordering::SeqCst) > scenario::MAX_CPUS {
         return None;
     }
@@ -504,42 +501,7 @@ pub fn run(flush: Flush) -> Option<[Outcome; 6]> {
     REMOTE.store(FLUSH, Ordering::SeqCst);
     flow::start(aps(), OBSERVE, 0);
     let p = Pc;
-    let outcomes = [
-        scenario::run(&p, "shared unmap shootdown", Change::Unmap, 1, flush, ROUNDS),
-        scenario::run(&p, "shared remap shootdown", Change::Remap, 1, flush, ROUNDS),
-        scenario::run(
-            &p,
-            "shared a list",
-            Change::BatchedUnmap,
-            LIST_PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-        scenario::run(
-            &p,
-            "shared past the ceiling",
-            Change::BatchedUnmap,
-            PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-        scenario::run(
-            &p,
-            "shared mprotect with a pending batch",
-            Change::Mprotect,
-            LIST_PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-        scenario::run(
-            &p,
-            "shared reclaim flow",
-            Change::Reclaim,
-            LIST_PAGES,
-            flush,
-            BATCH_ROUNDS,
-        ),
-    ];
+    let outcomes = scenario::run_set(&p, PAGES, flush);
     flow::stop(aps());
     REMOTE.store(FOLLOW, Ordering::SeqCst);
     crate::map_all();
