@@ -11,19 +11,53 @@
 #      (scripts/fuzz.sh, FUZZ_SECONDS each, 20 by default here);
 #   4. the shared scenario set's host tests (qemu-scenarios/), then every
 #      host test of the crate, property tests included (cargo test), last.
+# Loom and Miri are deterministic, CPU-bound and independent of each
+# other: they run side by side (Miri's output is printed when it ends, and
+# its failure fails the run), which saves minutes on a 2-core machine. The
+# emulators run alone, since their scenarios wait with time limits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase() { printf '\n== test.sh: %s (at %d s)\n' "$*" "$SECONDS"; }
+phase setup
 scripts/setup.sh
+phase "QEMU, x86_64"
 scripts/qemu-test.sh
+phase "QEMU, aarch64"
 scripts/qemu-test-aarch64.sh
 scripts/aarch64-flush-sequences.sh
+phase Bochs
 scripts/bochs-test.sh
-scripts/loom.sh
+nightly=false
 if cargo +nightly --version >/dev/null 2>&1; then
-    scripts/miri.sh
+    nightly=true
+fi
+miri_log=$(mktemp)
+miri=
+# A failure elsewhere ends the run: Miri must not run on without it.
+trap 'rm -f "$miri_log"; if [ -n "$miri" ]; then kill "$miri" 2>/dev/null || true; fi' EXIT
+if $nightly; then
+    phase "Miri (in the background) and loom"
+    scripts/miri.sh >"$miri_log" 2>&1 &
+    miri=$!
+else
+    phase loom
+fi
+scripts/loom.sh
+if $nightly; then
+    miri_status=0
+    wait "$miri" || miri_status=$?
+    phase "Miri's output"
+    cat "$miri_log"
+    if [ "$miri_status" -ne 0 ]; then
+        echo "Miri failed (exit $miri_status)"
+        exit 1
+    fi
+    phase fuzzing
     FUZZ_SECONDS=${FUZZ_SECONDS:-20} scripts/fuzz.sh
 else
     echo "no nightly toolchain: Miri and fuzzing skipped (rustup toolchain install nightly)"
 fi
+phase "host tests"
 (cd qemu-scenarios && cargo test)
 cargo test
+phase done
