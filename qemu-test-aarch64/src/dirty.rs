@@ -78,10 +78,8 @@ use tlb_batch::{
     PteFlags, Rmap, TlbFlushUnmapBatch, TtuFlags,
 };
 
-use crate::mmu::{
-    self, AF, AP_READ_ONLY, DBM, DESC_TABLE_OR_PAGE, DESC_VALID, DIRTY_PAGES, OUTPUT_ADDRESS, TEST_PAGE_FLAGS,
-};
-use crate::{boot, tlb, MAX_CPUS};
+use crate::mmu::{self, AF, AP_READ_ONLY, DBM, DIRTY_PAGES, TEST_PAGE_FLAGS};
+use crate::{boot, space, tlb, MAX_CPUS};
 
 const NAME: &str = "clean writes after unmap";
 /// Rounds of the scenario.
@@ -168,44 +166,19 @@ fn frame_of(page: usize) -> Frame {
 /// The aarch64 page descriptor for `pte`: a writable page gets DBM, and
 /// AP\[2\] stays set (read-only) unless the page is writable and dirty.
 pub fn to_descriptor(pte: Pte) -> u64 {
-    if !pte.is_present() {
-        return pte.0 & !DESC_VALID;
-    }
-    let mut desc = (pte.frame().addr() & OUTPUT_ADDRESS) | TEST_PAGE_FLAGS;
-    if !pte.is_accessed() {
-        desc &= !AF;
-    }
-    if pte.is_writable() {
-        desc |= DBM;
-    }
-    if !(pte.is_writable() && pte.is_dirty()) {
-        desc |= AP_READ_ONLY;
-    }
-    desc
+    space::descriptor(pte, true)
 }
 
-/// The crate's view of the descriptor `desc`: dirty exactly when the
-/// hardware lets writes through it (AP\[2\] = 0; with DBM that is a page
-/// the hardware has set dirty), writable then or when DBM is set (a clean
-/// page the hardware may make dirty). The negative control's
-/// [`CLAIMED_CLEAN`] bit hides the dirty state: wrong, on purpose.
+/// The crate's view of the descriptor `desc` ([`space::to_pte`]), except
+/// that the negative control's [`CLAIMED_CLEAN`] bit hides the dirty
+/// state: wrong, on purpose.
 pub fn to_pte(desc: u64) -> Pte {
-    let page = DESC_VALID | DESC_TABLE_OR_PAGE;
-    if desc & page != page {
-        return Pte(desc & !DESC_VALID);
+    let pte = space::to_pte(desc);
+    if desc & CLAIMED_CLEAN != 0 && pte.is_present() {
+        Pte::new(pte.frame(), pte.flags() - PteFlags::DIRTY)
+    } else {
+        pte
     }
-    let mut flags = PteFlags::PRESENT | PteFlags::NO_EXECUTE;
-    if desc & AF != 0 {
-        flags |= PteFlags::ACCESSED;
-    }
-    let writes_through = desc & AP_READ_ONLY == 0;
-    if writes_through || desc & DBM != 0 {
-        flags |= PteFlags::WRITABLE;
-    }
-    if writes_through && desc & CLAIMED_CLEAN == 0 {
-        flags |= PteFlags::DIRTY;
-    }
-    Pte::new(Frame((desc & OUTPUT_ADDRESS) >> 12), flags)
 }
 
 /// Which of the scenario's pages `va` is, if any.

@@ -17,13 +17,23 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use tlb_batch::{Frame, Mapping, MappingFlags, MmTlbState, PageTable, Pte, PteFlags, Rmap};
 
-use crate::mmu::{self, AF, AP_READ_ONLY, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS, TEST_PAGE_FLAGS};
+use crate::mmu::{
+    self, AF, AP_READ_ONLY, DBM, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS, TEST_PAGE_FLAGS,
+};
 
 /// Frames the reverse map reported dirty (a writable entry went away).
 pub static DIRTIED: AtomicU64 = AtomicU64::new(0);
 
-/// The aarch64 page descriptor for `pte`.
+/// The aarch64 page descriptor for `pte`, without DBM: writes go through
+/// only where the crate would see the page dirty.
 pub fn to_descriptor(pte: Pte) -> u64 {
+    descriptor(pte, false)
+}
+
+/// The aarch64 page descriptor for `pte`. AP\[2\] stays set (read-only)
+/// unless the page is writable and dirty; with `dbm`, a writable page also
+/// gets DBM, so that under TCR_EL1.HD the hardware may make it dirty.
+pub fn descriptor(pte: Pte, dbm: bool) -> u64 {
     if !pte.is_present() {
         return pte.0 & !DESC_VALID;
     }
@@ -31,14 +41,19 @@ pub fn to_descriptor(pte: Pte) -> u64 {
     if !pte.is_accessed() {
         desc &= !AF;
     }
-    // Writes go through only where the crate would see the page dirty.
+    if dbm && pte.is_writable() {
+        desc |= DBM;
+    }
     if !(pte.is_writable() && pte.is_dirty()) {
         desc |= AP_READ_ONLY;
     }
     desc
 }
 
-/// The crate's view of the descriptor `desc`.
+/// The crate's view of the descriptor `desc`: dirty exactly when the
+/// hardware lets writes through it (AP\[2\] = 0; with DBM that is a page
+/// the hardware has set dirty), writable then or when DBM is set (a clean
+/// page the hardware may make dirty).
 pub fn to_pte(desc: u64) -> Pte {
     let page = DESC_VALID | DESC_TABLE_OR_PAGE;
     if desc & page != page {
@@ -48,8 +63,12 @@ pub fn to_pte(desc: u64) -> Pte {
     if desc & AF != 0 {
         flags |= PteFlags::ACCESSED;
     }
-    if desc & AP_READ_ONLY == 0 {
-        flags |= PteFlags::WRITABLE | PteFlags::DIRTY;
+    let writes_through = desc & AP_READ_ONLY == 0;
+    if writes_through || desc & DBM != 0 {
+        flags |= PteFlags::WRITABLE;
+    }
+    if writes_through {
+        flags |= PteFlags::DIRTY;
     }
     Pte::new(Frame((desc & OUTPUT_ADDRESS) >> 12), flags)
 }
