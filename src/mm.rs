@@ -8,7 +8,7 @@ use crate::request::FlushRequest;
 use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, maybe_const_fn, AtomicU64, Ordering};
-use crate::validate::{check_asid, check_va};
+use crate::validate::{check_asid, check_range, check_va};
 use crate::Error;
 
 /// The TLB-related state of one address space (the fields Linux keeps in
@@ -250,13 +250,16 @@ pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<Sho
 
 /// Flushes the pages of `range` in `mm` on every CPU that may cache them,
 /// now: page by page up to [`Arch::FULL_FLUSH_CEILING`], the whole address
-/// space above it. Errors: [`Error::NonCanonical`],
-/// [`Error::AsidOutOfRange`] and those of [`shootdown`] (nothing flushed).
+/// space above it. Errors: [`Error::NonCanonical`] for a range with a page
+/// the machine cannot address or that crosses the hole between the halves
+/// (however long it is), [`Error::AsidOutOfRange`] and those of
+/// [`shootdown`] (nothing flushed).
 pub fn flush_tlb_range<A: Arch>(
     arch: &A,
     mm: &MmTlbState,
     range: PageRange,
 ) -> Result<ShootdownReport, Error> {
+    check_range(arch, range)?;
     let mut req = FlushRequest::new();
     req.add_range(mm.asid, range, A::FULL_FLUSH_CEILING);
     shootdown(arch, &mm.flush_targets(arch), &req)

@@ -64,6 +64,44 @@ pub struct FlushRequest {
     too_many_asids: bool,
     has_kernel: bool,
     full: bool,
+    extent: Extent,
+}
+
+/// Where the pages ever added to a request lie, kept past its degrading to
+/// a full flush so that [`check_request`](crate::check_request) can still
+/// refuse addresses a machine does not have: the highest last page of the
+/// ranges that start in the lower half (top bit clear), and the lowest
+/// start of those in the upper half. A range that starts in the lower half
+/// and ends in the upper one crosses the hole of any machine with fewer
+/// than 64 address bits, which the first bound then shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Extent {
+    pub(crate) lower_last: Option<u64>,
+    pub(crate) upper_start: Option<u64>,
+}
+
+impl Extent {
+    const EMPTY: Extent = Extent {
+        lower_last: None,
+        upper_start: None,
+    };
+
+    fn union(&mut self, other: Extent) {
+        if let Some(last) = other.lower_last {
+            self.note(0, last);
+        }
+        if let Some(start) = other.upper_start {
+            self.note(start, start);
+        }
+    }
+
+    fn note(&mut self, start: u64, last: u64) {
+        if start >> 63 == 0 {
+            self.lower_last = Some(self.lower_last.map_or(last, |l| l.max(last)));
+        } else {
+            self.upper_start = Some(self.upper_start.map_or(start, |s| s.min(start)));
+        }
+    }
 }
 
 impl Default for FlushRequest {
@@ -84,6 +122,7 @@ impl FlushRequest {
             too_many_asids: false,
             has_kernel: false,
             full: false,
+            extent: Extent::EMPTY,
         }
     }
 
@@ -119,6 +158,7 @@ impl FlushRequest {
         self.too_many_asids = false;
         self.has_kernel = false;
         self.full = false;
+        self.extent = Extent::EMPTY;
     }
 
     fn note_asid(&mut self, asid: Asid) {
@@ -141,13 +181,16 @@ impl FlushRequest {
 
     /// Adds the pages of `range` in `asid`. Past `ceiling` pages in all
     /// (capped at [`MAX_FLUSH_ENTRIES`]) the request degrades to a full flush
-    /// of its ASIDs. Cannot fail: a [`PageRange`] is valid by construction
-    /// (whether its addresses exist on a machine is checked when the
-    /// request is sent: [`check_request`](crate::check_request)).
+    /// of its ASIDs. Cannot fail: a [`PageRange`] is valid by construction.
+    /// Whether its addresses exist on a machine is checked when the request
+    /// is sent ([`check_request`](crate::check_request)), after a degrade
+    /// too: a request that was ever given a range a machine cannot address
+    /// is refused by that machine.
     pub fn add_range(&mut self, asid: Asid, range: PageRange, ceiling: usize) {
-        if range.is_empty() {
+        let Some(last) = range.last() else {
             return;
-        }
+        };
+        self.extent.note(range.start(), last);
         self.note_asid(asid);
         let count = range.pages();
         self.pages = self
@@ -211,6 +254,7 @@ impl FlushRequest {
     /// Adds everything `other` asks for (ranges page by page, up to
     /// `ceiling` pages in all, as [`add_range`](Self::add_range) does).
     pub(crate) fn merge(&mut self, other: &FlushRequest, ceiling: usize) {
+        self.extent.union(other.extent);
         match other.scope() {
             FlushScope::Ranges(ranges) => {
                 for r in ranges {
@@ -233,6 +277,11 @@ impl FlushRequest {
     /// are global: flushing every ASID's non-global entries misses them).
     pub(crate) fn names_kernel(&self) -> bool {
         self.has_kernel
+    }
+
+    /// Where the pages ever added lie (see [`Extent`]).
+    pub(crate) fn extent(&self) -> Extent {
+        self.extent
     }
 
     /// Every ASID the request names (at most [`MAX_FLUSH_ASIDS`]; a

@@ -69,10 +69,31 @@ pub fn check_asid<A: Arch + ?Sized>(arch: &A, asid: Asid) -> Result<(), Error> {
 /// ([`Error::AsidOutOfRange`]). [`shootdown`](crate::shootdown) calls it
 /// before anything is published, so that no remote CPU's interrupt handler
 /// ever meets an address its invalidation instruction faults on.
+///
+/// A request that degraded to a full flush no longer lists its pages, but
+/// it is refused all the same when a page ever added to it was not
+/// canonical or a range crossed the hole: the error then names where the
+/// hole begins, or for the upper half the lowest address added.
 pub fn check_request<A: Arch + ?Sized>(arch: &A, request: &FlushRequest) -> Result<(), Error> {
     if let FlushScope::Ranges(ranges) = request.scope() {
         for r in ranges {
             check_range(arch, PageRange::new(r.start, u64::from(r.pages))?)?;
+        }
+    }
+    let bits = arch.va_bits();
+    if bits < 64 {
+        let extent = request.extent();
+        // A range that starts in the lower half stays below the hole when
+        // its last page does; one in the upper half runs on to the top.
+        if extent
+            .lower_last
+            .is_some_and(|last| last >> 63 != 0 || !is_canonical(last, bits))
+        {
+            let hole = if bits == 0 { 1 } else { 1u64 << (bits - 1) };
+            return Err(Error::NonCanonical { addr: hole });
+        }
+        if let Some(start) = extent.upper_start.filter(|&s| !is_canonical(s, bits)) {
+            return Err(Error::NonCanonical { addr: start });
         }
     }
     for &asid in request.asids() {

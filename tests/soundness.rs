@@ -830,6 +830,74 @@ fn non_canonical_addresses_are_refused_before_anything_changes() {
     assert_eq!(m.violations(), []);
 }
 
+/// A range past the full-flush ceiling becomes a whole-ASID flush that no
+/// longer lists its pages; one crossing the hole, lying in it, or reaching
+/// below the upper half is refused all the same, with nothing flushed, by
+/// `flush_tlb_range` and by a hand-built request sent with `shootdown`
+/// (even after the request was widened to whole ASIDs or to everything).
+/// Good long ranges in both halves still go through.
+#[test]
+fn long_ranges_a_machine_cannot_address_are_refused_past_the_ceiling() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let cpu0 = m.cpu(0).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    for c in [&cpu0, &cpu1] {
+        c.switch_to(&mm).unwrap();
+    }
+    let all = CpuSet::first(2).unwrap();
+    let hole = 0x8000_0000_0000u64;
+    let below_upper = 0xffff_7fff_ffff_0000u64;
+    let long = 40;
+    assert!(long > <tlb_batch::arch::mock::MockCpu as tlb_batch::Arch>::FULL_FLUSH_CEILING as u64);
+    let cases = [
+        (PageRange::new(hole - PAGE_SIZE, long).unwrap(), hole, hole),
+        (PageRange::new(hole, 100).unwrap(), hole, hole),
+        (PageRange::new(0x1000, (1 << 52) - 1).unwrap(), hole, hole),
+        (
+            PageRange::new(below_upper, long).unwrap(),
+            below_upper,
+            below_upper,
+        ),
+    ];
+    let before = (m.ipis_sent(), m.stats().shootdowns);
+    for (range, at_entry, in_request) in cases {
+        assert_eq!(
+            flush_tlb_range(&cpu0, &mm, range).err(),
+            Some(Error::NonCanonical { addr: at_entry }),
+            "{range:?}"
+        );
+        for widen in 0..3 {
+            let mut req = FlushRequest::new();
+            req.add_range(asid(1), range, 33);
+            match widen {
+                1 => req.add_asid(asid(2)),
+                2 => req.add_everything(),
+                _ => {}
+            }
+            assert!(req.is_full());
+            assert_eq!(
+                shootdown(&cpu0, &all, &req).err(),
+                Some(Error::NonCanonical { addr: in_request }),
+                "{range:?}, widened {widen}"
+            );
+        }
+    }
+    assert_eq!((m.ipis_sent(), m.stats().shootdowns), before, "nothing was sent");
+
+    // The same lengths in the right places: the top of each half.
+    let lower_top = PageRange::new(hole - long * PAGE_SIZE, long).unwrap();
+    let upper_top = PageRange::new(0u64.wrapping_sub(long * PAGE_SIZE), long).unwrap();
+    assert!(flush_tlb_range(&cpu0, &mm, lower_top).unwrap().ipis_sent == 1);
+    assert!(flush_tlb_range(&cpu0, m.kernel_mm(), upper_top).is_ok());
+    let mut req = FlushRequest::new();
+    req.add_range(asid(1), lower_top, 33);
+    req.add_range(Asid::KERNEL, upper_top, 33);
+    assert!(req.is_full());
+    assert_eq!(shootdown(&cpu0, &all, &req).unwrap().remote_cpus, 1);
+    assert_eq!(m.violations(), []);
+}
+
 /// ASIDs wider than the hardware's are refused wherever one enters: the
 /// hardware would tag them as another address space's (x86: ASIDs 1 and
 /// 4097 share PCID 1).
