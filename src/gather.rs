@@ -138,6 +138,8 @@ pub struct MmuGather<const N: usize> {
     /// (address-space identity, machine identity) of the pending work;
     /// only compared, never dereferenced.
     owner: Option<(usize, usize)>,
+    /// The same identities for the counts in `summary` not yet reported.
+    counts_of: Option<(usize, usize)>,
 }
 
 /// A gather with page-sized batches.
@@ -167,6 +169,7 @@ impl<const N: usize> MmuGather<N> {
                 ipis_sent: 0,
             },
             owner: None,
+            counts_of: None,
         }
     }
 
@@ -182,6 +185,13 @@ impl<const N: usize> MmuGather<N> {
             }),
             _ => {
                 self.owner = Some(me);
+                if self.counts_of != Some(me) {
+                    // Counts a failed teardown of another address space
+                    // left behind, with its work completed and never
+                    // collected: they are not this one's to report.
+                    self.summary = TeardownSummary::default();
+                    self.counts_of = Some(me);
+                }
                 Ok(())
             }
         }
@@ -214,14 +224,20 @@ impl<const N: usize> MmuGather<N> {
     /// and the teardown goes on. Frames the kernel refuses go to
     /// `handback`; none is dropped.
     ///
+    /// Returns the counts of what this call did.
+    ///
     /// Errors, with nothing changed: [`Error::NonCanonical`],
     /// [`Error::AsidOutOfRange`], [`Error::OtherAddressSpace`],
     /// [`Error::OtherMachine`]. [`Error::ShootdownReentered`] from a flush
     /// stops the teardown: the gather keeps its pending frames and flush
     /// (and the address space records that a flush is owed), so
-    /// [`finish`](Self::finish) completes them; then call `unmap_range`
-    /// again for the rest of the range (what was torn down is empty and
-    /// costs nothing).
+    /// [`finish`](Self::finish) completes them and reports the counts of
+    /// everything the failed call did; then call `unmap_range` again for
+    /// the rest of the range (what was torn down is empty and costs
+    /// nothing), whose summary counts only what that call did. No count is
+    /// reported twice or for another address space: counts of a failed call
+    /// that no `finish` collected go to the next call for the same address
+    /// space, and are dropped when the gather turns to another one.
     #[allow(clippy::too_many_arguments)]
     pub fn unmap_range<A, S, B>(
         &mut self,
@@ -306,7 +322,7 @@ impl<const N: usize> MmuGather<N> {
             })?;
             match paused {
                 Some(va) => {
-                    self.finish(arch, space, backing, policy, handback)?;
+                    self.complete(arch, space, backing, policy, handback)?;
                     rest = rest.from_page(va);
                 }
                 None => break,
@@ -315,7 +331,7 @@ impl<const N: usize> MmuGather<N> {
         if free_tables {
             while let Some(table) = space.detach_table(range) {
                 if self.tables.is_full() {
-                    self.finish(arch, space, backing, policy, handback)?;
+                    self.complete(arch, space, backing, policy, handback)?;
                 }
                 // Paging-structure caches may hold the table: its whole
                 // range is flushed before it is freed.
@@ -329,17 +345,40 @@ impl<const N: usize> MmuGather<N> {
                 }
             }
         }
-        self.finish(arch, space, backing, policy, handback)
+        self.complete(arch, space, backing, policy, handback)
     }
 
     /// Flushes what is pending for `space`, then frees the data batch and,
-    /// once `policy` allows, the table batch (one call each). Called by
-    /// [`unmap_range`](Self::unmap_range); call it yourself to complete a
-    /// teardown that returned an error. Errors: [`Error::OtherAddressSpace`]
-    /// or [`Error::OtherMachine`] when `space` or `arch` is not the one the
+    /// once `policy` allows, the table batch (one call each). Call it to
+    /// complete a teardown that returned an error
+    /// ([`unmap_range`](Self::unmap_range) calls the same steps itself).
+    ///
+    /// Returns the counts of what the failed calls before it did and what
+    /// it did itself, none of which `unmap_range` reported (all zero when
+    /// nothing was pending). Errors: [`Error::OtherAddressSpace`] or
+    /// [`Error::OtherMachine`] when `space` or `arch` is not the one the
     /// pending work came from (nothing changes); errors of the flush or the
-    /// IPI sync (the work stays pending; call again).
+    /// IPI sync (the work stays pending, its counts kept; call again).
     pub fn finish<A, S, B>(
+        &mut self,
+        arch: &A,
+        space: &S,
+        backing: &mut B,
+        policy: &mut TableFreePolicy<'_>,
+        handback: &mut dyn FnMut(OwnedFrame, FrameKind),
+    ) -> Result<TeardownSummary, Error>
+    where
+        A: Arch,
+        S: PageTable + ?Sized,
+        B: TeardownBacking + ?Sized,
+    {
+        self.complete(arch, space, backing, policy, handback)?;
+        Ok(core::mem::take(&mut self.summary))
+    }
+
+    /// [`finish`](Self::finish)'s steps, the counts kept in the gather for
+    /// whoever reports them.
+    fn complete<A, S, B>(
         &mut self,
         arch: &A,
         space: &S,

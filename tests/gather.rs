@@ -432,7 +432,7 @@ fn a_failed_ipi_sync_keeps_the_tables_and_owes_no_flush() {
     assert!(!gather.is_empty(), "the table waits for its sync");
     assert!(!mm.batched_flush_pending(), "nothing cleared is left unflushed");
     assert_eq!(kernel.table_free_calls, 0);
-    gather
+    let s = gather
         .finish(
             &cpu0,
             &rmap.spaces()[0],
@@ -444,7 +444,196 @@ fn a_failed_ipi_sync_keeps_the_tables_and_owes_no_flush() {
     assert!(gather.is_empty());
     assert_eq!(kernel.table_free_calls, 1);
     assert_eq!(m.ipis_sent(), 2, "the sync interrupted both other CPUs");
+    // `finish` reports the failed call's work and its own, once.
+    let whole = tlb_batch::TeardownSummary {
+        pages_unmapped: 2,
+        data_freed: 2,
+        tables_freed: 1,
+        flushes: 1,
+        data_free_calls: 1,
+        table_free_calls: 1,
+        syncs: 1,
+        ipis_sent: 2,
+    };
+    assert_eq!(s, whole);
+    let again = gather.finish(
+        &cpu0,
+        &rmap.spaces()[0],
+        &mut kernel,
+        &mut TableFreePolicy::IpiSync,
+        &mut |_, _| panic!("nothing refused"),
+    );
+    assert_eq!(again, Ok(tlb_batch::TeardownSummary::default()));
     assert_eq!(m.violations(), []);
+}
+
+/// A teardown whose flush failed: `finish` reports what the failed call
+/// did, the retry over the same range only what it did (nothing), and a
+/// later teardown of another address space only its own pages. Summed,
+/// the reports are what one teardown without the failure reports.
+#[test]
+fn a_failed_teardowns_counts_are_reported_once_and_for_its_own_space() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 0, 16, &[1]);
+    let other = m.space(&m.new_mm(asid(2)).unwrap());
+    let lone = m.alloc_frame().unwrap();
+    m.map(other.mm(), va(0), lone, true).unwrap();
+    let mut kernel = MockKernel::new(&rmap);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut gather = MmuGather::<64>::new();
+    let range = common::pages(0, 16);
+    let unmap = |gather: &mut MmuGather<64>, kernel: &mut MockKernel<'_, '_>, space, range| {
+        gather.unmap_range(
+            &cpu0,
+            space,
+            kernel,
+            range,
+            false,
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("nothing refused"),
+        )
+    };
+    let first = cpu0
+        .in_shootdown(|| unmap(&mut gather, &mut kernel, &rmap.spaces()[0], range))
+        .unwrap();
+    assert!(matches!(first, Err(Error::ShootdownReentered { .. })));
+    let collected = gather
+        .finish(
+            &cpu0,
+            &rmap.spaces()[0],
+            &mut kernel,
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("nothing refused"),
+        )
+        .unwrap();
+    let retried = unmap(&mut gather, &mut kernel, &rmap.spaces()[0], range).unwrap();
+    let next = unmap(&mut gather, &mut kernel, &other, common::pages(0, 1)).unwrap();
+    let single = |pages| tlb_batch::TeardownSummary {
+        pages_unmapped: pages,
+        data_freed: pages,
+        flushes: 1,
+        data_free_calls: 1,
+        ipis_sent: 0,
+        ..Default::default()
+    };
+    assert_eq!(
+        collected,
+        tlb_batch::TeardownSummary {
+            ipis_sent: 1,
+            ..single(16)
+        }
+    );
+    assert_eq!(retried, tlb_batch::TeardownSummary::default());
+    assert_eq!(next, single(1));
+    for f in frames.iter().chain([&lone]) {
+        assert_eq!(m.frame_state(*f).unwrap(), FrameState::Free);
+    }
+    assert_eq!(m.violations(), []);
+}
+
+/// The kernel's batched free of a teardown that is part-way: at its first
+/// call, CPU 1 starts running the address space and defers a flush of it,
+/// so the teardown's next table lock needs a remote flush (contract rule 5)
+/// — which fails here, with the gather's own work already completed.
+struct StartsBatch<'r, 'm> {
+    kernel: MockKernel<'r, 'm>,
+    hook: Option<Box<dyn FnOnce() + 'r>>,
+}
+
+impl tlb_batch::FreeFrames for StartsBatch<'_, '_> {
+    fn free_batch<const N: usize>(&mut self, frames: &mut tlb_batch::heapless::Vec<OwnedFrame, N>) {
+        self.kernel.free_batch(frames);
+        if let Some(hook) = self.hook.take() {
+            hook();
+        }
+    }
+}
+
+impl tlb_batch::TeardownBacking for StartsBatch<'_, '_> {
+    fn set_dirty(&mut self, frame: Frame) {
+        tlb_batch::TeardownBacking::set_dirty(&mut self.kernel, frame)
+    }
+    fn free_tables<const N: usize>(&mut self, tables: &mut tlb_batch::heapless::Vec<OwnedFrame, N>) {
+        self.kernel.free_tables(tables)
+    }
+}
+
+/// A teardown that failed after all of its gathered work was completed
+/// leaves an empty gather holding counts nobody collected: they belong to
+/// that address space, so `finish` for it reports them, and a gather that
+/// turns to another address space reports none of them.
+#[test]
+fn uncollected_counts_never_reach_another_address_spaces_summary() {
+    for collect in [true, false] {
+        let m = MockMachine::new(config(2, 64)).unwrap();
+        let (rmap, _) = setup(&m, 0, 8, &[]);
+        let mm = rmap.spaces()[0].mm().clone();
+        let other = m.space(&m.new_mm(asid(2)).unwrap());
+        let lone = m.alloc_frame().unwrap();
+        m.map(other.mm(), va(0), lone, true).unwrap();
+        let cpu0 = m.cpu(0).unwrap();
+        let cpu1 = m.cpu(1).unwrap();
+        let mut batch = TlbFlushUnmapBatch::new();
+        let mut kernel = StartsBatch {
+            kernel: MockKernel::new(&rmap),
+            hook: Some(Box::new(|| {
+                cpu1.switch_to(&mm).unwrap();
+                cpu1.read(va(7)).unwrap();
+                batch
+                    .add_pending(&cpu1, &mm, va(7), tlb_batch::Pte::EMPTY)
+                    .unwrap();
+            })),
+        };
+        let mut gather = MmuGather::<4>::new();
+        let first = cpu0
+            .in_shootdown(|| {
+                gather.unmap_range(
+                    &cpu0,
+                    &rmap.spaces()[0],
+                    &mut kernel,
+                    common::pages(0, 8),
+                    false,
+                    &mut TableFreePolicy::AfterFlush,
+                    &mut |_, _| panic!("nothing refused"),
+                )
+            })
+            .unwrap();
+        assert!(matches!(first, Err(Error::ShootdownReentered { .. })));
+        assert!(gather.is_empty(), "the first four pages were completed");
+        let half = tlb_batch::TeardownSummary {
+            pages_unmapped: 4,
+            data_freed: 4,
+            flushes: 1,
+            data_free_calls: 1,
+            ..Default::default()
+        };
+        let mut plain = MockKernel::new(&rmap);
+        if collect {
+            let s = gather.finish(
+                &cpu0,
+                &rmap.spaces()[0],
+                &mut plain,
+                &mut TableFreePolicy::AfterFlush,
+                &mut |_, _| panic!("nothing refused"),
+            );
+            assert_eq!(s, Ok(half));
+        }
+        let s = gather
+            .unmap_range(
+                &cpu0,
+                &other,
+                &mut plain,
+                common::pages(0, 1),
+                false,
+                &mut TableFreePolicy::AfterFlush,
+                &mut |_, _| panic!("nothing refused"),
+            )
+            .unwrap();
+        assert_eq!(s.pages_unmapped, 1, "collect {collect}: {s:?}");
+        drop(kernel);
+        let _ = batch.flush(&cpu1).unwrap();
+        assert_eq!(m.violations(), []);
+    }
 }
 
 /// The counts a teardown reports for its IPI sync.
