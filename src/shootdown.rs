@@ -28,12 +28,14 @@ use crate::Error;
 /// What one shootdown did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShootdownReport {
-    /// Remote CPUs asked to flush (each acknowledged before return).
+    /// Remote CPUs asked to flush by IPI, each acknowledged before return
+    /// (0 for a broadcast, which asks no CPU: the hardware reaches them).
     pub remote_cpus: usize,
     /// IPIs sent: at most `remote_cpus`, fewer when an interrupt was already
     /// on its way to a target and the request rode along with it.
     pub ipis_sent: usize,
-    /// Whether the calling CPU flushed itself.
+    /// Whether the calling CPU ran a local flush of its own (false for a
+    /// broadcast, whose invalidation covers the calling CPU too).
     pub flushed_locally: bool,
     /// Whether the flush went through broadcast invalidation (no IPIs).
     pub broadcast: bool,
@@ -45,9 +47,11 @@ pub struct ShootdownReport {
 ///
 /// Callers run with preemption disabled; interrupts may be off. Errors,
 /// each with nothing flushed and the flush still owed by the caller:
-/// [`Error::ShootdownReentered`] when this CPU's slot is already in use (the
-/// call came from an interrupt that interrupted a shootdown on the same
-/// CPU); [`Error::NonCanonical`] and [`Error::AsidOutOfRange`] for a
+/// [`Error::ShootdownReentered`] when the shootdown needs this CPU's slot
+/// (it interrupts other CPUs) and the slot is already in use (the call came
+/// from an interrupt that interrupted a shootdown on the same CPU); a
+/// shootdown that reaches only this CPU, or goes by broadcast invalidation,
+/// takes no slot and does not fail so; [`Error::NonCanonical`] and [`Error::AsidOutOfRange`] for a
 /// request the architecture cannot carry out ([`check_request`]).
 pub fn shootdown<A: Arch>(
     arch: &A,

@@ -329,3 +329,50 @@ fn a_pool_keeps_a_batch_another_cpu_invalidated_until_a_flush() {
     assert_eq!(free_all(&m, flushed), 4);
     assert_eq!((m.stale_entries(), m.violations()), (vec![], vec![]));
 }
+
+/// `MockCpu::in_shootdown` fails what takes the CPU's request slot: on
+/// `Arm64Like`, a broadcast flush takes none and succeeds inside it, as in
+/// a real interrupt handler, leaving nothing stale; the table-free sync
+/// interrupts the other CPUs and fails; and with `broadcast_min_remote`
+/// above the CPU count flushes go by IPI and fail too, nothing flushed,
+/// and the retry outside flushes.
+#[test]
+fn injected_failures_reach_what_takes_the_slot_and_no_broadcast() {
+    for min_remote in [0, 8] {
+        let m = MockMachine::<Arm64Like>::with_model(MockConfig {
+            broadcast_min_remote: min_remote,
+            ..config(4, 128)
+        })
+        .unwrap();
+        let (mm, _) = populate(&m, 1, 1, &[0, 1, 2, 3], true);
+        let cpu0 = m.cpu(0).unwrap();
+        m.clear_pte(&mm, va(0)).unwrap();
+        assert_eq!(m.stale_entries().len(), 4);
+        let inside = cpu0
+            .in_shootdown(|| {
+                (
+                    tlb_batch::flush_tlb_page(&cpu0, &mm, va(0)),
+                    tlb_batch::ipi_sync(&cpu0),
+                )
+            })
+            .unwrap();
+        assert!(matches!(
+            inside.1,
+            Err(tlb_batch::Error::ShootdownReentered { cpu: 0 })
+        ));
+        if min_remote == 0 {
+            assert!(inside.0.unwrap().broadcast);
+            assert_eq!(m.stale_entries(), []);
+        } else {
+            assert!(matches!(
+                inside.0,
+                Err(tlb_batch::Error::ShootdownReentered { cpu: 0 })
+            ));
+            assert_eq!(m.stale_entries().len(), 4, "nothing flushed");
+            let retry = tlb_batch::flush_tlb_page(&cpu0, &mm, va(0)).unwrap();
+            assert_eq!((retry.broadcast, retry.ipis_sent), (false, 3));
+            assert_eq!(m.stale_entries(), []);
+        }
+        assert_eq!(m.violations(), []);
+    }
+}

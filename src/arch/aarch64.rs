@@ -123,8 +123,9 @@
 //!   [`Aarch64::new`].
 //! - [`tagged_tlb`](Arch::tagged_tlb) is true: entries carry the ASID
 //!   loaded in TTBR0 and survive switches. A kernel gives each live
-//!   address space its own ASID (1 to `2^asid_bits - 1`; 0 is the kernel's
-//!   own TTBR0 tables) and flushes a retired address space's ASID
+//!   address space its own ASID (1 to `2^asid_bits - 1`, at most `0xfffe`
+//!   since `u16::MAX` is [`Asid::KERNEL`](crate::Asid::KERNEL); 0 is the
+//!   kernel's own TTBR0 tables) and flushes a retired address space's ASID
 //!   ([`flush_tlb_mm`](crate::flush_tlb_mm)) before another address space
 //!   gets it.
 //! - [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) is true. On aarch64

@@ -171,7 +171,9 @@ pub unsafe trait Arch {
     }
 
     /// How many bits the hardware's ASIDs have (x86 PCID: 12; arm64: 8 or
-    /// 16). User ASIDs run from 1 to `2^asid_bits() - 1`; a wider one would
+    /// 16). User ASIDs run from 1 to `2^asid_bits() - 1`, and never reach
+    /// `u16::MAX`, which is [`Asid::KERNEL`](crate::Asid::KERNEL) (with
+    /// 16-bit ASIDs the highest user ASID is `0xfffe`); a wider one would
     /// share TLB entries with another address space, so every entry point
     /// refuses it with [`Error::AsidOutOfRange`](crate::Error::AsidOutOfRange). The default is 16.
     fn asid_bits(&self) -> u32 {

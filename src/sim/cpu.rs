@@ -101,12 +101,25 @@ impl<'m, M: Model> MockCpu<'m, M> {
 
     /// Fault injection: runs `f` as an interrupt handler that arrived while
     /// this CPU was in the middle of a shootdown of its own. Every shootdown
-    /// `f` starts on this CPU then fails with
+    /// `f` starts on this CPU that interrupts other CPUs (and every
+    /// [`ipi_sync`](crate::ipi_sync)) then fails with
     /// [`Error::ShootdownReentered`], through the crate's real protocol (the
     /// CPU's request slot is taken), so a test can drive an operation into
     /// its error path and check what the error leaves behind and what a
     /// retry does. Errors: [`Error::ShootdownReentered`] when this CPU is
     /// already inside such a call.
+    ///
+    /// A shootdown that needs no slot still succeeds inside `f`, as it
+    /// would in a real interrupt handler: one whose targets are only this
+    /// CPU, and one that goes by broadcast invalidation (on
+    /// [`BroadcastTlbi`](crate::arch::mock::BroadcastTlbi) and
+    /// [`Arm64Like`](crate::arch::mock::Arm64Like) models, including an
+    /// `Arm64Like` batch's flush on the CPU that filled it). To reach a
+    /// flush's error path there, have another CPU run the address space
+    /// and raise [`MockConfig::broadcast_min_remote`](crate::arch::mock::MockConfig)
+    /// above the number of CPUs, so that flushes go by IPI; a batch filled
+    /// on this CPU under `Arm64Like` completes by its barrier whatever it
+    /// is set to.
     pub fn in_shootdown<R>(&self, f: impl FnOnce() -> R) -> Result<R, Error> {
         crate::shootdown::with_slot_taken(self, f)
     }

@@ -121,7 +121,7 @@ pub struct MockConfig {
     /// initiator go on while the target still caches the entry.
     pub flush_delay_us: u32,
     /// On a model with broadcast invalidation ([`BroadcastTlbi`],
-    /// [`X86Invlpgb`]): the
+    /// [`X86Invlpgb`], [`Arm64Like`]): the
     /// fewest remote CPUs a flush must reach for the CPUs to broadcast
     /// rather than send IPIs ([`Arch::prefer_broadcast`](crate::Arch::prefer_broadcast)).
     /// 0, the default, always broadcasts.
