@@ -366,6 +366,38 @@ mod tests {
         assert_eq!(r.scope(), FlushScope::Asids(&[asid(1), asid(2)]));
     }
 
+    /// Merging keeps where the other request's pages lay (after it
+    /// degraded too) and whether it named the kernel's global entries.
+    #[test]
+    fn a_merge_keeps_the_others_extent_and_its_kernel_entries() {
+        let mut degraded = FlushRequest::new();
+        degraded.add_range(asid(1), PageRange::new(0x7000, 40).unwrap(), 33);
+        degraded.add_range(
+            Asid::KERNEL,
+            PageRange::new(0xffff_f000_0000_0000, 2).unwrap(),
+            33,
+        );
+        degraded.add_everything();
+        let mut into = FlushRequest::new();
+        into.add_page(asid(2), 0x1000, 33).unwrap();
+        into.add_page(asid(2), 0xffff_ffff_ffff_f000, 33).unwrap();
+        into.merge(&degraded, 33);
+        assert_eq!(
+            into.extent(),
+            Extent {
+                lower_last: Some(0x7000 + 39 * PAGE_SIZE),
+                upper_start: Some(0xffff_f000_0000_0000),
+            }
+        );
+        assert!(into.names_kernel());
+        let mut everything = FlushRequest::new();
+        everything.add_everything();
+        let mut user = FlushRequest::new();
+        user.add_page(asid(2), 0x1000, 33).unwrap();
+        user.merge(&everything, 33);
+        assert!(user.names_kernel(), "everything includes the global entries");
+    }
+
     /// What a remote CPU rebuilds from the published parts is the request
     /// that was published: the same scope, page count and address spaces.
     #[test]

@@ -896,6 +896,21 @@ fn long_ranges_a_machine_cannot_address_are_refused_past_the_ceiling() {
     assert!(req.is_full());
     assert_eq!(shootdown(&cpu0, &all, &req).unwrap().remote_cpus, 1);
     assert_eq!(m.violations(), []);
+
+    // With 64 address bits there is no hole: a long range across the
+    // middle of the address space is every machine's to flush.
+    let wide = MockMachine::new(tlb_batch::arch::mock::MockConfig {
+        va_bits: 64,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let mm = wide.new_mm(asid(1)).unwrap();
+    let cpu0 = wide.cpu(0).unwrap();
+    let middle = PageRange::new((1 << 63) - 20 * PAGE_SIZE, long).unwrap();
+    assert!(flush_tlb_range(&cpu0, &mm, middle).is_ok());
+    let mut req = FlushRequest::new();
+    req.add_range(asid(1), middle, 33);
+    assert!(req.is_full() && shootdown(&cpu0, &all, &req).is_ok());
 }
 
 /// ASIDs wider than the hardware's are refused wherever one enters: the
