@@ -63,11 +63,15 @@ pub enum Verdict {
 pub struct ReclaimSummary {
     /// Candidates looked at.
     pub scanned: usize,
-    /// Frames freed.
+    /// Frames freed: those offered to [`FreeFrames::free_batch`] less those
+    /// it left in, or added to, the vector (they come back as
+    /// [`Verdict::FreeRefused`]). A free that adds frames of its own lowers
+    /// the count, since which of the offered frames it took cannot be told.
     pub freed: usize,
     /// Frames handed back, by any [`Verdict`].
     pub handed_back: usize,
-    /// Dirty frames written out (synchronously or queued).
+    /// Dirty frames written out (synchronously or queued); a write-out
+    /// that failed ([`Verdict::WriteFailed`]) is not counted.
     pub paged_out: usize,
     /// Shootdowns done: at most two (the dirty flush before the first
     /// page-out, and the flush before freeing; with a pool, the pool's
@@ -409,12 +413,14 @@ impl<const N: usize> ReclaimRetry<N> {
                     continue;
                 }
                 *stage = if backing.is_dirty(page.frame()) {
-                    self.summary.paged_out += 1;
-                    match backing.page_out(page) {
+                    let stage = match backing.page_out(page) {
                         PageOut::Written => Stage::Free,
                         PageOut::Queued => Stage::Queued,
                         PageOut::Failed => Stage::WriteFailed,
-                    }
+                    };
+                    // A write that failed wrote nothing out.
+                    self.summary.paged_out += usize::from(stage != Stage::WriteFailed);
+                    stage
                 } else {
                     Stage::Free
                 };

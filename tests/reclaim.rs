@@ -173,8 +173,10 @@ fn queued_and_failed_writes_keep_their_frames() {
         let mut kernel = MockKernel::new(&rmap);
         kernel.io = io;
         let (summary, back) = run::<_, 64>(&m, &mut kernel, &rmap, &frames);
-        // The 6 dirty frames stay; the 6 clean ones are freed.
+        // The 6 dirty frames stay; the 6 clean ones are freed. A queued
+        // write counts as written out, a failed one does not.
         assert_eq!(summary.freed, 6);
+        assert_eq!(summary.paged_out, if io == IoMode::Queued { 6 } else { 0 });
         assert_eq!(back.len(), 6);
         assert!(back.values().all(|v| *v == verdict));
         for f in back.keys() {
