@@ -88,9 +88,11 @@ pub enum FrameKind {
 pub struct TeardownSummary {
     /// Present PTEs cleared.
     pub pages_unmapped: usize,
-    /// Data frames freed.
+    /// Data frames freed: those offered to [`FreeFrames::free_batch`] less
+    /// those it left in, or added to, the vector (handed back).
     pub data_freed: usize,
-    /// Page-table frames freed.
+    /// Page-table frames freed, counted the same way for
+    /// [`TeardownBacking::free_tables`].
     pub tables_freed: usize,
     /// Flushes (shootdowns) done: one per batch, one in all for a range
     /// that fits.

@@ -57,7 +57,11 @@ pub enum MigrateFailure {
 /// One frame's fate in [`migrate_pages`].
 #[derive(Debug, PartialEq, Eq)]
 pub enum MigrateOutcome {
-    /// Moved: the mappings of `old` now map `new`, and `old` was released.
+    /// Moved: the mappings of `old` now map `new`. Reported as soon as the
+    /// copy is done, which hands `new` over; `old` is released after the
+    /// call's final flush (or its [`MigrateRetry`]'s), and should the
+    /// allocator refuse it, an [`OldFrameRefused`](Self::OldFrameRefused)
+    /// report for it follows.
     Migrated {
         /// The frame that held the contents.
         old: Frame,
@@ -71,8 +75,9 @@ pub enum MigrateOutcome {
         /// Why.
         reason: MigrateFailure,
     },
-    /// Moved, but the allocator refused to take the old frame back: here it
-    /// is, unmapped and flushed.
+    /// A frame already reported [`Migrated`](Self::Migrated) that the
+    /// allocator refused to take back: here it is, unmapped and flushed. The
+    /// only second report a frame can get.
     OldFrameRefused(OwnedFrame),
 }
 
@@ -162,7 +167,10 @@ fn count_shootdown(summary: &mut MigrateSummary, report: ShootdownReport) {
 /// 5. ONE [`flush`](UnmapBatch::flush), then the old frames of the moved
 ///    pages are released in ONE [`FreeFrames::free_batch`] call.
 ///
-/// Every frame ends in exactly one [`MigrateOutcome`] given to `report`.
+/// Every frame gets exactly one [`MigrateOutcome::Migrated`] or
+/// [`MigrateOutcome::Failed`] given to `report`; a migrated frame whose old
+/// frame the allocator then refuses also comes back, after the final
+/// flush, as [`MigrateOutcome::OldFrameRefused`].
 /// Frames `batch` already held are migrated with this call's (a mapping an
 /// earlier unmap removed without [`TtuFlags::MIGRATION`] left no entry to
 /// point at the new frame: such a frame's contents move, nothing maps it).

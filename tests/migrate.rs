@@ -86,6 +86,45 @@ fn a_list_of_shared_frames_moves_with_one_flush() {
     assert_eq!(m.violations(), []);
 }
 
+/// An old frame the allocator refuses comes back as `OldFrameRefused`,
+/// after the frame's `Migrated` report: one of `Migrated` or `Failed` per
+/// frame, and the refusal as the only second report.
+#[test]
+fn a_refused_old_frame_follows_its_migrated_report() {
+    let m = MockMachine::new(config(3, 64)).unwrap();
+    let (rmap, frames) = setup(&m, 4);
+    let mut kernel = MockKernel::new(&rmap);
+    kernel.refuse_frees = true;
+    let (summary, out) = outcomes::<_, 8>(&m, &rmap, &mut kernel, &frames);
+    assert_eq!((summary.migrated, summary.failed), (4, 0));
+    assert_eq!(out.len(), 8);
+    let (moved, refused) = out.split_at(4);
+    for (i, o) in moved.iter().enumerate() {
+        assert!(
+            matches!(o, MigrateOutcome::Migrated { old, .. } if *old == frames[i]),
+            "{o:?}"
+        );
+    }
+    let mut back: Vec<Frame> = refused
+        .iter()
+        .map(|o| match o {
+            MigrateOutcome::OldFrameRefused(f) => f.frame(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    back.sort();
+    let mut expected = frames.clone();
+    expected.sort();
+    assert_eq!(back, expected, "each old frame handed back once");
+    for &f in &frames {
+        assert_eq!(
+            m.frame_state(f).unwrap(),
+            tlb_batch::arch::mock::FrameState::InUse
+        );
+    }
+    assert_eq!(m.violations(), []);
+}
+
 #[test]
 fn read_only_frames_are_copied_before_the_single_flush() {
     let m = MockMachine::new(config(3, 64)).unwrap();
