@@ -25,8 +25,13 @@ installed() {
     [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]
 }
 
+# The installed QEMU's major version, or nothing when there is none. It
+# must not fail: under `set -o pipefail` a missing emulator (exit 127 in
+# the pipeline) would end the script before it installs anything.
 qemu_major() {
-    qemu-system-x86_64 --version 2>/dev/null | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
+    command -v qemu-system-x86_64 >/dev/null 2>&1 || return 0
+    { qemu-system-x86_64 --version 2>/dev/null || true; } |
+        sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p'
 }
 
 # Debian packages.
@@ -60,7 +65,10 @@ if [ "${#wanted[@]}" -gt 0 ]; then
     qemu_from=()
     if { $need_qemu || $need_qemu_arm; } && [ "$codename" = bookworm ]; then
         if ! grep -rqs '^[^#]*bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-            echo "deb http://deb.debian.org/debian bookworm-backports main" |
+            # The mirror the machine's own sources use for bookworm.
+            mirror=$("$(dirname "$0")/debian-mirror.sh" bookworm)
+            echo "setup: adding bookworm-backports from $mirror"
+            echo "deb $mirror bookworm-backports main" |
                 "${sudo[@]}" tee /etc/apt/sources.list.d/bookworm-backports.list >/dev/null
         fi
         qemu_from=(-t bookworm-backports)
