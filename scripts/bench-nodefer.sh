@@ -10,9 +10,10 @@
 #
 # Issue #13's goal: `unmap` at most 1.05x `unmap-now` (batching costs
 # nothing worth the name where it cannot defer). The script fails when it
-# is not. Needs valgrind.
+# is not. Needs valgrind (installed when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/apt-install.sh valgrind
 cargo build -q --release --example nodefer
 bin=target/release/examples/nodefer
 pages=10000

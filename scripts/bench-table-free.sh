@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Instruction counts (callgrind) for freeing page-table frames one call per
 # table versus one batched call, for 1, 64 and 512 tables, then the
-# wall-clock ratio measured in one run. Needs valgrind.
+# wall-clock ratio measured in one run. Needs valgrind (installed when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/apt-install.sh valgrind
 cargo build -q --release --example table_free
 bin=target/release/examples/table_free
 

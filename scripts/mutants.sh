@@ -19,6 +19,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# python3 for the summary (a minimal Debian has none).
+scripts/apt-install.sh python3
 command -v cargo-mutants >/dev/null 2>&1 || cargo install --locked cargo-mutants
 if [ "${MUTANTS_TEST_TOOL:-nextest}" = nextest ]; then
     command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
@@ -33,6 +35,9 @@ if [ "$#" -eq 0 ]; then
 fi
 
 out=target/mutants
+# cargo-mutants creates the output directory but not its parent: a fresh
+# clone has no target/ yet.
+mkdir -p "$out"
 status=0
 cargo mutants "${args[@]}" "$@" \
     --test-tool "${MUTANTS_TEST_TOOL:-nextest}" \
