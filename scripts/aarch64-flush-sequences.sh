@@ -11,9 +11,12 @@
 #     DSB ISH; ISB and issues no TLBI of its own.
 # (The second TLBI after a DSB ISH in each is the repeat-TLBI errata path,
 # taken only when Config::with_repeated_tlbi asked for it.)
-# Needs llvm-objdump (Debian: apt-get install llvm).
+# Needs llvm-objdump (Debian's llvm; scripts/setup.sh installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# What it needs (QEMU 10, the bare-metal target, binutils, ...), installed
+# when missing, so that the script runs alone from a fresh clone too.
+scripts/setup.sh
 
 kernel=qemu-test-aarch64/target/aarch64-unknown-none/release/tlb-batch-qemu-test-aarch64
 (cd qemu-test-aarch64 && cargo build --release --quiet)

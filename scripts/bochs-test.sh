@@ -26,15 +26,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in bochs grub-mkrescue xorriso objcopy; do
-    if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "bochs-test: $tool is missing (scripts/setup.sh installs it)" >&2
-        exit 1
-    fi
-done
-
-rustup target list --installed 2>/dev/null | grep -q '^x86_64-unknown-none$' ||
-    rustup target add x86_64-unknown-none
+# What it needs (QEMU 10, the bare-metal target, binutils, ...), installed
+# when missing, so that the script runs alone from a fresh clone too.
+scripts/setup.sh
 (cd qemu-test && cargo build --release --quiet)
 kernel=qemu-test/target/tlb-batch-qemu-test.bin
 objcopy -O binary qemu-test/target/x86_64-unknown-none/release/tlb-batch-qemu-test "$kernel"

@@ -9,12 +9,13 @@
 #   COVERAGE_SHOW=1 scripts/fuzz-coverage.sh   also print the annotated lines
 #
 # Needs the nightly toolchain with llvm-tools-preview (installed here when
-# missing) and cargo-fuzz. Not part of scripts/test.sh: it measures reach,
+# missing) and cargo-fuzz (scripts/setup.sh). Not part of scripts/test.sh: it measures reach,
 # it checks nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-command -v cargo-fuzz >/dev/null 2>&1 || cargo install --locked cargo-fuzz
+# Nightly and cargo-fuzz, installed when missing (scripts/setup.sh).
+scripts/setup.sh
 rustup component add --toolchain nightly llvm-tools-preview >/dev/null 2>&1 || true
 sysroot=$(rustc +nightly --print sysroot)
 host=$(rustc +nightly -vV | sed -n 's/^host: //p')

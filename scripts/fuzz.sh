@@ -4,6 +4,7 @@
 # committed seeds (fuzz/seeds/<target>) plus whatever corpus earlier runs
 # left in fuzz/corpus/<target> (not committed).
 #
+# Installs what it needs when missing (scripts/setup.sh).
 # A long run:   FUZZ_SECONDS=3600 scripts/fuzz.sh
 # One target:   cargo +nightly fuzz run ops fuzz/corpus/ops fuzz/seeds/ops
 # A crash is saved under fuzz/artifacts/<target>/; replay it with
@@ -18,7 +19,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-30}
-command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
+# Nightly and cargo-fuzz, installed when missing (with the rest of what
+# the tests need), so that the script runs alone from a fresh clone too.
+scripts/setup.sh
 for target in ops flush_request; do
     mkdir -p "fuzz/corpus/$target"
     echo "== fuzz $target for ${seconds}s"

@@ -40,18 +40,15 @@
 #   as the control working; any other failure counts as a failure.
 # Prints each run's boot-to-exit wall time. About a minute on a 2-core
 # machine.
-# Needs: the aarch64-unknown-none target (added if missing) and
-# qemu-system-aarch64 (Debian 12: apt-get install -t bookworm-backports
-# qemu-system-arm).
+# Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
+# 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
+# what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v qemu-system-aarch64 >/dev/null; then
-    echo "qemu-system-aarch64 not found: on Debian 12, apt-get install -y -t bookworm-backports qemu-system-arm" >&2
-    exit 1
-fi
-rustup target list --installed 2>/dev/null | grep -q '^aarch64-unknown-none$' ||
-    rustup target add aarch64-unknown-none
+# What it needs (QEMU 10, the bare-metal target, binutils, ...), installed
+# when missing, so that the script runs alone from a fresh clone too.
+scripts/setup.sh
 (cd qemu-test-aarch64 && cargo build --release --quiet)
 kernel=qemu-test-aarch64/target/aarch64-unknown-none/release/tlb-batch-qemu-test-aarch64
 

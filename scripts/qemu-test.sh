@@ -11,12 +11,13 @@
 #   run; and the storm alone at 16 and 64 CPUs. Prints each run's
 #   boot-to-exit wall time. About 3 to 4 minutes on a 2-core machine.
 # Needs: the x86_64-unknown-none target, objcopy, qemu-system-x86_64 (10.x
-# for x2APIC under TCG).
+# for x2APIC under TCG); scripts/setup.sh installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rustup target list --installed 2>/dev/null | grep -q '^x86_64-unknown-none$' ||
-    rustup target add x86_64-unknown-none
+# What it needs (QEMU 10, the bare-metal target, binutils, ...), installed
+# when missing, so that the script runs alone from a fresh clone too.
+scripts/setup.sh
 (cd qemu-test && cargo build --release --quiet)
 out=qemu-test/target/tlb-batch-qemu-test.bin
 objcopy -O binary qemu-test/target/x86_64-unknown-none/release/tlb-batch-qemu-test "$out"
