@@ -18,13 +18,17 @@
 #      timed; QEMU, Bochs and the rest install through the test command
 #      itself, as on any fresh machine.
 #
-# /proc, /sys, /dev and /dev/shm are mounted in the root while it is used,
-# and unmounted on every way out (success, failure, interrupt); the root is
-# then deleted unless FRESH_KEEP=1. Exits non-zero when either command fails
-# (both run either way) or the root cannot be made.
+# /proc, /sys, /dev (with /dev/pts) and /dev/shm are mounted in the root
+# while it is used, and unmounted on every way out (success, failure,
+# interrupt); the root is then deleted unless FRESH_KEEP=1. Exits non-zero
+# when either command fails (both run either way) or the root cannot be
+# made.
 #
 #   sudo scripts/fresh-machine.sh            HEAD
 #   sudo scripts/fresh-machine.sh COMMIT     another commit of this clone
+#   sudo scripts/fresh-machine.sh --run CMD [--run CMD ...] [COMMIT]
+#                                            other commands instead of the
+#                                            README's (e.g. scripts/setup-check.sh)
 #
 # Environment:
 #   FRESH_CACHE   where the base root's tarball is kept
@@ -43,19 +47,30 @@ say() { printf 'fresh-machine: %s\n' "$*"; }
 die() { say "$*" >&2; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot and mount)"
-commit=$(git rev-parse --verify "${1:-HEAD}^{commit}") || die "no such commit: ${1:-HEAD}"
-if [ -z "${1:-}" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
+commands=()
+rev=
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --run) [ "$#" -ge 2 ] || die "--run needs a command"; commands+=("$2"); shift 2 ;;
+        -*) die "unknown option $1" ;;
+        *) [ -z "$rev" ] || die "one commit at most"; rev=$1; shift ;;
+    esac
+done
+commit=$(git rev-parse --verify "${rev:-HEAD}^{commit}") || die "no such commit: ${rev:-HEAD}"
+if [ -z "$rev" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
     say "note: the work tree has uncommitted changes; they are not part of the run"
 fi
 
-# The README's two commands: its first two ```sh blocks (Quick start), one
-# line each.
-mapfile -t commands < <(awk '
-    /^```sh[ \t]*$/ { inside = 1; lines = 0; next }
-    inside && /^```/ { inside = 0; if (lines != 1) { print "BAD"; exit }; if (++blocks == 2) exit; next }
-    inside { lines++; print }' README.md)
-if [ "${#commands[@]}" -ne 2 ] || [ "${commands[0]}" = BAD ] || [ "${commands[1]}" = BAD ]; then
-    die "README.md must open with two \`\`\`sh blocks of one command each (the demonstration, the tests)"
+# The README's two commands: the first two ```sh blocks (Quick start) of
+# the commit under test's README, one line each.
+if [ "${#commands[@]}" -eq 0 ]; then
+    mapfile -t commands < <(git show "$commit:README.md" | awk '
+        /^```sh[ \t]*$/ { inside = 1; lines = 0; next }
+        inside && /^```/ { inside = 0; if (lines != 1) { print "BAD"; exit }; if (++blocks == 2) exit; next }
+        inside { lines++; print }')
+    if [ "${#commands[@]}" -ne 2 ] || [ "${commands[0]}" = BAD ] || [ "${commands[1]}" = BAD ]; then
+        die "README.md must open with two \`\`\`sh blocks of one command each (the demonstration, the tests)"
+    fi
 fi
 
 command -v debootstrap >/dev/null 2>&1 || scripts/apt-install.sh debootstrap
@@ -113,6 +128,9 @@ mount_into() {
     mounts+=("$root/sys")
     mount --bind /dev "$root/dev"
     mounts+=("$root/dev")
+    # Terminals, which apt and dpkg open for their logs.
+    mount --bind /dev/pts "$root/dev/pts"
+    mounts+=("$root/dev/pts")
     mkdir -p "$root/dev/shm"
     mount -t tmpfs -o mode=1777,nosuid,nodev shm "$root/dev/shm"
     mounts+=("$root/dev/shm")
@@ -215,7 +233,8 @@ git clone -q --no-local --no-checkout "$top" "$root/root/tlb-batch"
 git -C "$root/root/tlb-batch" checkout -q --detach "$commit"
 say "commit under test: $(git log -1 --format='%h %s' "$commit")"
 
-# 5. The README's commands, as a user types them after logging in.
+# 5. The README's commands (or those given), as a user types them after
+# logging in.
 results=()
 failed=0
 passed=0
@@ -236,6 +255,6 @@ say "on a fresh Debian 12 root:"
 for line in "${results[@]}"; do
     printf '  %s\n' "$line"
 done
-# The README's commands, counted as a test runner would close.
+# The commands, counted as a test runner would close.
 echo "fresh-machine: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
