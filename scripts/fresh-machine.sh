@@ -165,6 +165,17 @@ in_root() {
     chroot "$root" "${clean_env[@]}" "$@"
 }
 
+# The same, waited for in the background: bash runs a trap only once the
+# foreground command has ended, so a TERM sent to this script during a
+# 20-minute test run would otherwise wait for it; `wait` returns at once,
+# and the cleanup ends what runs in the root.
+in_root_waited() {
+    local child
+    in_root "$@" &
+    child=$!
+    wait "$child"
+}
+
 # 1. The base root, from the cache when a young enough one is there.
 recipe="bookworm minbase $mirror ${base_packages[*]}"
 key=$(printf '%s' "$recipe" | sha256sum | cut -c1-16)
@@ -242,7 +253,7 @@ for cmd in "${commands[@]}"; do
     say "running: $cmd"
     start=$SECONDS
     status=0
-    in_root "$root" bash -l -c "cd /root/tlb-batch && $cmd" || status=$?
+    in_root_waited "$root" bash -l -c "cd /root/tlb-batch && $cmd" || status=$?
     results+=("$(printf '%-45s exit %3d  %5d s' "$cmd" "$status" "$((SECONDS - start))")")
     if [ "$status" -eq 0 ]; then
         passed=$((passed + 1))
