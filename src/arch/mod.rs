@@ -17,6 +17,14 @@ pub mod mock;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
+// Its instruction wrappers, local APIC and CPU table, which `x86_64`
+// re-exports.
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_apic;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_cpus;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_instructions;
 // As for x86_64. The arithmetic of the aarch64 `Arch` (register fields,
 // TLBI operands, the CPU table) lives in modules of its own that compile on
 // the host as well, where their unit tests run; `aarch64` re-exports it.
