@@ -33,6 +33,12 @@ mod x86_64_instructions;
 pub mod aarch64;
 #[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
 mod aarch64_cpus;
+// Its instruction wrappers, which `aarch64` re-exports, and the barrier
+// and TLBI sequence of each of its flushes.
+#[cfg(all(target_arch = "aarch64", not(loom)))]
+mod aarch64_instructions;
+#[cfg(all(target_arch = "aarch64", not(loom)))]
+mod aarch64_sequences;
 // The CPU table both hardware `Arch`es wrap.
 #[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
 mod aarch64_encoding;
