@@ -186,8 +186,14 @@
 //!
 //! The instruction wrappers are small functions, one instruction each;
 //! they are public so that a kernel can use the same, documented ones.
+//!
+//! This file holds the [`Aarch64`] `Arch` itself: bring-up, the flush-IPI
+//! entry point, and which sequence each flush runs. The sequences
+//! themselves live in `aarch64_sequences.rs`, the wrappers in
+//! `aarch64_instructions.rs`, the arithmetic in `aarch64_encoding.rs` and
+//! the CPU table in `aarch64_cpus.rs`; everything public in them is
+//! re-exported here.
 
-use core::arch::asm;
 use core::sync::atomic::{fence, Ordering};
 
 pub use super::aarch64_cpus::CpuTable;
@@ -195,263 +201,17 @@ pub use super::aarch64_encoding::{
     mpidr_affinity, tlbi_asid_operand, tlbi_va_operand, ttbr0_value, Config, Unsupported, MAX_REGION_BITS,
     MIN_REGION_BITS,
 };
-use super::aarch64_encoding::{needs_flush_on_load, tlbi_scope, ttbr0_asid, TlbiScope};
+use super::aarch64_encoding::{needs_flush_on_load, ttbr0_asid};
+pub use super::aarch64_instructions::{
+    dsb_ish, dsb_ishst, dsb_nsh, dsb_nshst, isb, read_id_aa64mmfr0_el1, read_mpidr_el1, read_tcr_el1,
+    tlbi_aside1, tlbi_aside1is, tlbi_vaae1, tlbi_vaae1is, tlbi_vae1, tlbi_vae1is, tlbi_vale1is, tlbi_vmalle1,
+    tlbi_vmalle1is, write_ttbr0_el1,
+};
+use super::aarch64_sequences::Tlbi;
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
 use crate::Error;
-
-/// `TLBI VAE1IS`: on every CPU of the Inner Shareable domain, invalidates
-/// the entries for the page at `va` tagged with `asid`, global entries for
-/// it, and cached intermediate entries (walk caches) for it. Completes at
-/// the next `DSB ISH` ([`dsb_ish`]).
-///
-/// # Safety
-///
-/// EL1 or higher (an EL0 `TLBI` is undefined and traps). Invalidating never
-/// breaks memory safety by itself: the function is `unsafe` because
-/// executing it at EL0 faults.
-#[inline]
-pub unsafe fn tlbi_vae1is(asid: u16, va: u64) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi vae1is, {}", in(reg) tlbi_va_operand(asid, va), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI VALE1IS`: as [`tlbi_vae1is`], but only last-level (leaf)
-/// entries; walk caches for the address may survive. For unmapping a page
-/// whose page-table frames all stay in place.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_vale1is(asid: u16, va: u64) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi vale1is, {}", in(reg) tlbi_va_operand(asid, va), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI VAAE1IS`: on every CPU of the Inner Shareable domain, invalidates
-/// the entries for the page at `va` whatever their ASID, global or not,
-/// and walk caches for it.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_vaae1is(va: u64) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations. The operand's ASID field is RES0 for this form.
-    unsafe { asm!("tlbi vaae1is, {}", in(reg) tlbi_va_operand(0, va), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI ASIDE1IS`: on every CPU of the Inner Shareable domain,
-/// invalidates every non-global entry tagged with `asid`, walk caches
-/// included.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_aside1is(asid: u16) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi aside1is, {}", in(reg) tlbi_asid_operand(asid), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI VMALLE1IS`: on every CPU of the Inner Shareable domain,
-/// invalidates every EL1&0 stage 1 entry of the current VMID, global ones
-/// included.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_vmalle1is() {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi vmalle1is", options(nostack, preserves_flags)) };
-}
-
-/// `TLBI VAE1`: [`tlbi_vae1is`] on this CPU only. Completes at the next
-/// `DSB NSH` ([`dsb_nsh`]).
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_vae1(asid: u16, va: u64) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi vae1, {}", in(reg) tlbi_va_operand(asid, va), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI VAAE1`: [`tlbi_vaae1is`] on this CPU only.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_vaae1(va: u64) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations. The operand's ASID field is RES0 for this form.
-    unsafe { asm!("tlbi vaae1, {}", in(reg) tlbi_va_operand(0, va), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI ASIDE1`: [`tlbi_aside1is`] on this CPU only.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_aside1(asid: u16) {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi aside1, {}", in(reg) tlbi_asid_operand(asid), options(nostack, preserves_flags)) };
-}
-
-/// `TLBI VMALLE1`: [`tlbi_vmalle1is`] on this CPU only.
-///
-/// # Safety
-///
-/// EL1 or higher (see [`tlbi_vae1is`]).
-#[inline]
-pub unsafe fn tlbi_vmalle1() {
-    // SAFETY: the caller runs at EL1 or higher; a TLBI only drops cached
-    // translations.
-    unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
-}
-
-/// `DSB ISH`: waits until every earlier memory access of this CPU is
-/// complete for the Inner Shareable domain, and every earlier broadcast
-/// `TLBI` has taken effect on every CPU of it.
-#[inline]
-pub fn dsb_ish() {
-    // SAFETY: a barrier only orders and waits; it is available at every
-    // exception level. No `nomem`: the compiler keeps memory accesses on
-    // their side of it.
-    unsafe { asm!("dsb ish", options(nostack, preserves_flags)) };
-}
-
-/// `DSB ISHST`: waits until every earlier store of this CPU is complete
-/// for the Inner Shareable domain (visible to every CPU's table walks).
-#[inline]
-pub fn dsb_ishst() {
-    // SAFETY: as for `dsb_ish`.
-    unsafe { asm!("dsb ishst", options(nostack, preserves_flags)) };
-}
-
-/// `DSB NSH`: waits until every earlier memory access and local `TLBI` of
-/// this CPU is complete for this CPU.
-#[inline]
-pub fn dsb_nsh() {
-    // SAFETY: as for `dsb_ish`.
-    unsafe { asm!("dsb nsh", options(nostack, preserves_flags)) };
-}
-
-/// `DSB NSHST`: waits until every earlier store of this CPU is complete
-/// for this CPU (visible to its own table walks).
-#[inline]
-pub fn dsb_nshst() {
-    // SAFETY: as for `dsb_ish`.
-    unsafe { asm!("dsb nshst", options(nostack, preserves_flags)) };
-}
-
-/// `ISB`: later instructions are fetched again, with every completed
-/// change of system registers and of translations in effect.
-#[inline]
-pub fn isb() {
-    // SAFETY: as for `dsb_ish`.
-    unsafe { asm!("isb", options(nostack, preserves_flags)) };
-}
-
-/// Reads ID_AA64MMFR0_EL1 (ASID width, granules, physical address size).
-///
-/// # Safety
-///
-/// EL1 or higher (an EL0 read traps).
-#[inline]
-pub unsafe fn read_id_aa64mmfr0_el1() -> u64 {
-    let value: u64;
-    // SAFETY: the caller runs at EL1 or higher; reading an ID register has
-    // no side effect.
-    unsafe { asm!("mrs {}, id_aa64mmfr0_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
-    value
-}
-
-/// Reads TCR_EL1 (the EL1&0 translation setup).
-///
-/// # Safety
-///
-/// EL1 or higher.
-#[inline]
-pub unsafe fn read_tcr_el1() -> u64 {
-    let value: u64;
-    // SAFETY: the caller runs at EL1 or higher; the read has no side
-    // effect.
-    unsafe { asm!("mrs {}, tcr_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
-    value
-}
-
-/// Reads MPIDR_EL1: the running CPU's affinity ([`mpidr_affinity`]).
-///
-/// # Safety
-///
-/// EL1 or higher.
-#[inline]
-pub unsafe fn read_mpidr_el1() -> u64 {
-    let value: u64;
-    // SAFETY: the caller runs at EL1 or higher; the read has no side
-    // effect.
-    unsafe { asm!("mrs {}, mpidr_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
-    value
-}
-
-/// Writes TTBR0_EL1: the lower region's table root and, with TCR_EL1.A1 =
-/// 0, the current ASID ([`ttbr0_value`]). Takes effect for translations
-/// after the next context synchronization ([`isb`]).
-///
-/// # Safety
-///
-/// EL1; `value`'s root is a valid translation table whose mappings the
-/// kernel vouches for (every later access to a lower-region address goes
-/// through it), and its ASID's TLB entries belong to that table.
-#[inline]
-pub unsafe fn write_ttbr0_el1(value: u64) {
-    // SAFETY: the caller guarantees a valid root and a matching ASID. No
-    // `nomem`: memory accesses stay on their side of the switch.
-    unsafe { asm!("msr ttbr0_el1, {}", in(reg) value, options(nostack, preserves_flags)) };
-}
-
-impl Config {
-    /// Reads this CPU's ID_AA64MMFR0_EL1 and TCR_EL1 and checks them
-    /// ([`from_registers`](Self::from_registers)). Call it once the MMU
-    /// is set up; every CPU must have the same setup.
-    ///
-    /// # Safety
-    ///
-    /// EL1 (see [`read_tcr_el1`]).
-    pub unsafe fn detect() -> Result<Config, Unsupported> {
-        // SAFETY: the caller runs at EL1.
-        let (mmfr0, tcr) = unsafe { (read_id_aa64mmfr0_el1(), read_tcr_el1()) };
-        Config::from_registers(mmfr0, tcr)
-    }
-}
-
-/// One `TLBI`, as [`Aarch64`] issues it (once, or twice on CPUs with
-/// repeat-TLBI errata).
-#[derive(Clone, Copy)]
-enum Tlbi {
-    Vae1(u16, u64),
-    Vaae1(u64),
-    Aside1(u16),
-    Vmalle1,
-    Vae1is(u16, u64),
-    Vaae1is(u64),
-    Aside1is(u16),
-    Vmalle1is,
-}
 
 /// The hook through which [`Aarch64`] sends the flush IPI: it interrupts
 /// every CPU of the set (never the caller) on the interrupt whose handler
@@ -485,7 +245,7 @@ pub struct Aarch64 {
     cpus: &'static CpuTable,
     state: &'static TlbShootdown,
     send_ipi: SendIpi,
-    config: Config,
+    pub(super) config: Config,
 }
 
 impl Aarch64 {
@@ -584,77 +344,6 @@ impl Aarch64 {
     /// The MMU setup given to [`new`](Self::new).
     pub fn config(&self) -> Config {
         self.config
-    }
-
-    /// Issues `op`, a second time after a `DSB ISH` when the CPUs need
-    /// repeated invalidations.
-    #[inline]
-    fn tlbi(&self, op: Tlbi) {
-        let issue = |op: Tlbi| {
-            // SAFETY: EL1 (constructor contract); every operand comes from
-            // the checked encodings of `aarch64_encoding`.
-            unsafe {
-                match op {
-                    Tlbi::Vae1(asid, va) => tlbi_vae1(asid, va),
-                    Tlbi::Vaae1(va) => tlbi_vaae1(va),
-                    Tlbi::Aside1(asid) => tlbi_aside1(asid),
-                    Tlbi::Vmalle1 => tlbi_vmalle1(),
-                    Tlbi::Vae1is(asid, va) => tlbi_vae1is(asid, va),
-                    Tlbi::Vaae1is(va) => tlbi_vaae1is(va),
-                    Tlbi::Aside1is(asid) => tlbi_aside1is(asid),
-                    Tlbi::Vmalle1is => tlbi_vmalle1is(),
-                }
-            }
-        };
-        issue(op);
-        if self.config.repeats_tlbi() {
-            // The errata workaround: the first invalidation completes
-            // everywhere before the same one is issued again.
-            dsb_ish();
-            issue(op);
-        }
-    }
-
-    /// A complete invalidation on this CPU only.
-    #[inline]
-    fn local(&self, op: Tlbi) {
-        // This CPU's page-table stores are visible to its own walks before
-        // the invalidation, so none refills an entry from an old value.
-        dsb_nshst();
-        self.tlbi(op);
-        // The invalidation is complete on this CPU, with every access that
-        // used the dropped entries...
-        dsb_nsh();
-        // ...and the instructions after it are fetched and translated anew.
-        isb();
-    }
-
-    /// A broadcast invalidation, complete only at [`Arch::broadcast_sync`].
-    #[inline]
-    fn broadcast(&self, op: Tlbi) {
-        // This CPU's page-table stores are visible to every CPU's walks
-        // before any CPU drops its entry, so no walk refills it from the
-        // old value.
-        dsb_ishst();
-        self.tlbi(op);
-    }
-
-    fn page_op(&self, asid: Asid, va: u64, broadcast: bool) -> Tlbi {
-        match (tlbi_scope(asid, self.config.asid_bits()), broadcast) {
-            (TlbiScope::Asid(hw), false) => Tlbi::Vae1(hw, va),
-            (TlbiScope::Asid(hw), true) => Tlbi::Vae1is(hw, va),
-            (TlbiScope::AllAsids, false) => Tlbi::Vaae1(va),
-            (TlbiScope::AllAsids, true) => Tlbi::Vaae1is(va),
-        }
-    }
-
-    fn asid_op(&self, asid: Asid, broadcast: bool) -> Tlbi {
-        match (tlbi_scope(asid, self.config.asid_bits()), broadcast) {
-            (TlbiScope::Asid(hw), false) => Tlbi::Aside1(hw),
-            (TlbiScope::Asid(hw), true) => Tlbi::Aside1is(hw),
-            (TlbiScope::AllAsids, false) => Tlbi::Vmalle1,
-            (TlbiScope::AllAsids, true) => Tlbi::Vmalle1is,
-        }
     }
 }
 

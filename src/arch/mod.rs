@@ -17,6 +17,14 @@ pub mod mock;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
+// Its instruction wrappers, local APIC and CPU table, which `x86_64`
+// re-exports.
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_apic;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_cpus;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_instructions;
 // As for x86_64. The arithmetic of the aarch64 `Arch` (register fields,
 // TLBI operands, the CPU table) lives in modules of its own that compile on
 // the host as well, where their unit tests run; `aarch64` re-exports it.
@@ -25,6 +33,12 @@ pub mod x86_64;
 pub mod aarch64;
 #[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
 mod aarch64_cpus;
+// Its instruction wrappers, which `aarch64` re-exports, and the barrier
+// and TLBI sequence of each of its flushes.
+#[cfg(all(target_arch = "aarch64", not(loom)))]
+mod aarch64_instructions;
+#[cfg(all(target_arch = "aarch64", not(loom)))]
+mod aarch64_sequences;
 // The CPU table both hardware `Arch`es wrap.
 #[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
 mod aarch64_encoding;

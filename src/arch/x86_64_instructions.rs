@@ -1,0 +1,239 @@
+//! The privileged instructions the x86_64 [`Arch`](super::Arch) executes,
+//! each in a small wrapper: `invlpg`, `INVPCID`, CR3 and CR4, MSRs,
+//! `CPUID` and the [`Features`] read from it, and masking interrupts around
+//! a critical sequence.
+//!
+//! The `x86_64` module re-exports every public item, so that a kernel can
+//! use the same, documented wrappers.
+
+use core::arch::asm;
+
+/// The four kinds of `INVPCID` invalidation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum InvpcidKind {
+    /// One address in one PCID (global entries excepted).
+    Address = 0,
+    /// Every non-global entry of one PCID.
+    SingleContext = 1,
+    /// Every entry of every PCID, global ones included.
+    AllIncludingGlobal = 2,
+    /// Every non-global entry of every PCID.
+    AllExcludingGlobal = 3,
+}
+
+/// Invalidates the TLB entries for the page containing `va` in the current
+/// PCID, and a global entry for it (and paging-structure caches for it).
+///
+/// # Safety
+///
+/// Ring 0 only. Invalidating never breaks memory safety by itself; the
+/// function is `unsafe` because executing it outside ring 0 faults.
+#[inline]
+pub unsafe fn invlpg(va: u64) {
+    // SAFETY: the caller runs in ring 0; invlpg reads no memory and only
+    // drops cached translations.
+    unsafe { asm!("invlpg [{}]", in(reg) va, options(nostack, preserves_flags)) };
+}
+
+/// Executes `INVPCID` of `kind` for `pcid` (and `va` for
+/// [`InvpcidKind::Address`]).
+///
+/// # Safety
+///
+/// Ring 0 only, on a CPU whose CPUID reports INVPCID (otherwise #UD);
+/// `pcid` below 4096 and `va` canonical (otherwise #GP).
+#[inline]
+pub unsafe fn invpcid(kind: InvpcidKind, pcid: u16, va: u64) {
+    let descriptor: [u64; 2] = [u64::from(pcid), va];
+    // SAFETY: the caller guarantees ring 0, INVPCID support and valid
+    // operands; the descriptor lives on the stack for the instruction.
+    unsafe {
+        asm!(
+            "invpcid {}, [{}]",
+            in(reg) kind as u64,
+            in(reg) descriptor.as_ptr(),
+            options(nostack, preserves_flags, readonly)
+        )
+    };
+}
+
+/// Reads CR3 (page-table root and PCID).
+///
+/// # Safety
+///
+/// Ring 0 only.
+#[inline]
+pub unsafe fn read_cr3() -> u64 {
+    let value: u64;
+    // SAFETY: reading CR3 in ring 0 has no side effect.
+    unsafe { asm!("mov {}, cr3", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Writes CR3: switches to the page table at `value`'s root with its PCID;
+/// without bit 63 set, flushes that PCID's non-global entries.
+///
+/// # Safety
+///
+/// Ring 0 only; `value` names a valid top-level page table that maps the
+/// running code, its stack and everything the caller touches next.
+#[inline]
+pub unsafe fn write_cr3(value: u64) {
+    // SAFETY: the caller guarantees the new root maps what runs next.
+    unsafe { asm!("mov cr3, {}", in(reg) value, options(nostack, preserves_flags)) };
+}
+
+/// Reads CR4.
+///
+/// # Safety
+///
+/// Ring 0 only.
+#[inline]
+pub unsafe fn read_cr4() -> u64 {
+    let value: u64;
+    // SAFETY: reading CR4 in ring 0 has no side effect.
+    unsafe { asm!("mov {}, cr4", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Writes CR4.
+///
+/// # Safety
+///
+/// Ring 0 only; `value` must keep the paging mode the kernel runs in (PAE,
+/// and PCIDE only with CR3's PCID at zero when turning it on).
+#[inline]
+pub unsafe fn write_cr4(value: u64) {
+    // SAFETY: the caller guarantees a consistent paging configuration.
+    unsafe { asm!("mov cr4, {}", in(reg) value, options(nostack, preserves_flags)) };
+}
+
+/// Reads a model-specific register.
+///
+/// # Safety
+///
+/// Ring 0 only; `msr` must exist on this CPU (otherwise #GP).
+#[inline]
+pub unsafe fn rdmsr(msr: u32) -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: the caller guarantees ring 0 and an existing MSR.
+    unsafe {
+        asm!("rdmsr", in("ecx") msr, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags))
+    };
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+/// Writes a model-specific register.
+///
+/// # Safety
+///
+/// Ring 0 only; `msr` must exist and accept `value`, and writing it must
+/// not break what the kernel relies on.
+#[inline]
+pub unsafe fn wrmsr(msr: u32, value: u64) {
+    // SAFETY: the caller guarantees ring 0 and a meaningful write.
+    unsafe {
+        asm!(
+            "wrmsr",
+            in("ecx") msr,
+            in("eax") value as u32,
+            in("edx") (value >> 32) as u32,
+            options(nostack, preserves_flags)
+        )
+    };
+}
+
+/// The spin-wait hint.
+#[inline]
+pub fn pause() {
+    core::hint::spin_loop();
+}
+
+/// RFLAGS.IF: maskable interrupts are enabled.
+const RFLAGS_IF: u64 = 1 << 9;
+
+/// Runs `f` with maskable interrupts disabled, then restores the interrupt
+/// flag to what it was (enabled again only if it was enabled before).
+///
+/// # Safety
+///
+/// Ring 0 only (`cli` faults elsewhere); `f` must not rely on taking
+/// interrupts.
+#[inline]
+pub(super) unsafe fn without_interrupts<R>(f: impl FnOnce() -> R) -> R {
+    let rflags: u64;
+    // SAFETY: reading RFLAGS through the stack has no other effect; no
+    // `nomem`, so the compiler keeps memory accesses on their side of it.
+    unsafe { asm!("pushfq", "pop {}", out(reg) rflags, options(preserves_flags)) };
+    // SAFETY: ring 0 (the caller's guarantee); `cli` only masks interrupts.
+    unsafe { asm!("cli", options(nostack)) };
+    let result = f();
+    if rflags & RFLAGS_IF != 0 {
+        // SAFETY: ring 0; interrupts were enabled on entry, so enabling
+        // them again restores the caller's state.
+        unsafe { asm!("sti", options(nostack)) };
+    }
+    result
+}
+
+/// `CPUID` leaf `leaf`, subleaf `subleaf`: (eax, ebx, ecx, edx).
+#[inline]
+pub fn cpuid(leaf: u32, subleaf: u32) -> (u32, u32, u32, u32) {
+    // SAFETY: CPUID exists on every x86_64 CPU and only reads identification
+    // registers. Rust 1.94 made `__cpuid_count` safe; the minimum supported
+    // Rust needs the `unsafe` block, which newer compilers call unused.
+    #[allow(unused_unsafe)]
+    let r = unsafe { core::arch::x86_64::__cpuid_count(leaf, subleaf) };
+    (r.eax, r.ebx, r.ecx, r.edx)
+}
+
+/// The TLB-related features this CPU reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Features {
+    /// Process-context identifiers (CR4.PCIDE).
+    pub pcid: bool,
+    /// The `INVPCID` instruction.
+    pub invpcid: bool,
+    /// x2APIC mode.
+    pub x2apic: bool,
+    /// Global pages (CR4.PGE).
+    pub pge: bool,
+    /// 5-level paging is on (CR4.LA57): addresses have 57 canonical bits
+    /// instead of 48. [`detect`](Self::detect) leaves it false; a kernel
+    /// that enables LA57 sets it.
+    pub la57: bool,
+    /// The kernel promises that every kernel mapping has its global bit set
+    /// and that CR4.PGE is on. With PCIDs, flushing a kernel page is then
+    /// one `invlpg` (it drops a global entry whatever PCID is loaded);
+    /// without the promise a kernel page may sit, non-global, in every
+    /// PCID's entries, and each kernel-page flush also drops every
+    /// non-global entry of every PCID (`INVPCID` all-contexts), which is
+    /// correct but costs every address space its TLB. [`detect`](Self::detect)
+    /// leaves it false, the safe choice.
+    pub kernel_global: bool,
+}
+
+impl Features {
+    /// Reads CPUID.
+    pub fn detect() -> Features {
+        let (_, _, ecx1, edx1) = cpuid(1, 0);
+        let max = cpuid(0, 0).0;
+        let ebx7 = if max >= 7 { cpuid(7, 0).1 } else { 0 };
+        Features {
+            pcid: ecx1 & (1 << 17) != 0,
+            invpcid: ebx7 & (1 << 10) != 0,
+            x2apic: ecx1 & (1 << 21) != 0,
+            pge: edx1 & (1 << 13) != 0,
+            la57: false,
+            kernel_global: false,
+        }
+    }
+}
+
+/// CR4 bit: global pages.
+pub const CR4_PGE: u64 = 1 << 7;
+/// CR4 bit: PCIDs.
+pub const CR4_PCIDE: u64 = 1 << 17;
+/// CR3 bit: do not flush the new PCID's entries.
+pub const CR3_NOFLUSH: u64 = 1 << 63;

@@ -1,0 +1,267 @@
+//! Unmapping: [`try_to_unmap`] removes every mapping of a frame, deferring
+//! or doing each TLB flush, and reports what it achieved as a
+//! [`SwapResult`].
+
+use core::ops::ControlFlow;
+
+use super::aging::{clear_young, note_aged};
+use super::visit::{check_mappings, walk_mapped};
+use super::{Mapping, MappingFlags, PageTable, Rmap, TtuFlags};
+use crate::arch::Arch;
+use crate::batch::TlbFlushUnmapBatch;
+use crate::cpuset::CpuSet;
+use crate::pte::{Frame, Pte};
+use crate::request::FlushRequest;
+use crate::shootdown::shootdown;
+use crate::Error;
+
+/// What [`try_to_unmap`] achieved (Linux's `SWAP_*` codes, with the batched
+/// flush series' two `*Cached` additions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[must_use]
+pub enum SwapResult {
+    /// Every mapping is gone. No TLB entry that allows a write survives
+    /// unflushed; but with [`TtuFlags::BATCH_FLUSH`] read-only or clean
+    /// entries may still be cached until the batch is flushed, so the frame
+    /// must not be freed or reused before
+    /// [`TlbFlushUnmapBatch::flush`] (contract rule 2). It may be written
+    /// out at once.
+    Success,
+    /// Every mapping is gone, but a flush was deferred for a PTE that was
+    /// writable or dirty: a CPU may still write through a cached entry until
+    /// the batch is flushed. Flush before writing the frame out
+    /// ([`TlbFlushUnmapBatch::flush_dirty`]) and before freeing it
+    /// ([`TlbFlushUnmapBatch::flush`]).
+    SuccessCached,
+    /// A mapping is left (it appeared during the walk, or could not be
+    /// removed); try again later.
+    Again,
+    /// Like [`Again`](Self::Again), and some mapping that was removed left a
+    /// possibly writable TLB entry behind, pending in the batch.
+    AgainCached,
+    /// The frame was recently referenced through a mapping; it stays.
+    Fail,
+    /// A mapping locks the frame in memory.
+    Mlock,
+}
+
+impl SwapResult {
+    /// Whether no mapping is left.
+    pub fn is_unmapped(self) -> bool {
+        matches!(self, SwapResult::Success | SwapResult::SuccessCached)
+    }
+
+    /// Whether a writable TLB entry may survive until the batch is flushed.
+    pub fn is_cached(self) -> bool {
+        matches!(self, SwapResult::SuccessCached | SwapResult::AgainCached)
+    }
+}
+
+/// What removing one mapping left behind.
+#[derive(Clone, Copy, Default)]
+struct Cleared {
+    /// Its flush is owed by `batch` (deferred, or an immediate flush that
+    /// failed).
+    owed: bool,
+    /// A possibly writable TLB entry survives until that flush.
+    writable: bool,
+}
+
+/// Removes one mapping. Every check that could fail runs before the PTE
+/// is exchanged; after it, the flush is either done or recorded in `batch`
+/// whatever happens. An error says whether its flush is owed by `batch`
+/// (`true` once the PTE is gone: the immediate flush failed).
+fn unmap_one<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    m: &Mapping<'_, R::Space>,
+    frame: Frame,
+    flags: TtuFlags,
+    poisoned: bool,
+    batch: &mut TlbFlushUnmapBatch,
+) -> Result<Cleared, (bool, Error)> {
+    let mm = m.space.tlb_state();
+    let page = batch.check_add(arch, mm, m.va).map_err(|e| (false, e))?;
+    let current = m.space.lookup(m.va);
+    let replacement = if poisoned {
+        Pte::hwpoison(frame)
+    } else if flags.contains(TtuFlags::MIGRATION) {
+        current.to_migration()
+    } else {
+        Pte::EMPTY
+    };
+    // One atomic exchange: a dirty bit set by hardware up to this instant is
+    // in `old`; after it, no walk can find the frame.
+    let old = m.space.exchange(m.va, replacement);
+    if old.is_dirty() {
+        rmap.set_dirty(frame);
+    }
+    // Found with the accessed bit clear: no CPU cached the mapping since
+    // the frame's last aging, so flushing past its aging epoch is enough
+    // (asked only when the flush is deferred: the path that flushes at
+    // once pays nothing for it).
+    let aged = || {
+        if A::FILL_SETS_ACCESSED && !old.is_accessed() {
+            rmap.aged_epoch(frame)
+        } else {
+            None
+        }
+    };
+    // Read once, after the exchange (as `flush_targets` requires), for the
+    // decision and for the flush alike: what `should_defer` would answer,
+    // without reading the CPU set a second time.
+    let targets = mm.flush_targets(arch);
+    let defer = flags.contains(TtuFlags::BATCH_FLUSH)
+        && A::CLEAN_WRITE_REWALK
+        && !targets.difference(&CpuSet::single(arch.current_cpu())).is_empty();
+    if defer {
+        batch.record_pending(arch, mm, page, old, &targets, aged());
+        return Ok(Cleared {
+            owed: true,
+            writable: old.is_writable() || old.is_dirty(),
+        });
+    }
+    let mut request = FlushRequest::new();
+    request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
+    if let Err(e) = shootdown(arch, &targets, &request) {
+        // The PTE is gone but not flushed: the batch takes the debt, so
+        // that the caller's flush still covers it.
+        batch.record_pending(arch, mm, page, old, &targets, aged());
+        Err((true, e))
+    } else {
+        Ok(Cleared::default())
+    }
+}
+
+/// Removes every mapping of `frame` found through `rmap` (Linux's
+/// `try_to_unmap`), in walk order:
+///
+/// - a mapping flagged [`MappingFlags::LOCKED`] stops the walk with
+///   [`SwapResult::Mlock`], unless [`TtuFlags::IGNORE_MLOCK`];
+/// - with [`TtuFlags::MUNLOCK`] nothing is unmapped: the result is `Mlock`
+///   if a locked mapping exists, [`SwapResult::Again`] otherwise;
+/// - a mapping whose accessed bit is set stops the walk with
+///   [`SwapResult::Fail`] (the bit is cleared, so a later try may succeed),
+///   unless [`TtuFlags::IGNORE_ACCESS`];
+/// - otherwise the PTE is atomically exchanged for an empty entry (a
+///   migration entry with [`TtuFlags::MIGRATION`], a hwpoison entry for a
+///   poisoned frame unless [`TtuFlags::IGNORE_HWPOISON`]); a dirty bit moves
+///   to the frame ([`Rmap::set_dirty`]); the TLB flush is deferred into
+///   `batch` when [`TlbFlushUnmapBatch::should_defer`] allows, done at once
+///   otherwise.
+///
+/// When the walk went through, the result is `Success` if no present PTE
+/// maps the frame any more and `Again` if one does; each becomes its
+/// `*Cached` form when a deferred PTE was writable or dirty.
+///
+/// Why "again, cached" becomes "success, cached": while walking, each
+/// mapping removed with a deferred writable flush answers `AgainCached`,
+/// which means "carry on walking, and remember that a writable TLB entry
+/// may be cached". Once the walk ends with no mapping left, the frame *is*
+/// unmapped, which is what `Success` tells the caller; but the remembered
+/// TLB entries still exist. Answering plain `Success` would invite the
+/// caller to write or free the frame while a CPU can still write to it, so
+/// the result keeps the warning: `SuccessCached`, unmapped but not yet safe
+/// until the batch is flushed.
+///
+/// Whatever the result (`Success` included, and `Again`, `Fail`, `Mlock`
+/// or an error after the walk removed some mappings), every PTE this call
+/// cleared is either flushed or recorded in `batch`; the caller flushes the
+/// batch before freeing, reusing or writing out the frame. Plain `Success`
+/// under [`TtuFlags::BATCH_FLUSH`] only says that no *writable* entry
+/// survives: read-only or clean entries may still be cached until the
+/// flush, and freeing the frame before it leaks its contents (rule 2).
+/// All of this is about the mappings *this* call removed: one an earlier
+/// call removed into another batch still owes that batch's flush. The
+/// caller must hold the frame alone (as Linux's page lock and LRU
+/// isolation make it), and flush every batch that may owe the frame a
+/// flush before writing or freeing it.
+///
+/// The low-level form: nothing stops the caller from freeing the frame
+/// before the flush. [`UnmapBatch`](crate::UnmapBatch) is the form that
+/// makes that mistake a compile error.
+///
+/// Errors, before any entry changed: [`Error::Unaligned`],
+/// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
+/// rmap reported (all are checked before the first is removed),
+/// [`Error::OtherMachine`] for a batch holding another machine's work.
+/// During the walk: [`Error::ShootdownReentered`] from an immediate flush
+/// (or a check failing on a mapping that appeared meanwhile); the walk stops
+/// there, and what it cleared is in `batch`.
+pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+    flags: TtuFlags,
+    batch: &mut TlbFlushUnmapBatch,
+) -> Result<SwapResult, Error> {
+    unmap_frame(arch, rmap, frame, flags, batch).result
+}
+
+/// What [`unmap_frame`] did: the result [`try_to_unmap`] reports, and
+/// whether any mapping it removed left its flush owed by the batch (the
+/// typed layer then keeps the frame until that flush, whatever the
+/// result).
+pub(crate) struct UnmapReport {
+    pub(crate) result: Result<SwapResult, Error>,
+    pub(crate) owed: bool,
+}
+
+pub(crate) fn unmap_frame<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+    flags: TtuFlags,
+    batch: &mut TlbFlushUnmapBatch,
+) -> UnmapReport {
+    let fail = |e| UnmapReport {
+        result: Err(e),
+        owed: false,
+    };
+    if let Err(e) = batch
+        .check_machine(arch)
+        .and_then(|()| check_mappings(arch, rmap, frame))
+    {
+        return fail(e);
+    }
+    let poisoned = rmap.is_hwpoisoned(frame) && !flags.contains(TtuFlags::IGNORE_HWPOISON);
+    let mut verdict = None;
+    let mut owed = false;
+    let mut cached = false;
+    let walked = walk_mapped(arch, rmap, frame, |m| {
+        if m.flags.contains(MappingFlags::LOCKED) && !flags.contains(TtuFlags::IGNORE_MLOCK) {
+            verdict = Some(SwapResult::Mlock);
+            return Ok(ControlFlow::Break(()));
+        }
+        if flags.contains(TtuFlags::MUNLOCK) {
+            return Ok(ControlFlow::Continue(()));
+        }
+        if !flags.contains(TtuFlags::IGNORE_ACCESS) && clear_young(arch, m.space, m.va, batch)? {
+            verdict = Some(SwapResult::Fail);
+            return Ok(ControlFlow::Break(()));
+        }
+        // After an error the result is the error: only the debt matters.
+        let cleared = unmap_one(arch, rmap, m, frame, flags, poisoned, batch).map_err(|(debt, e)| {
+            owed |= debt;
+            e
+        })?;
+        owed |= cleared.owed;
+        cached |= cleared.writable;
+        Ok(ControlFlow::Continue(()))
+    });
+    if verdict == Some(SwapResult::Fail) {
+        // A young mapping's accessed bit was cleared.
+        note_aged(arch, rmap, frame, true);
+    }
+    let result = walked.map(|()| match verdict {
+        Some(v) => v,
+        None if flags.contains(TtuFlags::MUNLOCK) => SwapResult::Again,
+        None => match (rmap.mapcount(frame) == 0, cached) {
+            (true, false) => SwapResult::Success,
+            (true, true) => SwapResult::SuccessCached,
+            (false, false) => SwapResult::Again,
+            (false, true) => SwapResult::AgainCached,
+        },
+    });
+    UnmapReport { result, owed }
+}

@@ -1,0 +1,63 @@
+//! The walk both reverse-map algorithms ([`try_to_unmap`](super::try_to_unmap)
+//! and [`page_referenced`](super::page_referenced)) share: every mapping the
+//! rmap reports is checked before any entry changes, and only the mappings
+//! a present PTE still maps to the frame are visited.
+
+use core::ops::ControlFlow;
+
+use super::{Mapping, PageTable, Rmap};
+use crate::arch::Arch;
+use crate::pte::Frame;
+use crate::validate::{check_asid, check_va};
+use crate::Error;
+
+/// Checks every mapping `rmap` reports for `frame` (aligned, canonical,
+/// an ASID the hardware can tag) without touching any entry, so that a
+/// walk that then changes entries does not stop half-way on bad input.
+pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+) -> Result<(), Error> {
+    let mut failure = None;
+    let _ = rmap.walk(frame, &mut |m| match check_mapping(arch, &m) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(e) => {
+            failure = Some(e);
+            ControlFlow::Break(())
+        }
+    });
+    failure.map_or(Ok(()), Err)
+}
+
+fn check_mapping<A: Arch, S: PageTable + ?Sized>(arch: &A, m: &Mapping<'_, S>) -> Result<(), Error> {
+    check_va(arch, m.va)?;
+    check_asid(arch, m.space.tlb_state().asid())
+}
+
+/// Walks the mappings of `frame` that a present PTE still maps to it (the
+/// rmap may also list places that no longer do), stopping at the first
+/// error (a mapping that fails [`check_mapping`], or one `visit` returns)
+/// or when `visit` asks to.
+pub(super) fn walk_mapped<A: Arch, R: Rmap + ?Sized>(
+    arch: &A,
+    rmap: &R,
+    frame: Frame,
+    mut visit: impl FnMut(&Mapping<'_, R::Space>) -> Result<ControlFlow<()>, Error>,
+) -> Result<(), Error> {
+    let mut failure = None;
+    let _ = rmap.walk(frame, &mut |m| {
+        let step = check_mapping(arch, &m).and_then(|()| {
+            if m.space.lookup(m.va).maps(frame) {
+                visit(&m)
+            } else {
+                Ok(ControlFlow::Continue(()))
+            }
+        });
+        step.unwrap_or_else(|e| {
+            failure = Some(e);
+            ControlFlow::Break(())
+        })
+    });
+    failure.map_or(Ok(()), Err)
+}
