@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod soundness;
+
 use std::sync::Arc;
 
 use tlb_batch::arch::mock::{MockConfig, MockCpu, MockMachine, Model};
