@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod bounded_rmap;
 pub mod soundness;
 
 use std::sync::Arc;
