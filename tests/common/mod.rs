@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod bounded_rmap;
+pub mod pool;
 pub mod soundness;
 
 use std::sync::Arc;
