@@ -4,6 +4,8 @@
 pub mod bounded_rmap;
 pub mod pool;
 pub mod soundness;
+#[cfg(all(feature = "x86_64-mapper", feature = "mock"))]
+pub mod x86_tables;
 
 use std::sync::Arc;
 
