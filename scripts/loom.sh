@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Model-checks the cross-CPU shootdown protocol with loom (tests/loom.rs).
+# Model-checks the cross-CPU shootdown protocol with loom:
+# tests/loom_shootdown.rs (models (a) to (d)), tests/loom_mm.rs ((e) to
+# (g)) and tests/loom_pool.rs ((h) to (i)), over the model machine of
+# tests/common/loom_model.rs.
 #
 # Under `--cfg loom` the crate's atomics come from loom (src/sync.rs), with
 # MAX_CPUS = 64 and MAX_FLUSH_ENTRIES = 4 to keep the state small, so loom
@@ -45,10 +48,11 @@
 # out exactly once, no inbox keeps a request, no latched IPI is left
 # untaken, and the crate's counters agree with what the simulated CPUs did.
 #
-# Each model has a preemption bound (in tests/loom.rs); LOOM_MAX_PREEMPTIONS
+# Each model has a preemption bound (in its test file); LOOM_MAX_PREEMPTIONS
 # overrides it for all of them. About 5 minutes on 2 cores. Which model
 # catches the weakening of each ordering in shootdown.rs and mm.rs is noted
 # beside the ordering.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" exec cargo test --release --test loom "$@"
+RUSTFLAGS="${RUSTFLAGS:-} --cfg loom" exec cargo test --release \
+    --test loom_shootdown --test loom_mm --test loom_pool "$@"

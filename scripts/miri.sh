@@ -2,11 +2,13 @@
 # Runs the tests that exercise the shootdown protocol, the batch and the
 # mock machine under Miri, which reports undefined behaviour and data races
 # (including between the real threads of the threaded mock machine): the
-# unit tests, tests/batch.rs, tests/shootdown.rs, tests/mock_machine.rs and
-# tests/pool.rs (the frame pool's unchecked pushes), then
-# tests/soundness.rs (the typed batch's unchecked pushes, error paths and
-# retries; its sparse-range test, which maps 2,000 pages, is left to the
-# normal run).
+# unit tests, tests/batch.rs, tests/shootdown.rs, tests/mock_machine.rs,
+# tests/pool_passes.rs and tests/pool_room.rs (the frame pool's unchecked
+# pushes), then
+# tests/soundness_typed.rs, tests/soundness_retries.rs and
+# tests/soundness_hostile.rs (the typed batch's unchecked pushes, error
+# paths and retries, hostile input; the sparse-range test, which maps 2,000
+# pages, is left to the normal run).
 # The other integration tests drive the same code through the reverse-map,
 # reclaim, migration and teardown layers and take far longer to interpret.
 # Tests that loop many times run fewer rounds under Miri (`cfg!(miri)`).
@@ -24,5 +26,5 @@ if ! grep -q '^miri' <<<"$installed" || ! grep -q '^rust-src' <<<"$installed"; t
     rustup component add --toolchain nightly miri rust-src
 fi
 
-cargo +nightly miri test --lib --test batch --test shootdown --test mock_machine --test pool "$@"
-cargo +nightly miri test --test soundness -- --skip sparse
+cargo +nightly miri test --lib --test batch --test shootdown --test mock_machine --test pool_passes --test pool_room "$@"
+cargo +nightly miri test --test soundness_typed --test soundness_retries --test soundness_hostile -- --skip sparse

@@ -13,7 +13,7 @@ use crate::Error;
 pub const MAX_CPUS: usize = 256;
 
 /// Under `--cfg loom` one word of CPUs keeps the state the model checker
-/// tracks small (tests/loom.rs).
+/// tracks small (tests/loom_*.rs).
 #[cfg(loom)]
 pub const MAX_CPUS: usize = 64;
 

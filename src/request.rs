@@ -11,7 +11,7 @@ use crate::Error;
 pub const MAX_FLUSH_ENTRIES: usize = 64;
 
 /// Under `--cfg loom` a request carries few ranges, which keeps the request
-/// slots the model checker tracks small (tests/loom.rs).
+/// slots the model checker tracks small (tests/loom_*.rs).
 #[cfg(loom)]
 pub const MAX_FLUSH_ENTRIES: usize = 4;
 

@@ -1,5 +1,5 @@
 //! The atomics the crate's shared state is built from: `core`'s normally,
-//! loom's under `--cfg loom`, so that `tests/loom.rs` model-checks the real
+//! loom's under `--cfg loom`, so that `tests/loom_*.rs` model-check the real
 //! shootdown protocol rather than a copy of it (`scripts/loom.sh`).
 //!
 //! loom's atomics have no `const fn new`, so constructors that kernels call

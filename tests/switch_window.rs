@@ -7,10 +7,11 @@
 //! count the switch as a pass before `switch_mm` recorded it, nor count
 //! one for entries filled after the epoch it read.
 //!
-//! Loom explores the same window exhaustively in tests/loom.rs (models (e),
-//! (h') and (h'')); here it is one fixed interleaving, on the whole crate
-//! (reverse-map walk, batch, shootdown, pool, kernel free), judged by the
-//! oracle and by counts, never by timing.
+//! Loom explores the same window exhaustively in tests/loom_mm.rs (model
+//! (e)) and tests/loom_pool.rs (models (h') and (h'')); here it is one
+//! fixed interleaving, on the whole crate (reverse-map walk, batch,
+//! shootdown, pool, kernel free), judged by the oracle and by counts,
+//! never by timing.
 
 mod common;
 

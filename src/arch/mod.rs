@@ -13,7 +13,7 @@
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock;
 // Not under `--cfg loom`: its `static`-friendly `const` constructors use
-// `core` atomics, and the loom models (tests/loom.rs) bring their own Arch.
+// `core` atomics, and the loom models (tests/loom_*.rs) bring their own Arch.
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;

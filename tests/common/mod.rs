@@ -1,6 +1,14 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod bounded_rmap;
+#[cfg(loom)]
+pub mod loom_model;
+pub mod pool;
+pub mod soundness;
+#[cfg(all(feature = "x86_64-mapper", feature = "mock"))]
+pub mod x86_tables;
+
 use std::sync::Arc;
 
 use tlb_batch::arch::mock::{MockConfig, MockCpu, MockMachine, Model};

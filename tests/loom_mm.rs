@@ -1,0 +1,155 @@
+//! Model checks with loom of what an address space's fences guarantee
+//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_mm`):
+//! `switch_mm` against the flush targets of an unmap, and deferred flushes
+//! against `flush_tlb_batched_pending`.
+//!
+//! The models:
+//!
+//! - (e) a CPU switches to an address space (`switch_mm`) while another
+//!   clears one of its PTEs and computes the flush targets
+//!   (`flush_targets`): either the switcher is a target or its page-table
+//!   walk sees the cleared PTE (the fence pair of `switch_mm` and
+//!   `flush_targets`);
+//! - (f) a reclaimer clears a PTE and defers its flush
+//!   (`note_batched_pending`) while another CPU runs
+//!   `flush_tlb_batched_pending`: if that call saw the deferral, the CPU
+//!   caching the page has flushed it and cannot re-cache it from the
+//!   cleared PTE; if it did not, the deferral is still pending;
+//! - (g) two CPUs run `flush_tlb_batched_pending` for one deferral: one
+//!   flushes; the other, if it finds the deferral already covered and
+//!   skips, finds the stale entry gone too.
+//!
+//! The model machine (simulated CPUs, their `Arch`, the bounds) is in
+//! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
+//! `loom_shootdown.rs`, the frame pool's (h) to (i) in `loom_pool.rs`.
+#![cfg(loom)]
+
+mod common;
+
+use common::loom_model::{asid, cached_on, check, cpu_id, spawn_cpu, Machine, EMPTY, MAPPED};
+use loom::sync::atomic::Ordering;
+use loom::sync::Arc;
+use tlb_batch::{flush_tlb_batched_pending, switch_mm, MmTlbState};
+
+/// (e) CPU 1 switches to an address space (`switch_mm`) and then touches
+/// page 0, while CPU 0 clears page 0's PTE and computes the flush targets
+/// (`flush_targets`), as every unmap does. Either CPU 1 is a target, or
+/// its walk found the PTE cleared and cached nothing: the full fences in
+/// `switch_mm` (after adding the CPU to the set) and `flush_targets`
+/// (before reading it) pair up, as a store-buffering pattern needs.
+#[test]
+fn e_switch_mm_races_with_an_unmapper() {
+    let seen = check("(e) switch_mm vs flush_targets", 4, |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            // The unmap: an atomic exchange of the PTE, then the targets.
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            usize::from(mm0.flush_targets(&cpu).contains(cpu_id(1)))
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // SAFETY: a model: the root is never dereferenced.
+            unsafe { switch_mm(&cpu, None, &mm).unwrap() };
+            usize::from(cpu.walk())
+        });
+        let targeted = h0.join().unwrap() == 1;
+        let cached = h1.join().unwrap() == 1;
+        assert!(
+            targeted || !cached,
+            "cpu1 cached page 0 from the PTE cpu0 cleared, and cpu0's flush targets miss cpu1"
+        );
+        seen.outcome(targeted);
+    });
+    seen.both_outcomes(["cpu1 was no target", "cpu1 was a target"]);
+}
+
+/// (f) CPU 1, a reclaimer, clears page 0's PTE and defers its flush
+/// (`note_batched_pending`) while CPU 0 runs `flush_tlb_batched_pending`;
+/// CPU 2 runs the address space with page 0 cached, and touches the page
+/// again after every interrupt. If CPU 0's call saw the deferral, it
+/// flushed CPU 2, and CPU 2 cannot cache page 0 again: its walk after the
+/// flush sees the cleared PTE (the deferral's fetch_add releases the clear,
+/// the flusher's load of `pending` acquires it, and the shootdown carries
+/// it on). If it did not, the deferral is still pending.
+#[test]
+fn f_batched_pending_flush_covers_the_deferred_clear() {
+    let seen = check("(f) deferral vs flush_tlb_batched_pending", 3, |seen| {
+        let m = Machine::new(3);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        cached_on(&m, seen, 2, &mm);
+
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            let flushed = flush_tlb_batched_pending(&cpu, &mm0).unwrap();
+            cpu.finish();
+            usize::from(flushed)
+        });
+        let mm1 = mm.clone();
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            mm1.note_batched_pending();
+            cpu.finish()
+        });
+        let h2 = spawn_cpu(&m, seen, 2, |cpu| {
+            cpu.walks_after_irq.set(true);
+            cpu.finish()
+        });
+        let flushed = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        h2.join().unwrap();
+        if flushed {
+            assert!(
+                !m.cached[2].load(Ordering::Relaxed),
+                "cpu0's flush_tlb_batched_pending saw the deferral, yet cpu2 still caches page 0"
+            );
+            assert!(!mm.batched_flush_pending());
+        } else {
+            assert!(mm.batched_flush_pending(), "a deferral no flush covered was lost");
+        }
+        seen.outcome(flushed);
+    });
+    seen.both_outcomes(["cpu0 missed the deferral", "cpu0 flushed the deferral"]);
+}
+
+/// (g) Page 0's PTE was cleared and its flush deferred; CPU 1 has it
+/// cached. CPU 0 and CPU 1 both run `flush_tlb_batched_pending`. CPU 1
+/// with targets {1} flushes locally, CPU 0 shoots at CPU 1, unless it finds
+/// the deferral already covered by CPU 1's flush and skips: then it must
+/// find CPU 1's entry gone (the flusher's `fetch_max` releases its flush,
+/// the skipper's load of `flushed` acquires it).
+#[test]
+fn g_skipped_batched_pending_flush_comes_after_the_flush() {
+    let seen = check("(g) flush_tlb_batched_pending twice", 4, |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        cached_on(&m, seen, 1, &mm);
+        m.pte.store(EMPTY, Ordering::Relaxed);
+        mm.note_batched_pending();
+
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            let flushed = flush_tlb_batched_pending(&cpu, &mm0).unwrap();
+            assert!(
+                !cpu.m.cached[1].load(Ordering::Relaxed),
+                "cpu0's flush_tlb_batched_pending returned Ok({flushed}) while cpu1 still caches page 0"
+            );
+            cpu.finish();
+            usize::from(flushed)
+        });
+        let mm1 = mm.clone();
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            flush_tlb_batched_pending(&cpu, &mm1).unwrap();
+            // Its own local flush: it never skips, since cpu0's shootdown
+            // completes only once cpu1 takes interrupts, in `finish`.
+            assert!(!cpu.m.cached[1].load(Ordering::Relaxed));
+            cpu.finish()
+        });
+        let cpu0_flushed = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        assert!(!m.cached[1].load(Ordering::Relaxed));
+        assert!(!mm.batched_flush_pending());
+        seen.outcome(cpu0_flushed);
+    });
+    seen.both_outcomes(["cpu0 skipped", "cpu0 flushed"]);
+}

@@ -1,0 +1,357 @@
+//! The `x86_64-mapper` feature against real four-level tables (built with
+//! the `x86_64` crate in host memory, see `x86_64_mapper_space.rs`),
+//! teardown through `OffsetTeardown`: `MmuGather` frees data frames after
+//! the flush and detaches the tables it emptied, `detach_table` leaves the
+//! tables a range covers only in part at every level and refuses a range
+//! with an end in the hole, and every primitive forwards to the space.
+
+#![cfg(all(feature = "x86_64-mapper", feature = "mock"))]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use common::asid;
+use common::x86_tables::{machine_with, map, upper_entry, user_rw, HostMmu, Tables, GIB, MIB2};
+use tlb_batch::arch::mock::{MmuTable, MockMachine};
+use tlb_batch::mapper::{OffsetSpace, OffsetTeardown};
+use tlb_batch::{
+    DetachedTable, Frame, FrameKind, FreeFrames, MmTlbState, MmuGather, OwnedFrame, PageRange, PageTable,
+    Pte, PteFlags, TableFreePolicy, TeardownBacking, PAGE_SIZE,
+};
+use x86_64::structures::paging::{PageTableFlags as F, Size4KiB};
+
+/// The kernel's side of a teardown: data frames go back to the simulated
+/// machine (whose oracle checks no CPU still caches them); page-table
+/// frames are recorded (they are host pages, leaked for the test).
+struct Backing<'m> {
+    machine: &'m MockMachine,
+    dirty: Vec<Frame>,
+    freed: Vec<Frame>,
+    tables: Vec<Frame>,
+}
+
+impl FreeFrames for Backing<'_> {
+    fn free_batch<const N: usize>(&mut self, frames: &mut tlb_batch::heapless::Vec<OwnedFrame, N>) {
+        while let Some(f) = frames.pop() {
+            self.machine.free_frame(f.frame()).unwrap();
+            self.freed.push(f.into_frame());
+        }
+    }
+}
+
+impl TeardownBacking for Backing<'_> {
+    fn set_dirty(&mut self, frame: Frame) {
+        self.dirty.push(frame);
+    }
+
+    fn free_tables<const N: usize>(&mut self, tables: &mut tlb_batch::heapless::Vec<OwnedFrame, N>) {
+        while let Some(f) = tables.pop() {
+            self.tables.push(f.into_frame());
+        }
+    }
+}
+
+#[test]
+fn mmu_gather_frees_data_frames_after_the_flush_and_detaches_emptied_tables() {
+    let mut t = Tables::new();
+    let (m, mm) = machine_with(2, &t);
+    // One page in the first GiB that the teardown leaves alone, then two
+    // leaf tables in the second GiB (one level-2 table).
+    let keep = GIB - PAGE_SIZE;
+    let vas = [GIB, GIB + 3 * PAGE_SIZE, GIB + 5 * MIB2];
+    let frames: Vec<Frame> = (0..4).map(|_| m.alloc_frame().unwrap()).collect();
+    let (mut mapper, mut pool) = t.mapper();
+    for (va, f) in [&keep].into_iter().chain(&vas).zip(&frames) {
+        map::<Size4KiB>(&mut mapper, &mut pool, *va, f.addr(), user_rw());
+    }
+    // Allocation order: level 3, level 2 (first GiB), its leaf, level 2
+    // (second GiB), its two leaves.
+    let allocated: Vec<Frame> = pool.0.iter().map(|&a| Frame(a >> 12)).collect();
+    assert_eq!(allocated.len(), 6);
+    let mmu = HostMmu { root: t.root_addr() };
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.write(vas[1], 9).unwrap();
+    cpu1.read(vas[2]).unwrap();
+
+    let (mut mapper, _) = t.mapper();
+    // SAFETY: each mapped frame's claim is the test's, handed over here,
+    // and no table is shared with another address space.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &mm).for_teardown() };
+    let mut backing = Backing {
+        machine: &m,
+        dirty: Vec::new(),
+        freed: Vec::new(),
+        tables: Vec::new(),
+    };
+    let mut gather = MmuGather::<16>::new();
+    let mut handed_back = Vec::new();
+    let cpu0 = m.cpu(0).unwrap();
+    let summary = gather
+        .unmap_range(
+            &cpu0,
+            &space,
+            &mut backing,
+            PageRange::new(GIB, GIB / PAGE_SIZE).unwrap(),
+            true,
+            &mut TableFreePolicy::IpiSync,
+            &mut |f: OwnedFrame, k: FrameKind| handed_back.push((f.into_frame(), k)),
+        )
+        .unwrap();
+    assert_eq!(handed_back, []);
+    assert_eq!(summary.pages_unmapped, 3);
+    assert_eq!(summary.flushes, 1);
+    assert_eq!(backing.dirty, [frames[2]], "the written page's dirty bit moved");
+    assert_eq!(
+        backing.freed.iter().collect::<BTreeSet<_>>(),
+        frames[1..].iter().collect()
+    );
+    let tables: BTreeSet<Frame> = backing.tables.iter().copied().collect();
+    assert_eq!(
+        tables,
+        allocated[3..].iter().copied().collect(),
+        "both leaves and their level-2 table"
+    );
+    assert_eq!(summary.tables_freed, 3);
+    for va in vas {
+        assert_eq!(space.lookup(va), Pte::EMPTY);
+        assert!(mmu.entry(va).is_none(), "no walk reaches the detached tables");
+    }
+    assert!(space.lookup(keep).maps(frames[0]), "outside the range: kept");
+    assert!(cpu1.write(vas[1], 1).is_err());
+    assert_eq!(m.violations(), []);
+    // Nothing left to detach; a range inside one table detaches nothing.
+    assert_eq!(
+        space_detach(&space, PageRange::new(GIB, GIB / PAGE_SIZE).unwrap()),
+        None
+    );
+    assert_eq!(space_detach(&space, PageRange::new(0, 511).unwrap()), None);
+}
+
+fn space_detach(space: &OffsetTeardown<'_>, range: PageRange) -> Option<tlb_batch::DetachedTable> {
+    use tlb_batch::TableTeardown;
+    space.detach_table(range)
+}
+
+/// Maps a page at each of `vas` with the `x86_64` crate and clears it
+/// again: the tables on the way to each stay linked, and empty.
+fn empty_tables_at(t: &mut Tables, vas: &[u64]) {
+    let (mut mapper, mut pool) = t.mapper();
+    for &va in vas {
+        map::<Size4KiB>(&mut mapper, &mut pool, va, 0x5000, user_rw());
+    }
+    let tlb = MmTlbState::new(asid(1), 0);
+    let space = OffsetSpace::new(&mut mapper, &tlb);
+    for &va in vas {
+        assert!(space.clear(va).maps(Frame(5)));
+    }
+}
+
+/// What detaching the table that the level-`level` entry (4 to 2) for `va`
+/// names must answer: that table's frame, and the span the entry maps.
+fn table_named(root: u64, va: u64, level: u32) -> DetachedTable {
+    let span = PAGE_SIZE << (9 * (level - 1));
+    let raw = upper_entry(root, va, level).load(Ordering::SeqCst);
+    assert_eq!(raw & 1, 1, "{va:#x}: no table below level {level}");
+    DetachedTable {
+        frame: Frame((raw & 0x000f_ffff_ffff_f000) >> 12),
+        range: PageRange::new(va & !(span - 1), span / PAGE_SIZE).unwrap(),
+    }
+}
+
+/// Every table `detach_table` hands out for `range`, in order, until it
+/// answers `None` (at most 64: a wrong answer must not loop for ever).
+fn detach_all(space: &OffsetTeardown<'_>, range: PageRange) -> Vec<DetachedTable> {
+    std::iter::from_fn(|| space_detach(space, range))
+        .take(64)
+        .collect()
+}
+
+/// The pages of `first..=last`.
+fn pages_through(first: u64, last: u64) -> PageRange {
+    PageRange::new(first, (last - first) / PAGE_SIZE + 1).unwrap()
+}
+
+/// Leaf tables the range only partly covers stay linked, at both ends, even
+/// when empty: a range that starts one page into one leaf table's 2 MiB and
+/// ends one page short of another's detaches exactly the empty leaf tables
+/// in between, and not their level-2 table (the range covers only part of
+/// its GiB); a leaf table the range covers whole but that still maps a page
+/// stays too.
+#[test]
+fn detach_table_leaves_leaf_tables_the_range_covers_only_in_part() {
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    let slot = |i: u64| GIB + i * MIB2;
+    // Empty leaf tables at the 2 MiB slots 0 to 3 of the second GiB; slot 4
+    // keeps a page.
+    empty_tables_at(&mut t, &[slot(0), slot(1), slot(2), slot(3)]);
+    let (mut mapper, mut pool) = t.mapper();
+    map::<Size4KiB>(&mut mapper, &mut pool, slot(4) + PAGE_SIZE, 0x7000, user_rw());
+    let want = [table_named(root, slot(1), 2), table_named(root, slot(2), 2)];
+    let partial = [slot(0), slot(3)].map(|va| table_named(root, va, 2));
+    let kept = table_named(root, slot(4), 2);
+    let level_2 = table_named(root, GIB, 3);
+
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: nothing is freed (the test calls `detach_table` only, and the
+    // tables are leaked); no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+    // One page into slot 0 up to one page short of the end of slot 3; then
+    // one page into slot 3 up to the end of slot 4.
+    let range = pages_through(slot(0) + PAGE_SIZE, slot(4) - 2 * PAGE_SIZE);
+    assert_eq!(detach_all(&space, range), want);
+    let range = pages_through(slot(3) + PAGE_SIZE, slot(5) - PAGE_SIZE);
+    assert_eq!(detach_all(&space, range), [], "slot 3 in part, slot 4 in use");
+
+    for table in partial.iter().chain([&kept]) {
+        let va = table.range.start();
+        assert_eq!(table_named(root, va, 2), *table, "{va:#x}: still linked");
+    }
+    assert_eq!(table_named(root, GIB, 3), level_2);
+    assert!(space.lookup(slot(4) + PAGE_SIZE).maps(Frame(7)));
+    let mmu = HostMmu { root };
+    assert!(mmu.entry(slot(1)).is_none() && mmu.entry(slot(2)).is_none());
+    assert!(mmu.entry(slot(0)).is_some() && mmu.entry(slot(3)).is_some());
+}
+
+/// The same one level up: level-2 tables (1 GiB each) that the range covers
+/// only in part stay linked once the teardown emptied them, those it covers
+/// whole go after their leaf tables. The range starts in one level-2
+/// table's GiB, so leaf tables at the start of the next ones, which the
+/// scan reaches from an earlier table, are found too.
+#[test]
+fn detach_table_leaves_level_2_tables_the_range_covers_only_in_part() {
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    // A leaf table at 2 MiB slot 5 of the first GiB; at slot 0 of the
+    // second, third and fourth.
+    let vas = [5 * MIB2, GIB, 2 * GIB, 3 * GIB];
+    empty_tables_at(&mut t, &vas);
+    let leaves = vas.map(|va| table_named(root, va, 2));
+    let level_2 = vas.map(|va| table_named(root, va, 3));
+    let level_3 = table_named(root, 0, 4);
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: as above: nothing is freed, no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+
+    // From slot 2 of the first GiB to the end of slot 1 of the fourth: all
+    // four leaf tables, and the level-2 tables of the second and third GiB.
+    let range = pages_through(2 * MIB2, 3 * GIB + 2 * MIB2 - PAGE_SIZE);
+    let mut want = leaves.to_vec();
+    want.extend([level_2[1], level_2[2]]);
+    assert_eq!(detach_all(&space, range), want);
+    for (i, &va) in vas.iter().enumerate() {
+        assert!(HostMmu { root }.entry(va).is_none(), "{va:#x}");
+        if i == 0 || i == 3 {
+            assert_eq!(table_named(root, va, 3), level_2[i], "{va:#x}: only in part");
+        }
+    }
+    assert_eq!(table_named(root, 0, 4), level_3);
+}
+
+/// And at the top: level-3 tables (512 GiB each, named by the level-4
+/// table) that the range covers only in part stay linked; the one it
+/// covers whole goes after its level-2 and leaf tables. Again the scan
+/// reaches tables at index 0 from an earlier one.
+#[test]
+fn detach_table_leaves_level_3_tables_the_range_covers_only_in_part() {
+    const TIB_HALF: u64 = 512 * GIB;
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    // Level-4 entries 1, 2 and 3: one page in the second GiB of the first,
+    // at the very start of the second and third.
+    let vas = [TIB_HALF + GIB, 2 * TIB_HALF, 3 * TIB_HALF];
+    empty_tables_at(&mut t, &vas);
+    let leaves = vas.map(|va| table_named(root, va, 2));
+    let level_2 = vas.map(|va| table_named(root, va, 3));
+    let level_3 = vas.map(|va| table_named(root, va, 4));
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: as above: nothing is freed, no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+
+    // From the second GiB of entry 1 to the end of the first two GiB of
+    // entry 3.
+    let range = pages_through(TIB_HALF + GIB, 3 * TIB_HALF + 2 * GIB - PAGE_SIZE);
+    let mut want = leaves.to_vec();
+    want.extend(level_2);
+    want.push(level_3[1]);
+    assert_eq!(detach_all(&space, range), want);
+    assert_eq!(table_named(root, vas[0], 4), level_3[0], "only in part");
+    assert_eq!(table_named(root, vas[2], 4), level_3[2], "only in part");
+    assert_eq!(upper_entry(root, vas[1], 4).load(Ordering::SeqCst), 0);
+}
+
+/// `OffsetTeardown` is the same address space: each primitive, called on
+/// it, reads and changes the entry words its `OffsetSpace` does, and its
+/// address-space state is the one it was made with.
+#[test]
+fn offset_teardown_forwards_every_primitive_to_its_space() {
+    let mut t = Tables::new();
+    let (mut mapper, mut pool) = t.mapper();
+    let va = 0x40_0000;
+    map::<Size4KiB>(&mut mapper, &mut pool, va, 0x5000, user_rw() | F::ACCESSED);
+    map::<Size4KiB>(&mut mapper, &mut pool, va + 3 * PAGE_SIZE, 0x6000, user_rw());
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: nothing is freed: no teardown runs.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+    assert!(std::ptr::eq(space.tlb_state(), &tlb));
+    assert!(std::ptr::eq(space.space().tlb_state(), &tlb));
+
+    assert_eq!(space.lookup(va), Pte(0x5000 | (user_rw() | F::ACCESSED).bits()));
+    assert!(space.test_and_clear_accessed(va), "the accessed bit was set");
+    assert!(!space.space().lookup(va).is_accessed(), "and is cleared");
+    assert!(!space.test_and_clear_accessed(va));
+    assert!(!space.test_and_clear_accessed(va + 3 * PAGE_SIZE));
+
+    let ro = Pte::new(Frame(8), PteFlags::PRESENT | PteFlags::USER);
+    space.set(va, ro);
+    assert_eq!(space.space().lookup(va), ro);
+    assert_eq!(space.exchange(va, Pte::EMPTY), ro);
+    assert_eq!(space.space().lookup(va), Pte::EMPTY);
+    let table = PageRange::new(va, 512).unwrap();
+    assert_eq!(space.next_populated(table), Some(va + 3 * PAGE_SIZE));
+}
+
+/// A range with an end in the non-canonical hole is refused whole, as
+/// `check_range` refuses it for the gather: nothing is detached, not even
+/// empty tables that lie wholly inside its canonical part, and those same
+/// tables go once the range stops at the edge of the hole.
+#[test]
+fn detach_table_refuses_a_range_with_an_end_in_the_hole() {
+    const LOWER_LAST_GIB: u64 = 0x7fff_c000_0000;
+    const HOLE: u64 = 0x0000_8000_0000_0000;
+    const UPPER: u64 = 0xffff_8000_0000_0000;
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    // An empty leaf table in the last 2 MiB of the lower half and one in
+    // the first 2 MiB of the upper half.
+    let vas = [HOLE - MIB2, UPPER];
+    empty_tables_at(&mut t, &vas);
+    let want = vas.map(|va| [table_named(root, va, 2), table_named(root, va, 3)]);
+    let (mut mapper, _) = t.mapper();
+    let tlb = MmTlbState::new(asid(1), 0);
+    // SAFETY: nothing is freed: the test calls `detach_table` only, and
+    // the tables are leaked; no table is shared.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &tlb).for_teardown() };
+
+    // The last GiB of the lower half and the hole's first page; the hole's
+    // first page and the upper half's first GiB.
+    assert_eq!(detach_all(&space, pages_through(LOWER_LAST_GIB, HOLE)), []);
+    assert_eq!(
+        detach_all(&space, pages_through(HOLE, UPPER + GIB - PAGE_SIZE)),
+        []
+    );
+    for (va, tables) in vas.iter().zip(&want) {
+        assert_eq!([table_named(root, *va, 2), table_named(root, *va, 3)], *tables);
+    }
+
+    let lower = pages_through(LOWER_LAST_GIB, HOLE - PAGE_SIZE);
+    assert_eq!(detach_all(&space, lower), want[0]);
+    let upper = pages_through(UPPER, UPPER + GIB - PAGE_SIZE);
+    assert_eq!(detach_all(&space, upper), want[1]);
+}
