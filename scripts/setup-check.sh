@@ -61,7 +61,7 @@ check() {
 }
 
 apt_remove() {
-    DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq --purge "$@" >/dev/null 2>&1
+    DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq --purge "$@" >/dev/null
 }
 
 check "nothing installed yet"
