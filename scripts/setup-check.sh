@@ -79,10 +79,15 @@ check "without qemu-system-arm"
 
 # An older QEMU from bookworm itself (7.2: no x2APIC under TCG), and no
 # backports source: setup.sh must add the source and upgrade both.
-apt_remove qemu-system-x86 qemu-system-arm qemu-system-common qemu-system-data
+# Every QEMU package goes (backports' qemu-utils breaks bookworm's
+# qemu-system-common), and what only they needed.
+mapfile -t qemu_pkgs < <(dpkg-query -W -f='${Status} ${Package}\n' 'qemu*' 2>/dev/null |
+    awk '$1 == "install" && $3 == "installed" { print $4 }')
+apt_remove "${qemu_pkgs[@]}"
+DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq --purge >/dev/null
 rm -f /etc/apt/sources.list.d/bookworm-backports.list
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm qemu-system-x86 >/dev/null 2>&1
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm qemu-system-x86 >/dev/null
 qemu-system-x86_64 --version | head -n 1 | sed 's/^/setup-check: before: /'
 check "with bookworm's QEMU and no backports source"
 grep -h '^deb ' /etc/apt/sources.list.d/bookworm-backports.list | sed 's/^/setup-check: added: /'
