@@ -31,6 +31,10 @@ what_is_missing() {
     for pkg in "${debs[@]}" qemu-system-x86 qemu-system-arm; do
         installed "$pkg" || { echo "package $pkg"; return; }
     done
+    # The tools the test scripts call, not only the package names.
+    for tool in bochs grub-mkrescue xorriso mformat objcopy llvm-objdump; do
+        command -v "$tool" >/dev/null 2>&1 || { echo "command $tool"; return; }
+    done
     major=$({ qemu-system-x86_64 --version 2>/dev/null || true; } | sed -n 's/^QEMU emulator version \([0-9]*\)\..*/\1/p')
     [ -n "$major" ] && [ "$major" -ge 10 ] || { echo "QEMU 10 or later (have: ${major:-none})"; return; }
     command -v qemu-system-aarch64 >/dev/null 2>&1 || { echo "qemu-system-aarch64"; return; }
@@ -60,14 +64,24 @@ check() {
     fi
 }
 
+# Takes packages away with what only they brought (llvm's llvm-objdump is
+# in llvm-14, bochs' plugins in their own packages), so that the machine
+# really lacks the tool.
 apt_remove() {
     DEBIAN_FRONTEND=noninteractive apt-get remove -y -qq --purge "$@" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq --purge >/dev/null
 }
 
 check "nothing installed yet"
 
 for pkg in "${debs[@]}"; do
-    apt_remove "$pkg"
+    if [ "$pkg" = binutils ]; then
+        # Removing it through apt would take build-essential and the C
+        # compiler with it (Rust's linker): take the package alone.
+        dpkg --purge --force-depends binutils >/dev/null 2>&1
+    else
+        apt_remove "$pkg"
+    fi
     check "without $pkg"
 done
 
@@ -80,11 +94,10 @@ check "without qemu-system-arm"
 # An older QEMU from bookworm itself (7.2: no x2APIC under TCG), and no
 # backports source: setup.sh must add the source and upgrade both.
 # Every QEMU package goes (backports' qemu-utils breaks bookworm's
-# qemu-system-common), and what only they needed.
+# qemu-system-common).
 mapfile -t qemu_pkgs < <(dpkg-query -W -f='${Status} ${Package}\n' 'qemu*' 2>/dev/null |
     awk '$1 == "install" && $3 == "installed" { print $4 }')
 apt_remove "${qemu_pkgs[@]}"
-DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq --purge >/dev/null
 rm -f /etc/apt/sources.list.d/bookworm-backports.list
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm qemu-system-x86 >/dev/null
