@@ -216,7 +216,9 @@ else
     # comes first), nothing of the host's.
     rm -rf "$root"/var/lib/apt/lists/* "$root/etc/resolv.conf"
     if [ -n "$base_tar" ]; then
-        tar -C "$root" --numeric-owner -cf "$base_tar.part" . && mv "$base_tar.part" "$base_tar"
+        # Written aside and renamed: a run beside this one never reads half
+        # a tarball.
+        tar -C "$root" --numeric-owner -cf "$base_tar.part.$$" . && mv "$base_tar.part.$$" "$base_tar"
         say "cached the base root as $base_tar"
     fi
 fi
