@@ -100,6 +100,16 @@ pub enum Error {
         /// The running CPU's hardware identifier.
         hw_id: u32,
     },
+    /// The address space given is not the one the running CPU has loaded
+    /// ([`enter_lazy_tlb`](crate::enter_lazy_tlb),
+    /// [`leave_lazy_tlb`](crate::leave_lazy_tlb)), or is the kernel's: a
+    /// lazy mark on a space the CPU does not run would let flushes skip
+    /// the one it does. Nothing changed; switch to it with
+    /// [`switch_mm`](crate::switch_mm) first.
+    NotLoaded {
+        /// The running CPU.
+        cpu: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -139,6 +149,9 @@ impl fmt::Display for Error {
             }
             Error::UnregisteredCpu { hw_id } => {
                 write!(f, "the running CPU (hardware id {hw_id:#x}) was never registered")
+            }
+            Error::NotLoaded { cpu } => {
+                write!(f, "CPU {cpu} does not have that user address space loaded")
             }
         }
     }

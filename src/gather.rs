@@ -396,7 +396,13 @@ impl<const N: usize> MmuGather<N> {
         let mm = space.tlb_state();
         self.claim(arch, mm)?;
         if !self.request.is_empty() {
-            let report = shootdown(arch, &mm.flush_targets(arch), &self.request)?;
+            // Lazy CPUs too when page tables go: their MMUs may walk them.
+            let targets = if self.tables.is_empty() {
+                mm.flush_targets(arch)
+            } else {
+                mm.table_flush_targets(arch)
+            };
+            let report = shootdown(arch, &targets, &self.request)?;
             self.request.clear();
             self.summary.flushes += 1;
             self.summary.ipis_sent += report.ipis_sent;

@@ -154,6 +154,7 @@ mod batch;
 mod cpuset;
 mod error;
 mod gather;
+pub mod generation;
 #[cfg(feature = "x86_64-mapper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
 pub mod mapper;
@@ -195,8 +196,8 @@ pub use migrate::{
     MIGRATE_PASSES,
 };
 pub use mm::{
-    flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, prepare_cpu_online, switch_mm,
-    MmTlbState,
+    enter_lazy_tlb, flush_tlb_batched_pending, flush_tlb_mm, flush_tlb_page, flush_tlb_range, leave_lazy_tlb,
+    prepare_cpu_online, switch_mm, MmTlbState,
 };
 pub use mprotect::change_protection;
 pub use percpu::TlbShootdown;

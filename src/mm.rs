@@ -3,6 +3,7 @@
 
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuSet};
+use crate::percpu::TlbShootdown;
 use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
@@ -15,9 +16,14 @@ use crate::Error;
 /// `mm_struct`). A kernel embeds one in its own address-space type.
 ///
 /// - `asid` and `root` identify the address space to the hardware.
-/// - `cpus` holds every CPU that may cache its translations. [`switch_mm`]
-///   keeps it exact enough that no IPI goes to a CPU that cannot hold an
-///   entry: without tagged TLBs, switching away removes the CPU.
+/// - `cpus` holds the CPUs that run it now, lazily or not. [`switch_mm`]
+///   adds the switching CPU before loading it and takes it out of the
+///   previous space's set afterwards, on tagged TLBs too: a CPU that
+///   switched away keeps its tagged entries but catches up by generation
+///   before it loads the space again (see [`generation`](crate::generation)).
+/// - `tlb_gen` is the space's flush generation: every flush of it advances
+///   it, after its PTEs were cleared and before its targets are read
+///   ([`flush_targets`](Self::flush_targets) does both).
 /// - The "batched flush pending" marker is a pair of generations: a
 ///   deferral advances `pending`; a flush of the whole address space
 ///   advances `flushed` to the `pending` it saw *before* flushing. A
@@ -26,13 +32,16 @@ use crate::Error;
 ///   would lose it.
 ///
 /// The kernel's own mappings are an address space too: build it with
-/// [`MmTlbState::kernel`]; every online CPU is then a target and flushes
-/// include global entries.
+/// [`MmTlbState::kernel`]; every online CPU is then a target, lazy ones
+/// included, and flushes include global entries.
 #[derive(Debug)]
 pub struct MmTlbState {
     asid: Asid,
     root: u64,
     cpus: AtomicCpuSet,
+    /// 0 until first used; then the epoch of the newest flush (see
+    /// [`generation`](crate::generation)).
+    tlb_gen: AtomicU64,
     batch_pending: AtomicU64,
     batch_flushed: AtomicU64,
 }
@@ -46,6 +55,7 @@ impl MmTlbState {
                 asid,
                 root,
                 cpus: AtomicCpuSet::new(),
+                tlb_gen: AtomicU64::new(0),
                 batch_pending: AtomicU64::new(0),
                 batch_flushed: AtomicU64::new(0),
             }
@@ -74,35 +84,83 @@ impl MmTlbState {
         self.asid.is_kernel()
     }
 
-    /// The CPUs recorded as possibly caching this address space (empty for
-    /// the kernel's: see [`flush_targets`](Self::flush_targets)).
+    /// The CPUs that run this address space now, lazy ones included (empty
+    /// for the kernel's: see [`flush_targets`](Self::flush_targets)).
     pub fn cpus(&self) -> CpuSet {
         self.cpus.load(Ordering::SeqCst)
     }
 
+    /// The space's flush generation: the flush epoch of its newest flush
+    /// (0 before its first use; see [`generation`](crate::generation)).
+    pub fn tlb_gen(&self) -> u64 {
+        self.tlb_gen.load(Ordering::SeqCst)
+    }
+
+    /// Gives a space its first generation, a fresh epoch, newer than
+    /// anything a CPU recorded for an ASID a dead space may have left
+    /// entries under.
+    fn init_gen(&self, state: &TlbShootdown) {
+        if self.tlb_gen.load(Ordering::SeqCst) == 0 {
+            let fresh = state.publish_epoch();
+            let _ = self
+                .tlb_gen
+                .compare_exchange(0, fresh, Ordering::SeqCst, Ordering::SeqCst);
+        }
+    }
+
     /// The CPUs a flush of this address space must reach: every online CPU
-    /// for the kernel's, the recorded online CPUs otherwise.
+    /// for the kernel's; for a user space, the online CPUs that run it now
+    /// and are not lazy on it. A lazy CPU and a CPU that switched away
+    /// flush the space's ASID themselves before they use it again, since
+    /// this call advances the space's generation.
     ///
-    /// Call it *after* clearing the PTEs to be flushed: the full fence here
-    /// pairs with the one in [`switch_mm`], so a CPU that switches in
-    /// concurrently is either seen here or walks the already-cleared table.
+    /// Call it *after* clearing the PTEs to be flushed, once per flush: the
+    /// generation it publishes then covers them, and the full fence here
+    /// pairs with the one in [`switch_mm`] (and in [`leave_lazy_tlb`]), so a
+    /// CPU that switches in concurrently is either seen here or sees the
+    /// new generation and flushes. A flush that frees page tables must use
+    /// [`table_flush_targets`](Self::table_flush_targets) instead.
     pub fn flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
+        self.targets(arch, true, false)
+    }
+
+    /// Like [`flush_targets`](Self::flush_targets), but lazy CPUs are
+    /// reached too: for a flush after which page-table frames are freed. A
+    /// lazy CPU keeps the space's root loaded, so its MMU may still walk
+    /// the tables (speculatively, and through its paging-structure caches)
+    /// whatever code it runs (Linux's `freed_tables` rule).
+    pub fn table_flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
+        self.targets(arch, true, true)
+    }
+
+    fn targets<A: Arch>(&self, arch: &A, advance: bool, with_lazy: bool) -> CpuSet {
+        let state = arch.shootdown_state();
+        if advance && !self.is_kernel() {
+            // After the caller's PTE clears: a CPU that reads this
+            // generation and then flushes holds no entry for them.
+            let generation = state.publish_epoch();
+            self.tlb_gen.fetch_max(generation, Ordering::SeqCst);
+        }
         // Store-buffering pair with `switch_mm`'s fence (loom: model (e)
         // fails without either; (f) needs it to acquire a deferral).
         fence(Ordering::SeqCst);
         let online = arch.online_cpus();
         if self.is_kernel() {
-            online
+            return online;
+        }
+        let set = self.cpus.load(Ordering::SeqCst).intersection(&online);
+        if with_lazy {
+            set
         } else {
-            self.cpus.load(Ordering::SeqCst).intersection(&online)
+            set.difference(&state.lazy_cpus())
         }
     }
 
-    /// Whether a CPU other than the caller's may hold entries of this
-    /// address space.
+    /// Whether a CPU other than the caller's runs this address space now,
+    /// not lazily (a flush would interrupt it). Advances nothing.
     pub fn cached_elsewhere<A: Arch>(&self, arch: &A) -> bool {
         !self
-            .flush_targets(arch)
+            .targets(arch, false, false)
             .difference(&CpuSet::single(arch.current_cpu()))
             .is_empty()
     }
@@ -139,9 +197,18 @@ impl MmTlbState {
 
 /// The context-switch hook: call it on the switching CPU, with interrupts
 /// off, instead of loading the page-table root yourself. It adds the CPU to
-/// `next`'s set *before* loading it, records the loaded ASID, loads it
-/// through [`Arch::switch_address_space`], and, when TLBs are not tagged,
-/// removes the CPU from `prev`'s set afterwards (its entries are gone).
+/// `next`'s set and records the loaded ASID *before* loading it; on a
+/// tagged TLB it then compares generations and, if `next` was flushed since
+/// this CPU last flushed its ASID, flushes that ASID locally first (the
+/// catch-up; see [`generation`](crate::generation)). It loads `next`
+/// through [`Arch::switch_address_space`] and takes the CPU out of
+/// `prev`'s set afterwards: from then on flushes of `prev` skip it, on
+/// tagged TLBs too, and it catches up when it loads `prev` again.
+///
+/// Called with `next` the space already loaded (`prev` and `next` the same
+/// value), it loads nothing: a CPU in lazy TLB mode leaves it, as
+/// [`leave_lazy_tlb`] does (catching up first), and any other call does
+/// nothing. A switch also ends lazy mode on the previous space.
 ///
 /// Errors: [`Error::AsidOutOfRange`] when `next`'s ASID is wider than the
 /// hardware's ([`Arch::asid_bits`]): nothing is loaded and nothing changes,
@@ -161,36 +228,140 @@ pub unsafe fn switch_mm<A: Arch>(
     let me = arch.current_cpu();
     let state = arch.shootdown_state();
     if prev.is_some_and(|p| core::ptr::eq(p, next)) {
+        if state.is_lazy(me) && !next.is_kernel() {
+            leave_lazy(arch, next);
+        }
         return Ok(());
     }
     if !next.is_kernel() {
+        next.init_gen(state);
         next.cpus.insert(me, Ordering::SeqCst);
     }
+    // Before the fence, so that a flusher or a pool that reads this CPU's
+    // loaded ASID after advancing `next`'s generation either sees `next`,
+    // or this CPU's generation check below sees the advance.
+    state.set_loaded_asid(me, next.asid);
+    state.set_lazy(me, false);
     // Pairs with the fence in `flush_targets`: either a concurrent unmapper
     // sees this CPU in the set, or this CPU's walks see the cleared PTEs
-    // (loom: model (e) fails without it).
+    // and its generation check the advance (loom: model (e) fails without
+    // it).
     fence(Ordering::SeqCst);
-    state.set_loaded_asid(me, next.asid);
-    // Read before the switch: without tagged TLBs the switch drops every
-    // non-global entry, so this CPU has then flushed past every pooled
-    // generation published up to here (their PTEs were cleared before
-    // their epoch was).
+    // Read before the switch (and before any catch-up): without tagged
+    // TLBs the switch drops every non-global entry, so this CPU has then
+    // flushed past every pooled generation published up to here (their
+    // PTEs were cleared before their epoch was).
     let epoch = state.epoch();
+    let tagged = arch.tagged_tlb();
+    if tagged && !next.is_kernel() {
+        catch_up(arch, next);
+    }
     // SAFETY: the caller guarantees `next.root()` is a valid root.
     unsafe { arch.switch_address_space(next.asid, next.root) };
     state.count(Counter::TaskSwitches, 1);
-    if !arch.tagged_tlb() {
+    if !tagged {
         state.pass(me, epoch);
         arch.trace(&TraceEvent {
             cpu: me,
             reason: FlushReason::TaskSwitch,
             extent: FlushExtent::All,
         });
-        if let Some(prev) = prev.filter(|p| !p.is_kernel()) {
-            prev.cpus.remove(me, Ordering::SeqCst);
-        }
+    }
+    if let Some(prev) = prev.filter(|p| !p.is_kernel()) {
+        prev.cpus.remove(me, Ordering::SeqCst);
     }
     Ok(())
+}
+
+/// Flushes `mm`'s ASID on this CPU if its generation moved past what this
+/// CPU flushed it up to, and records the epoch read just before the flush
+/// as the new one. Call it after the fence that orders this CPU's record
+/// of `mm` (set, loaded ASID, lazy mark) before its generation read.
+/// Returns whether it flushed.
+fn catch_up<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
+    let state = arch.shootdown_state();
+    let me = arch.current_cpu();
+    if state.flushed_generation(me, mm.asid) >= mm.tlb_gen.load(Ordering::SeqCst) {
+        return false;
+    }
+    // Read before the flush, and after the generation: every flush of `mm`
+    // up to this epoch cleared its PTEs before opening its generation, so
+    // the flush below drops every entry they left, and what the TLB fills
+    // afterwards comes from the cleared PTEs.
+    let epoch = state.epoch();
+    arch.flush_local_asid(mm.asid);
+    state.asid_slots(me).record(mm.asid, epoch);
+    if !arch.tagged_tlb() {
+        // An untagged TLB holds the loaded space's entries only: flushing
+        // them is a pass.
+        state.pass(me, epoch);
+    }
+    state.count(Counter::LocalFullFlushes, 1);
+    state.count(Counter::CatchUps, 1);
+    arch.trace(&TraceEvent {
+        cpu: me,
+        reason: FlushReason::CatchUp,
+        extent: FlushExtent::All,
+    });
+    true
+}
+
+/// Ends lazy mode on `mm`, the loaded space: flushes of it reach this CPU
+/// again from the moment the mark is gone, and what they skipped is caught
+/// up before returning.
+fn leave_lazy<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
+    let state = arch.shootdown_state();
+    state.set_lazy(arch.current_cpu(), false);
+    // Pairs with `flush_targets`' fence: a flusher that still saw the mark
+    // advanced the generation before reading it, so the check sees it.
+    fence(Ordering::SeqCst);
+    catch_up(arch, mm)
+}
+
+/// Lazy TLB mode: call it on a CPU that stops running user code but keeps
+/// `mm`, the user space it has loaded, loaded (it goes idle, or runs a
+/// kernel thread that borrows the space, as Linux's `enter_lazy_tlb`).
+/// From then on flushes of `mm` skip this CPU ([`MmTlbState::flush_targets`])
+/// except those that free page tables, and the CPU catches up by
+/// generation when it resumes ([`leave_lazy_tlb`], or [`switch_mm`] to any
+/// space).
+///
+/// The caller guarantees that the CPU runs no code that uses `mm`'s user
+/// mappings until then: its entries for pages unmapped meanwhile survive,
+/// and their frames may be freed and reused (contract rule 2 holds because
+/// the CPU cannot use them, and flushes them before it can).
+///
+/// Errors: [`Error::NotLoaded`] when `mm` is not the user space this CPU
+/// has loaded (according to [`switch_mm`]): nothing changes.
+pub fn enter_lazy_tlb<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<(), Error> {
+    let me = check_loaded(arch, mm)?;
+    arch.shootdown_state().set_lazy(me, true);
+    Ok(())
+}
+
+/// Leaves lazy TLB mode on `mm`, the space this CPU has loaded, before it
+/// runs user code again: if `mm` was flushed while this CPU was lazy, its
+/// ASID is flushed here, locally. Returns whether it flushed (false also
+/// for a CPU that was not lazy). Switching to another space with
+/// [`switch_mm`] leaves lazy mode as well.
+///
+/// Errors: [`Error::NotLoaded`] when `mm` is not the user space this CPU
+/// has loaded: nothing changes.
+pub fn leave_lazy_tlb<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<bool, Error> {
+    let me = check_loaded(arch, mm)?;
+    if !arch.shootdown_state().is_lazy(me) {
+        return Ok(false);
+    }
+    Ok(leave_lazy(arch, mm))
+}
+
+fn check_loaded<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<crate::CpuId, Error> {
+    let me = arch.current_cpu();
+    let loaded = arch.shootdown_state().loaded_asid(me);
+    if mm.is_kernel() || loaded != Some(mm.asid) || !mm.cpus.load(Ordering::SeqCst).contains(me) {
+        return Err(Error::NotLoaded { cpu: me.index() });
+    }
+    Ok(me)
 }
 
 /// The hook for a CPU coming online: call it on that CPU, with interrupts
@@ -200,12 +371,17 @@ pub unsafe fn switch_mm<A: Arch>(
 /// entry it cached before, global kernel entries included, for pages that
 /// have since been unmapped and freed. This drops all of them
 /// ([`Arch::flush_local_all`] with global entries) and forgets which
-/// address space the CPU had loaded; only then may it be counted among the
-/// CPUs that shootdowns reach and skip. The CPU loads an address space with
-/// [`switch_mm`] afterwards, as usual.
+/// address space the CPU had loaded, its lazy mode and its ASIDs'
+/// generations; only then may it be counted among the CPUs that shootdowns
+/// reach and skip. The CPU loads an address space with [`switch_mm`]
+/// afterwards, as usual.
 pub fn prepare_cpu_online<A: Arch>(arch: &A) {
+    let state = arch.shootdown_state();
+    let me = arch.current_cpu();
     flush_local_all_as_pass(arch, true);
-    arch.shootdown_state().clear_loaded_asid(arch.current_cpu());
+    state.clear_loaded_asid(me);
+    state.set_lazy(me, false);
+    state.asid_slots(me).clear();
 }
 
 /// Contract rule 5: an operation about to change mappings of `mm`

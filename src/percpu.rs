@@ -5,7 +5,8 @@
 //! returns from [`Arch::shootdown_state`](crate::Arch::shootdown_state)(crate::Arch::shootdown_state).
 
 use crate::asid::Asid;
-use crate::cpuset::{AtomicCpuSet, CpuId, MAX_CPUS};
+use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
+use crate::generation::AsidSlots;
 use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ENTRIES};
 use crate::stats::{Counter, TlbStats, TlbStatsSnapshot};
 use crate::sync::{atomic_array, maybe_const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -132,6 +133,9 @@ pub(crate) struct PerCpu {
     /// The newest epoch a [`FramePool`](crate::FramePool) published while
     /// counting this CPU among those that may cache its frames.
     owed: AtomicU64,
+    /// The ASIDs whose entries this CPU may hold, each with the generation
+    /// it flushed them up to (see [`generation`](crate::generation)).
+    pub(crate) asids: AsidSlots,
     pub(crate) slot: RequestSlot,
 }
 
@@ -144,6 +148,7 @@ impl PerCpu {
                 loaded_asid: AtomicU32::new(NO_ASID),
                 passed: AtomicU64::new(0),
                 owed: AtomicU64::new(0),
+                asids: AsidSlots::new(),
                 slot: RequestSlot::new(),
             }
         }
@@ -163,6 +168,9 @@ pub struct TlbShootdown {
     /// The flush epoch: advanced once per generation of pooled frames,
     /// after their PTEs were cleared (see [`FramePool`](crate::FramePool)).
     epoch: AtomicU64,
+    /// The CPUs in lazy TLB mode ([`enter_lazy_tlb`](crate::enter_lazy_tlb)):
+    /// they keep a user space loaded, and flushes of it skip them.
+    lazy: AtomicCpuSet,
     stats: TlbStats,
 }
 
@@ -179,6 +187,7 @@ impl TlbShootdown {
             TlbShootdown {
                 cpus: atomic_array![PerCpu::new(); MAX_CPUS],
                 epoch: AtomicU64::new(0),
+                lazy: AtomicCpuSet::new(),
                 stats: TlbStats::new(),
             }
         }
@@ -205,14 +214,16 @@ impl TlbShootdown {
             cpu.slot.remaining.store(0, Ordering::SeqCst);
             cpu.passed.store(0, Ordering::SeqCst);
             cpu.owed.store(0, Ordering::SeqCst);
+            cpu.asids.clear();
         }
         self.epoch.store(0, Ordering::SeqCst);
+        self.lazy.take(Ordering::SeqCst);
         self.stats.reset();
     }
 
     /// The ASID `cpu` has loaded, as recorded by [`switch_mm`](crate::switch_mm).
     pub fn loaded_asid(&self, cpu: CpuId) -> Option<Asid> {
-        match self.cpus[cpu.index()].loaded_asid.load(Ordering::Relaxed) {
+        match self.cpus[cpu.index()].loaded_asid.load(Ordering::SeqCst) {
             NO_ASID => None,
             // Stored from a valid `Asid` by `set_loaded_asid`.
             v => Some(Asid::from_raw(v as u16)),
@@ -228,7 +239,7 @@ impl TlbShootdown {
     pub(crate) fn set_loaded_asid(&self, cpu: CpuId, asid: Asid) {
         self.cpus[cpu.index()]
             .loaded_asid
-            .store(u32::from(asid.value()), Ordering::Relaxed);
+            .store(u32::from(asid.value()), Ordering::SeqCst);
     }
 
     /// Opens a new flush epoch and returns it. Called after the PTEs of the
@@ -268,6 +279,38 @@ impl TlbShootdown {
     pub fn flush_owed(&self, cpu: CpuId) -> bool {
         let c = &self.cpus[cpu.index()];
         c.owed.load(Ordering::SeqCst) > c.passed.load(Ordering::SeqCst)
+    }
+
+    /// The CPUs in lazy TLB mode now ([`enter_lazy_tlb`](crate::enter_lazy_tlb)).
+    pub fn lazy_cpus(&self) -> CpuSet {
+        self.lazy.load(Ordering::SeqCst)
+    }
+
+    /// Whether `cpu` is in lazy TLB mode.
+    pub fn is_lazy(&self, cpu: CpuId) -> bool {
+        self.lazy.load(Ordering::SeqCst).contains(cpu)
+    }
+
+    pub(crate) fn set_lazy(&self, cpu: CpuId, lazy: bool) {
+        // Sequentially consistent on both sides: a flusher that reads the
+        // set after advancing a generation either sees a CPU that left
+        // lazy mode, or that CPU's generation check sees the advance.
+        if lazy {
+            self.lazy.insert(cpu, Ordering::SeqCst);
+        } else {
+            self.lazy.remove(cpu, Ordering::SeqCst);
+        }
+    }
+
+    /// The generation `cpu` is known to have flushed `asid`'s entries up
+    /// to: the newer of its last flush of that ASID and its last pass.
+    pub fn flushed_generation(&self, cpu: CpuId, asid: Asid) -> u64 {
+        let c = &self.cpus[cpu.index()];
+        c.asids.flushed(asid).max(c.passed.load(Ordering::SeqCst))
+    }
+
+    pub(crate) fn asid_slots(&self, cpu: CpuId) -> &AsidSlots {
+        &self.cpus[cpu.index()].asids
     }
 
     /// How many initiators have a request waiting in `cpu`'s inbox.

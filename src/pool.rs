@@ -77,10 +77,11 @@
 //! frame until it is released. Kernel pages (global entries, which a local
 //! flush of every ASID keeps) never do.
 
-use crate::arch::Arch;
+use crate::arch::{Arch, Asid};
 use crate::batch::machine_id;
-use crate::cpuset::CpuSet;
-use crate::request::FlushRequest;
+use crate::cpuset::{CpuId, CpuSet};
+use crate::percpu::TlbShootdown;
+use crate::request::{FlushRequest, MAX_FLUSH_ASIDS};
 use crate::shootdown::{complete_broadcast, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::unmap::{Flushed, OwnedFrame, UnmapBatch};
@@ -115,12 +116,62 @@ pub enum PoolRefusal {
 }
 
 /// One batch's worth of pooled frames: the epoch opened after their PTEs
-/// were cleared, the CPUs that could cache them, and how many there are.
+/// were cleared, the CPUs that could cache them, how many there are, and
+/// the ASIDs of their mappings (`many`: more than it tells apart).
 #[derive(Clone, Copy, Debug)]
 struct Generation {
     epoch: u64,
     targets: CpuSet,
     frames: usize,
+    asids: [Asid; MAX_FLUSH_ASIDS],
+    nr_asids: usize,
+    many: bool,
+}
+
+impl Generation {
+    fn names(&self, asid: Asid) -> bool {
+        self.many || self.asids[..self.nr_asids].contains(&asid)
+    }
+
+    /// Adds `other`'s ASIDs to this generation's.
+    fn merge_asids(&mut self, other: &Generation) {
+        self.many |= other.many;
+        for &a in &other.asids[..other.nr_asids] {
+            if self.names(a) {
+                continue;
+            }
+            match self.asids.get_mut(self.nr_asids) {
+                Some(slot) => {
+                    *slot = a;
+                    self.nr_asids += 1;
+                }
+                None => self.many = true,
+            }
+        }
+    }
+
+    /// Whether `cpu` holds no entry for this generation's frames that it
+    /// could use before flushing it: it flushed everything past the
+    /// generation's epoch, or it runs none of the generation's address
+    /// spaces now (a lazy CPU runs none), so that it flushes any of them
+    /// by generation before it loads it again (contract rule 2's exact
+    /// form), or it flushed the one it runs past the epoch.
+    ///
+    /// Sound against a CPU switching concurrently: the batch advanced its
+    /// spaces' generations when it recorded the pages, before this is
+    /// asked; a CPU records the ASID it loads, and clears its lazy mark,
+    /// before it reads the generation. So if this reads the old state, the
+    /// CPU's generation check sees the advance and flushes.
+    fn clear_on(&self, state: &TlbShootdown, cpu: CpuId) -> bool {
+        if state.passed_epoch(cpu) >= self.epoch || state.is_lazy(cpu) {
+            return true;
+        }
+        match state.loaded_asid(cpu) {
+            None => true,
+            Some(a) if a.is_kernel() || !self.names(a) => true,
+            Some(a) => state.flushed_generation(cpu, a) >= self.epoch,
+        }
+    }
 }
 
 /// Up to `N` unmapped frames whose TLB flush is still owed, kept allocated
@@ -345,10 +396,16 @@ impl<const N: usize> FramePool<N> {
         }
         self.request.merge(tlb.request(), A::FULL_FLUSH_CEILING);
         let frames = batch.len();
+        let named = tlb.request().asids();
+        let mut asids = [Asid::KERNEL; MAX_FLUSH_ASIDS];
+        asids[..named.len()].copy_from_slice(named);
         let generation = Generation {
             epoch,
             targets,
             frames,
+            asids,
+            nr_asids: named.len(),
+            many: tlb.request().has_too_many_asids(),
         };
         if let Err(generation) = self.gens.push(generation) {
             // Every slot in use: join the newest generation, which then
@@ -358,6 +415,7 @@ impl<const N: usize> FramePool<N> {
                 newest.epoch = newest.epoch.max(generation.epoch);
                 newest.targets = newest.targets.union(&generation.targets);
                 newest.frames += generation.frames;
+                newest.merge_asids(&generation);
             }
         }
         for held in batch.take_held() {
@@ -393,7 +451,7 @@ impl<const N: usize> FramePool<N> {
         let online = arch.online_cpus();
         let passed = |g: &Generation| {
             let others = g.targets.intersection(&online).difference(&CpuSet::single(me));
-            others.iter().all(|c| state.passed_epoch(c) >= g.epoch)
+            others.iter().all(|c| g.clear_on(state, c))
         };
         // Each generation's verdict, taken once and used both for the
         // local flush and for the split below: another CPU may pass a
@@ -402,22 +460,20 @@ impl<const N: usize> FramePool<N> {
         // the way, the newest epoch among the passed generations that the
         // calling CPU must still flush itself for.
         let mut verdicts = [false; POOL_GENERATIONS];
-        let mut local = 0;
+        let mut local = false;
         let mut any = false;
         for (verdict, g) in verdicts.iter_mut().zip(self.gens.iter()) {
             *verdict = passed(g);
             if *verdict {
                 any = true;
-                if g.targets.contains(me) {
-                    local = local.max(g.epoch);
-                }
+                local |= g.targets.contains(me) && !g.clear_on(state, me);
             }
         }
         if !any {
             return Flushed::unmapped(released, ShootdownReport::default());
         }
         let mut report = ShootdownReport::default();
-        if state.passed_epoch(me) < local {
+        if local {
             local_pass(arch);
             report.flushed_locally = true;
         }
@@ -483,7 +539,7 @@ impl<const N: usize> FramePool<N> {
         let unpassed = |g: &Generation| {
             let mut set = CpuSet::new();
             for cpu in &g.targets.intersection(&online) {
-                if state.passed_epoch(cpu) < g.epoch {
+                if !g.clear_on(state, cpu) {
                     set.insert(cpu);
                 }
             }

@@ -279,6 +279,12 @@ impl FlushRequest {
         self.has_kernel
     }
 
+    /// Whether the request named more ASIDs than it tells apart (then
+    /// [`asids`](Self::asids) is incomplete).
+    pub(crate) fn has_too_many_asids(&self) -> bool {
+        self.too_many_asids
+    }
+
     /// Where the pages ever added lie (see [`Extent`]).
     pub(crate) fn extent(&self) -> Extent {
         self.extent

@@ -317,6 +317,8 @@ pub(crate) fn execute_local<A: Arch>(
                     n += 1;
                 } else if may_hold(asid) {
                     arch.flush_local_asid(asid);
+                    // Caught up on that ASID as of the epoch read before.
+                    state.asid_slots(me).raise(asid, epoch);
                     n += 1;
                 }
             }

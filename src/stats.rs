@@ -26,6 +26,9 @@ pub enum FlushReason {
     /// [`FramePool`](crate::FramePool) ([`quiescent_flush`](crate::quiescent_flush),
     /// or the releasing CPU itself).
     Quiescent,
+    /// This CPU flushed an ASID whose generation moved while it did not
+    /// run it (or ran it lazily), before using it again.
+    CatchUp,
 }
 
 /// How much a traced flush covers.
@@ -64,6 +67,7 @@ pub struct TlbStats {
     quiescent_flushes: AtomicU64,
     frames_pooled: AtomicU64,
     frames_released_by_passes: AtomicU64,
+    catch_ups: AtomicU64,
 }
 
 /// A copy of the counters at one moment (each read separately).
@@ -100,6 +104,11 @@ pub struct TlbStatsSnapshot {
     /// Pooled frames released without a shootdown, because every CPU that
     /// could cache them had flushed past their epoch.
     pub frames_released_by_passes: u64,
+    /// Local flushes of one ASID made because its generation moved while
+    /// the CPU did not run it, or ran it lazily (at [`switch_mm`](crate::switch_mm)
+    /// or [`leave_lazy_tlb`](crate::leave_lazy_tlb)): flushes that would
+    /// otherwise have been IPIs.
+    pub catch_ups: u64,
 }
 
 /// The counter a crate-internal event increments.
@@ -117,6 +126,7 @@ pub(crate) enum Counter {
     QuiescentFlushes,
     FramesPooled,
     FramesReleasedByPasses,
+    CatchUps,
 }
 
 impl TlbStats {
@@ -136,6 +146,7 @@ impl TlbStats {
                 quiescent_flushes: AtomicU64::new(0),
                 frames_pooled: AtomicU64::new(0),
                 frames_released_by_passes: AtomicU64::new(0),
+                catch_ups: AtomicU64::new(0),
             }
         }
     }
@@ -154,6 +165,7 @@ impl TlbStats {
             Counter::QuiescentFlushes => &self.quiescent_flushes,
             Counter::FramesPooled => &self.frames_pooled,
             Counter::FramesReleasedByPasses => &self.frames_released_by_passes,
+            Counter::CatchUps => &self.catch_ups,
         }
     }
 
@@ -173,6 +185,7 @@ impl TlbStats {
             Counter::QuiescentFlushes,
             Counter::FramesPooled,
             Counter::FramesReleasedByPasses,
+            Counter::CatchUps,
         ] {
             self.counter(c).store(0, Ordering::Relaxed);
         }
@@ -198,6 +211,7 @@ impl TlbStats {
             quiescent_flushes: get(Counter::QuiescentFlushes),
             frames_pooled: get(Counter::FramesPooled),
             frames_released_by_passes: get(Counter::FramesReleasedByPasses),
+            catch_ups: get(Counter::CatchUps),
         }
     }
 }
@@ -221,6 +235,7 @@ impl TlbStatsSnapshot {
             frames_released_by_passes: self
                 .frames_released_by_passes
                 .wrapping_sub(earlier.frames_released_by_passes),
+            catch_ups: self.catch_ups.wrapping_sub(earlier.catch_ups),
         }
     }
 }

@@ -3,9 +3,9 @@
 //! and before `switch_mm` finished recording the switch. From the moment
 //! the root is loaded the hardware may walk the new tables (speculatively,
 //! too), so another CPU that unmaps, flushes and frees in that window must
-//! already count the switching CPU as a target; and a `FramePool` must not
-//! count the switch as a pass before `switch_mm` recorded it, nor count
-//! one for entries filled after the epoch it read.
+//! already count the switching CPU as a target; and a `FramePool` must
+//! count a CPU as running the space it loads from before the load, and
+//! never count a pass for entries filled after the epoch it read.
 //!
 //! Loom explores the same window exhaustively in tests/loom_mm.rs (model
 //! (e)) and tests/loom_pool.rs (models (h') and (h'')); here it is one
@@ -280,12 +280,14 @@ fn release<M: Model>(m: &MockMachine<M>, rmap: &MockRmap<'_, M>, pool: Pool) -> 
 
 /// Pool side, switching away: P's flush sits in a pooled generation that
 /// waits for CPU 0, which ran S and cached P; CPU 0 switches to T. In the
-/// window (root loaded, untagged TLB already dropped) CPU 1 asks the pool
-/// for passed frames: none, because `switch_mm` records CPU 0's pass only
-/// after the switch. Once the switch returned, an untagged TLB has passed
-/// and the release hands P back; a tagged TLB keeps S's entries, so P
-/// waits for CPU 0's `quiescent_flush`. A pass recorded before the switch
-/// would hand P back in the window already.
+/// window (T's root loaded, an untagged TLB already dropped S's entries)
+/// CPU 1 asks the pool for passed frames and gets P back: `switch_mm`
+/// recorded T as CPU 0's loaded ASID before loading it, so CPU 0 no longer
+/// runs S and cannot use S's entries (a tagged TLB still holds P's under
+/// S's ASID), and S's generation, advanced when P was unmapped, makes it
+/// flush S's ASID before it loads S again. The oracle judges exactly that
+/// at the load: CPU 0 switching back to S catches up, and no
+/// `LoadedWithStale` is recorded.
 fn pool_switch_away(tagged: bool) {
     let w = World::<X86Like>::new(tagged);
     let (m, rmap, p) = (w.m, w.rmap, w.p);
@@ -296,7 +298,7 @@ fn pool_switch_away(tagged: bool) {
     assert_eq!(unmapped, Unmapped::Held(SwapResult::Success));
     assert_eq!(targets, CpuSet::single(w.cpu(0).id()));
     assert_eq!(m.ipis_sent(), 0, "pooling sends nothing");
-    assert_eq!(release(m, rmap, pool), [], "CPU 0 has not flushed yet");
+    assert_eq!(release(m, rmap, pool), [], "CPU 0 runs S and has not flushed yet");
 
     let seen = Arc::new(Mutex::new(PoolWindow::default()));
     let record = Arc::clone(&seen);
@@ -308,36 +310,32 @@ fn pool_switch_away(tagged: bool) {
     });
 
     let seen = seen.lock().unwrap();
-    assert_eq!(m.violations(), [], "a pooled frame was freed while cached");
-    assert_eq!(
-        seen.released,
-        [],
-        "the pool handed P back in the window, before switch_mm recorded CPU 0's pass"
-    );
+    assert_eq!(m.violations(), [], "a pooled frame was freed while usable");
+    assert_eq!(seen.released, [p], "CPU 0 runs T from the moment it recorded it");
     assert_eq!(
         seen.cached, tagged,
         "only a tagged TLB keeps S's entries across the switch"
     );
-    if !tagged {
-        assert_eq!(release(m, rmap, pool), [p], "the switch was CPU 0's pass");
-    } else {
-        assert_eq!(release(m, rmap, pool), [], "a tagged switch is no pass");
-        assert!(w.caches(0, p));
-        assert!(quiescent_flush(&w.cpu(0)));
-        assert_eq!(release(m, rmap, pool), [p]);
-    }
+    let before = m.stats().catch_ups;
+    w.cpu(0).switch_to(&w.s).unwrap();
+    assert_eq!(
+        m.stats().catch_ups - before,
+        u64::from(tagged),
+        "back on S, a tagged TLB flushes S's ASID first"
+    );
+    assert!(!w.caches(0, p));
     assert_eq!(m.violations(), []);
     assert!(pool.lock().unwrap().is_empty());
     assert_eq!(m.ipis_sent(), 0, "the pool got P back without an IPI");
 }
 
 #[test]
-fn pool_keeps_a_frame_until_a_switch_away_has_returned_untagged() {
+fn pool_releases_a_frame_once_its_cpu_runs_another_space_untagged() {
     pool_switch_away(false);
 }
 
 #[test]
-fn pool_keeps_a_frame_until_a_switch_away_has_returned_tagged() {
+fn pool_releases_a_frame_once_its_cpu_runs_another_space_tagged() {
     pool_switch_away(true);
 }
 

@@ -188,6 +188,11 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
         if !self.machine.config.tagged_tlb {
             // An untagged TLB loses every non-global entry on a switch.
             self.flush_local_all(false);
+        } else if !asid.is_kernel() {
+            // Entries of this ASID cached for frames freed while it was
+            // not loaded are usable again from here: the catch-up must
+            // have dropped them.
+            self.judge_load(asid);
         }
         // The CR3 window: the new root is loaded and may be walked, and
         // `switch_mm` has not finished its bookkeeping. No lock is held

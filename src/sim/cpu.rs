@@ -64,10 +64,19 @@ impl<'m, M: Model> MockCpu<'m, M> {
         // Not locked across the switch: the switch hook may look at this
         // CPU's address space, or switch another CPU.
         let prev = lock(&self.state().mm).clone();
+        let same = prev.as_ref().is_some_and(|p| Arc::ptr_eq(p, next));
         // SAFETY: every root the mock hands out names one of its own page
         // tables, and the mock's `switch_address_space` only records it.
         unsafe { switch_mm(self, prev.as_deref(), next) }?;
         *lock(&self.state().mm) = Some(Arc::clone(next));
+        if self.is_lazy() {
+            if same {
+                // `switch_mm` caught up: the CPU resumes user code here.
+                self.leave_lazy();
+            } else {
+                self.lazy_switched_away();
+            }
+        }
         Ok(())
     }
 
@@ -91,6 +100,8 @@ impl<'m, M: Model> MockCpu<'m, M> {
         *lock(&self.state().loaded) = None;
         *lock(&self.state().mm) = None;
         *lock(&self.state().lazy) = None;
+        lock(&self.state().unloaded).clear();
+        lock(&self.state().unloaded_walks).clear();
         self.machine.online.insert(self.id, Ordering::SeqCst);
     }
 

@@ -4,7 +4,7 @@
 use core::sync::atomic::Ordering;
 use std::vec::Vec;
 
-use super::{lock, FrameError, FrameState, MockError, MockMachine, Model, TlbEntry, Violation};
+use super::{lock, FrameError, FrameState, MockError, MockMachine, Model, TlbEntry, Violation, WalkEntry};
 use crate::cpuset::CpuId;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte, PAGE_SHIFT};
@@ -19,9 +19,13 @@ impl<M: Model> MockMachine<M> {
     /// Returns a frame to the free list. The oracle records a
     /// [`Violation::FreedWhileCached`] for every CPU still caching it (a
     /// lazy CPU's entry from the space it is lazy on is remembered instead,
-    /// and judged when the CPU resumes: [`MockCpu::leave_lazy`](super::MockCpu::leave_lazy)) and a
+    /// and judged when the CPU resumes: [`MockCpu::leave_lazy`](super::MockCpu::leave_lazy);
+    /// so is, on a tagged TLB, an entry of an ASID the CPU has not loaded,
+    /// judged when it loads it: [`Violation::LoadedWithStale`]) and a
     /// [`Violation::TableFreedWhileCached`] for every CPU whose walk cache
-    /// still points to it (only when the free itself is accepted), and a
+    /// still points to it (only when the free itself is accepted; on a
+    /// tagged TLB, a walk entry of an ASID the CPU has not loaded is judged
+    /// at the load too), and a
     /// [`Violation::FreedDuringIo`] for a frame still being written out
     /// (which stays under I/O, and the free is refused).
     pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
@@ -31,7 +35,14 @@ impl<M: Model> MockMachine<M> {
         let walk_cached: Vec<CpuId> = self
             .cpus()
             .filter(|cpu| self.is_online(cpu.id()))
-            .filter(|cpu| lock(&cpu.state().tlb).walks().any(|w| w.table == frame))
+            .filter(|cpu| {
+                let walks: Vec<WalkEntry> = lock(&cpu.state().tlb)
+                    .walks()
+                    .filter(|w| w.table == frame)
+                    .copied()
+                    .collect();
+                walks.iter().any(|w| !self.defer_walk_to_load(cpu.id(), w))
+            })
             .map(|cpu| cpu.id())
             .collect();
         let walking: Vec<CpuId> = lock(&self.walkers)
@@ -58,7 +69,7 @@ impl<M: Model> MockMachine<M> {
             self.record(Violation::TableFreedUnderWalker { frame, cpu });
         }
         for (cpu, entry) in cached {
-            if self.defer_to_lazy(cpu, &entry, frame) {
+            if self.defer_to_lazy(cpu, &entry, frame) || self.defer_to_load(cpu, &entry, frame) {
                 continue;
             }
             self.record(Violation::FreedWhileCached {
@@ -72,11 +83,19 @@ impl<M: Model> MockMachine<M> {
 
     /// Starts writing a frame out. The oracle records a
     /// [`Violation::IoWhileWritable`] for every CPU caching it writable
-    /// (only when the frame could start I/O).
+    /// (only when the frame could start I/O), except an entry the CPU
+    /// cannot use until it catches up (lazy, or of an ASID it has not
+    /// loaded): that one is judged at the resume or at the load, as for a
+    /// free.
     pub fn start_io(&self, frame: Frame) -> Result<(), MockError> {
         let cached = self.live_translations(frame);
         lock(&self.memory).start_io(frame)?;
-        for (cpu, _) in cached.into_iter().filter(|(_, e)| e.writable) {
+        for (cpu, entry) in cached.into_iter().filter(|(_, e)| e.writable) {
+            // An entry the CPU cannot use before a catch-up flush is judged
+            // then, as at a free.
+            if self.defer_to_lazy(cpu, &entry, frame) || self.defer_to_load(cpu, &entry, frame) {
+                continue;
+            }
             self.record(Violation::IoWhileWritable { frame, cpu });
         }
         Ok(())
@@ -167,6 +186,18 @@ impl<M: Model> MockMachine<M> {
             .collect()
     }
 
+    /// Whether `cpu` cannot use `e`, an entry of `mm`, before it flushes
+    /// `mm`'s ASID by generation.
+    fn owes_catch_up(&self, cpu: CpuId, e: &TlbEntry, mm: &MmTlbState) -> bool {
+        if e.global || mm.is_kernel() {
+            return false;
+        }
+        let loaded = lock(&self.state(cpu).loaded).map(|(a, _)| a);
+        let lazy = self.shootdown.is_lazy(cpu);
+        let unusable = lazy || (self.config.tagged_tlb && loaded != Some(e.asid));
+        unusable && self.shootdown.flushed_generation(cpu, mm.asid()) < mm.tlb_gen()
+    }
+
     /// Every (CPU, entry) pair caching a translation to `frame`, offline
     /// CPUs included.
     pub fn cached_translations(&self, frame: Frame) -> Vec<(CpuId, TlbEntry)> {
@@ -202,7 +233,11 @@ impl<M: Model> MockMachine<M> {
 
     /// The oracle's check after an operation that changed the mappings of
     /// `mm` in `range` (mprotect, munmap, remap) returned: no CPU may
-    /// still hold an entry there that disagrees with the page table. Records
+    /// still hold an entry there that disagrees with the page table, except
+    /// one it cannot use until it flushes that ASID by generation (a
+    /// non-global entry on a CPU that is lazy on `mm`, or, on a tagged TLB,
+    /// that has another ASID loaded, and that is behind `mm`'s
+    /// [`tlb_gen`](MmTlbState::tlb_gen)). Records
     /// a [`Violation::StaleAfterChange`] for each such entry and returns how
     /// many it found.
     pub fn check_coherent(&self, mm: &MmTlbState, range: PageRange) -> usize {
@@ -213,6 +248,7 @@ impl<M: Model> MockMachine<M> {
             .filter(|(_, e)| {
                 (e.asid == mm.asid() || e.global && mm.is_kernel()) && range.contains(e.vpn << PAGE_SHIFT)
             })
+            .filter(|(cpu, e)| !self.owes_catch_up(*cpu, e, mm))
             .collect();
         for (cpu, e) in &stale {
             self.record(Violation::StaleAfterChange {

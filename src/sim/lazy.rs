@@ -52,7 +52,22 @@ impl<M: Model> MockCpu<'_, M> {
                 stale: Vec::new(),
             });
         }
+        // The crate's own mark, as `enter_lazy_tlb` sets it: flushes of the
+        // space skip this CPU from here on.
+        self.machine.shootdown.set_lazy(self.id, true);
         Ok(())
+    }
+
+    /// The end of lazy mode by a switch to another address space: the
+    /// entries the oracle remembered are now of an ASID this CPU has not
+    /// loaded, judged when it loads that ASID again (an untagged TLB has
+    /// dropped them already).
+    pub(crate) fn lazy_switched_away(&self) {
+        if let Some(lazy) = lock(&self.state().lazy).take() {
+            if self.machine.config.tagged_tlb {
+                lock(&self.state().unloaded).extend(lazy.stale);
+            }
+        }
     }
 
     /// Ends this CPU's lazy mode: it may run user code again, in the
@@ -63,6 +78,7 @@ impl<M: Model> MockCpu<'_, M> {
     /// was not lazy). Catch up and switch first, then leave: a switch of an
     /// untagged TLB drops the old space's entries.
     pub fn leave_lazy(&self) -> usize {
+        self.machine.shootdown.set_lazy(self.id, false);
         let Some(lazy) = lock(&self.state().lazy).take() else {
             return 0;
         };

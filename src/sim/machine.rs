@@ -10,7 +10,7 @@ use std::vec::Vec;
 
 use super::{
     cost, lock, new_root, oracle, Lazy, MmuTable, MockConfig, MockCpu, Model, SwitchHook, Table, Tlb,
-    Violation, X86Like,
+    TlbEntry, Violation, WalkEntry, X86Like,
 };
 use crate::arch::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
@@ -34,6 +34,12 @@ pub(crate) struct CpuState {
     /// The CPU's lazy mode ([`MockCpu::enter_lazy`]), if it is lazy. Lock
     /// order: this before the TLB (`leave_lazy`), never while holding it.
     pub(crate) lazy: Mutex<Option<Lazy>>,
+    /// Entries of ASIDs the CPU had not loaded when their frames were
+    /// freed, judged when it loads the ASID again (`unloaded.rs`). Lock
+    /// order: as `lazy`.
+    pub(crate) unloaded: Mutex<Vec<TlbEntry>>,
+    /// The same for walk-cache entries pointing at freed page tables.
+    pub(crate) unloaded_walks: Mutex<Vec<WalkEntry>>,
     pub(crate) irq_enabled: AtomicBool,
     pub(crate) irq_pending: AtomicBool,
     pub(crate) cycles: AtomicU64,
@@ -109,6 +115,8 @@ impl<M: Model> MockMachine<M> {
                 loaded: Mutex::new(None),
                 mm: Mutex::new(None),
                 lazy: Mutex::new(None),
+                unloaded: Mutex::new(Vec::new()),
+                unloaded_walks: Mutex::new(Vec::new()),
                 irq_enabled: AtomicBool::new(true),
                 irq_pending: AtomicBool::new(false),
                 cycles: AtomicU64::new(0),
@@ -168,6 +176,8 @@ impl<M: Model> MockMachine<M> {
             *lock(&cpu.loaded) = None;
             *lock(&cpu.mm) = None;
             *lock(&cpu.lazy) = None;
+            lock(&cpu.unloaded).clear();
+            lock(&cpu.unloaded_walks).clear();
             cpu.irq_enabled.store(true, Ordering::SeqCst);
             cpu.irq_pending.store(false, Ordering::SeqCst);
             cpu.cycles.store(0, Ordering::Relaxed);

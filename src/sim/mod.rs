@@ -60,6 +60,7 @@ mod switch_hook;
 mod tables;
 mod threads;
 mod tlb;
+mod unloaded;
 mod walkers;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

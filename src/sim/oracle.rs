@@ -140,6 +140,33 @@ pub enum Violation {
         /// Whether the stale entry allows writes.
         writable: bool,
     },
+    /// A CPU loaded an ASID (tagged TLB) while its TLB still held an entry
+    /// of that ASID for a frame freed while the CPU did not run it: it
+    /// skipped the catch-up flush its generation check owed, and translates
+    /// to a freed or reused frame from now on (rule 2; rule 1 as well when
+    /// `writable`). The free itself was not a
+    /// [`FreedWhileCached`](Violation::FreedWhileCached): an entry of an
+    /// ASID the CPU has not loaded cannot be used.
+    LoadedWithStale {
+        /// The CPU that loaded the ASID.
+        cpu: CpuId,
+        /// The frame freed while it was cached.
+        frame: Frame,
+        /// The page's address.
+        va: u64,
+        /// Whether the stale entry allows writes.
+        writable: bool,
+    },
+    /// As [`LoadedWithStale`](Violation::LoadedWithStale), for a
+    /// walk-cache entry: a CPU loaded an ASID while its paging-structure
+    /// cache still pointed, under that ASID, to a page table freed while
+    /// it did not run it (rule 6).
+    LoadedWithStaleWalk {
+        /// The CPU that loaded the ASID.
+        cpu: CpuId,
+        /// The freed page-table frame.
+        table: Frame,
+    },
     /// After an operation changed a range of mappings and returned, a CPU
     /// still cached an entry there that disagrees with the page table
     /// (rule 5).

@@ -1,0 +1,157 @@
+//! Flush generations, as Linux's `tlb_gen`: who must be interrupted when an
+//! address space is flushed, and how a CPU that was not catches up.
+//!
+//! # The rule
+//!
+//! Every flush of a user address space advances its generation
+//! ([`MmTlbState::tlb_gen`]) once its PTEs are cleared and before its
+//! targets are read ([`MmTlbState::flush_targets`] does both). Each CPU
+//! keeps, for the ASIDs whose entries it may still hold, the generation it
+//! has flushed up to. A flush then reaches only the CPUs that *run* the
+//! address space now:
+//!
+//! - a CPU that switched away leaves the space's CPU set, on tagged TLBs
+//!   too: its entries of that ASID stay in the TLB, but it cannot use them
+//!   until it loads the ASID again, and [`switch_mm`](crate::switch_mm)
+//!   compares generations first and flushes the ASID locally when the CPU
+//!   is behind;
+//! - a *lazy* CPU ([`enter_lazy_tlb`](crate::enter_lazy_tlb): idle, or a
+//!   kernel thread on a borrowed space) keeps the space loaded and stays in
+//!   its set, but is left out of its flushes; it catches up the same way
+//!   before it runs user code again ([`leave_lazy_tlb`](crate::leave_lazy_tlb),
+//!   or `switch_mm` to the same space). Two exceptions keep it reachable: a
+//!   flush that frees page tables ([`MmTlbState::table_flush_targets`]),
+//!   since its MMU may still walk the loaded root speculatively, and the
+//!   kernel's own address space, whose global entries it uses.
+//!
+//! This is the exact form of contract rule 2: an entry tagged with an ASID
+//! a CPU has not loaded is not usable by it, so its frame may be freed or
+//! reused, provided the CPU flushes that ASID before it loads it again. The
+//! mock's oracle checks exactly that, at the load.
+//!
+//! # The clock
+//!
+//! A generation is a value of the machine's flush epoch (the counter a
+//! [`FramePool`](crate::FramePool) already opens generations with), not a
+//! per-space count: advancing an address space's generation publishes a
+//! new epoch and stores it as the space's `tlb_gen`. A CPU records, for an
+//! ASID, the epoch it read just before it last dropped that ASID's entries;
+//! a CPU that dropped *every* entry after reading epoch `e` (its pass, see
+//! [`TlbShootdown::passed_epoch`](crate::TlbShootdown::passed_epoch)) is
+//! caught up on every space whose generation is at most `e`. So one full
+//! local flush (a timer tick's [`quiescent_flush`](crate::quiescent_flush),
+//! a switch on an untagged TLB) catches up every ASID at once, and pooled
+//! frames and generations are judged by the same clock. A new address
+//! space takes a fresh epoch at its first use, newer than anything any CPU
+//! recorded, so a CPU that still holds entries a dead space left under the
+//! same ASID flushes them before it loads the new one.
+//!
+//! # Compared with Linux
+//!
+//! Linux 6.1 (x86) keeps a per-`mm` counter and six dynamic ASID slots per
+//! CPU, each remembering an `mm`'s `ctx_id` and the `tlb_gen` it flushed to;
+//! the hardware PCID is the slot number, so a seventh address space evicts
+//! a slot and flushes its PCID at load. Its flush handler compares the
+//! request's generation with the slot's to flush a range only when that is
+//! all that is missing. Since 6.4 x86 also leaves a switched-away CPU's bit
+//! set in `mm_cpumask` and trims the mask at most once a tick, trading
+//! occasional extra IPIs for fewer atomic updates on every switch.
+//!
+//! Here the kernel chooses ASIDs (one per address space, as arm64 and most
+//! hobby kernels do), so a slot needs no `ctx_id`: a fresh generation at a
+//! space's first use stands for it. A CPU keeps [`ASID_SLOTS`] slots; an
+//! ASID without one is judged by the CPU's pass alone, which at worst costs
+//! a local flush at the next load, never an IPI. A switch always takes the
+//! CPU out of the previous space's set (6.1's choice): the crate's promise
+//! is never more IPIs than Linux on any hardware, and a bit left set is an
+//! IPI later. The flush handler records a generation only for flushes of a
+//! whole ASID, which carry no per-space generation in the request: after
+//! page flushes received while it ran a space, a CPU that went lazy flushes
+//! that space's ASID once more when it resumes, if the space was flushed
+//! meanwhile. That is a local flush where Linux might skip one, not an IPI.
+
+use crate::asid::Asid;
+use crate::sync::{atomic_array, maybe_const_fn, AtomicU32, AtomicU64, AtomicU8, Ordering};
+
+/// How many ASIDs each CPU remembers a generation for. An ASID evicted from
+/// a CPU's slots is flushed at its next load on that CPU unless a full local
+/// flush came in between.
+#[cfg(not(loom))]
+pub const ASID_SLOTS: usize = 8;
+
+/// Under `--cfg loom`, two slots keep the modelled state small.
+#[cfg(loom)]
+pub const ASID_SLOTS: usize = 2;
+
+static_assertions::const_assert!(ASID_SLOTS <= u8::MAX as usize);
+
+const NO_ASID: u32 = u32::MAX;
+
+/// One CPU's remembered ASIDs and the generation each is flushed up to.
+/// Only the owning CPU writes it (with interrupts off, or from its own
+/// flush handler); atomics keep the other CPUs' reads race-free.
+pub(crate) struct AsidSlots {
+    asid: [AtomicU32; ASID_SLOTS],
+    flushed: [AtomicU64; ASID_SLOTS],
+    next_victim: AtomicU8,
+}
+
+impl AsidSlots {
+    maybe_const_fn! {
+        pub(crate) fn new() -> Self {
+            AsidSlots {
+                asid: atomic_array![AtomicU32::new(NO_ASID); ASID_SLOTS],
+                flushed: atomic_array![AtomicU64::new(0); ASID_SLOTS],
+                next_victim: AtomicU8::new(0),
+            }
+        }
+    }
+
+    fn find(&self, asid: Asid) -> Option<usize> {
+        let raw = u32::from(asid.value());
+        self.asid.iter().position(|a| a.load(Ordering::Relaxed) == raw)
+    }
+
+    /// The generation `asid` is known to be flushed up to on this CPU by a
+    /// flush of that ASID alone (0 when it has no slot).
+    pub(crate) fn flushed(&self, asid: Asid) -> u64 {
+        self.find(asid)
+            .map_or(0, |i| self.flushed[i].load(Ordering::Relaxed))
+    }
+
+    /// Records that this CPU dropped every entry of `asid` after reading
+    /// epoch `epoch`, taking a slot (the oldest taken one, round robin)
+    /// when the ASID has none.
+    pub(crate) fn record(&self, asid: Asid, epoch: u64) {
+        let i = match self.find(asid) {
+            Some(i) => i,
+            None => {
+                let i = usize::from(self.next_victim.load(Ordering::Relaxed)) % ASID_SLOTS;
+                // `i + 1` <= ASID_SLOTS, which fits in u8 (asserted).
+                self.next_victim
+                    .store(((i + 1) % ASID_SLOTS) as u8, Ordering::Relaxed);
+                self.flushed[i].store(0, Ordering::Relaxed);
+                self.asid[i].store(u32::from(asid.value()), Ordering::Relaxed);
+                i
+            }
+        };
+        self.flushed[i].fetch_max(epoch, Ordering::Relaxed);
+    }
+
+    /// Raises the record of `asid` to `epoch` if it has a slot (a flush of
+    /// that ASID made by an interrupt handler, which takes no slot).
+    pub(crate) fn raise(&self, asid: Asid, epoch: u64) {
+        if let Some(i) = self.find(asid) {
+            self.flushed[i].fetch_max(epoch, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets every ASID (the CPU flushed everything, or the machine was
+    /// reset).
+    pub(crate) fn clear(&self) {
+        for a in &self.asid {
+            a.store(NO_ASID, Ordering::Relaxed);
+        }
+        self.next_victim.store(0, Ordering::Relaxed);
+    }
+}
