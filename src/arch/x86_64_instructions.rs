@@ -206,9 +206,8 @@ pub fn vendor_id() -> [u8; 12] {
 /// AMD in APM vol. 2, sections 5.4.2 "Notes on Accessed and Dirty Bits"
 /// and 5.5.3 (speculative caching). Every other vendor gets false, Hygon
 /// included (its CPUs derive from AMD's, but no text of its own was
-/// found), as do the strings hypervisors put in place of the real one.
-/// Wrong answers in one direction only cost time: a false here makes frame
-/// pools wait for flushes after each unmap.
+/// found). A false answer only costs time: frame pools then wait for
+/// flushes after each unmap.
 pub const fn vendor_promises_fill_sets_accessed(vendor_id: &[u8; 12]) -> bool {
     matches!(vendor_id, b"GenuineIntel" | b"AuthenticAMD")
 }
@@ -259,14 +258,17 @@ pub struct Features {
     /// to emulate x86 faithfully, but a guest cannot check it). A guest
     /// that neither knows that its hypervisor uses nested paging nor
     /// trusts its shadow paging should clear the field. A kernel may set
-    /// it for another
-    /// vendor only on that vendor's written promise. Clearing it is always
-    /// safe: pooled frames then wait for flushes after their unmap.
+    /// it for another vendor only on that vendor's written promise.
+    /// Clearing it is always safe: pooled frames then wait for flushes
+    /// after their unmap.
     pub fill_sets_accessed: bool,
 }
 
 impl Features {
-    /// Reads CPUID.
+    /// Reads CPUID: the feature bits, the hypervisor bit and the vendor
+    /// string, which decides [`fill_sets_accessed`](Self::fill_sets_accessed).
+    /// [`la57`](Self::la57) and [`kernel_global`](Self::kernel_global),
+    /// which only the kernel knows, stay false.
     pub fn detect() -> Features {
         let (_, _, ecx1, edx1) = cpuid(1, 0);
         let max = cpuid(0, 0).0;
@@ -308,6 +310,7 @@ mod tests {
             b"GenuineIotel",
             b"GenuineTMx86",
             b"Geode by NSC",
+            // Hypervisors' signatures (CPUID leaf 0x4000_0000), not vendors.
             b"KVMKVMKVM\0\0\0",
             b"VMwareVMware",
             b"TCGTCGTCGTCG",
