@@ -36,10 +36,11 @@
 //! # Aging epochs: flushes made before the unmap
 //!
 //! Where a TLB fill sets the PTE's accessed bit before it caches anything
-//! ([`Arch::FILL_SETS_ACCESSED`], x86), an entry found at the unmap with
-//! the bit clear has not been cached by any CPU since the bit was last
-//! cleared. [`page_referenced`](crate::page_referenced) publishes an epoch
-//! after it clears the bits and stores it with the frame
+//! ([`Arch::fill_sets_accessed`]: Intel and AMD x86, unless the kernel
+//! declares otherwise), an entry found at the unmap with the bit clear has
+//! not been cached by any CPU since the bit was last cleared.
+//! [`page_referenced`](crate::page_referenced) publishes an epoch after it
+//! clears the bits and stores it with the frame
 //! ([`Rmap::set_aged_epoch`](crate::Rmap::set_aged_epoch)); a batch whose
 //! unmaps all found the bit clear, of frames whose epoch is known, becomes
 //! a generation with the latest of those epochs rather than a new one. A
@@ -49,6 +50,13 @@
 //! every CPU before they are even pooled. The reverse map keeps the epochs
 //! only if its implementation opts in (see [`Rmap`](crate::Rmap)'s
 //! `# Safety`).
+//!
+//! Nothing else rests on the promise. Where the `Arch` does not make it
+//! (other vendors, a guest that cannot trust its hypervisor's shadow
+//! paging, arm64) no aging epoch is stored or used, every generation opens
+//! a new epoch after its unmaps, and its frames come back through the
+//! CPUs' flushes after that ([`quiescent_flush`], switches) or through
+//! [`FramePool::flush`]: the same release rule as above, only later.
 //!
 //! # What the kernel must do
 //!

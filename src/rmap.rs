@@ -190,7 +190,7 @@ pub unsafe trait Rmap {
     /// [`set_aged_epoch`](Rmap::set_aged_epoch) after it last cleared the
     /// accessed bits of the frame's mappings ([`page_referenced`], or
     /// [`try_to_unmap`] finding a mapping young). On hardware whose TLB
-    /// fills set the accessed bit ([`Arch::FILL_SETS_ACCESSED`]), a mapping
+    /// fills set the accessed bit ([`Arch::fill_sets_accessed`]), a mapping
     /// found unmapped with the bit still clear can only be cached by CPUs
     /// that have not flushed since that epoch, so a
     /// [`FramePool`](crate::FramePool) generation of such frames waits for
@@ -201,7 +201,7 @@ pub unsafe trait Rmap {
     /// none for the frame: the pool then waits for flushes after the unmap.
     /// See the trait's `# Safety` for what `Some` promises.
     ///
-    /// [`Arch::FILL_SETS_ACCESSED`]: crate::arch::Arch::FILL_SETS_ACCESSED
+    /// [`Arch::fill_sets_accessed`]: crate::arch::Arch::fill_sets_accessed
     fn aged_epoch(&self, frame: Frame) -> Option<u64> {
         let _ = frame;
         None

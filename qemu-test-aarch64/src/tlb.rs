@@ -164,7 +164,6 @@ macro_rules! forward_arch {
     (on_add: $on_add:expr) => {
         const CLEAN_WRITE_REWALK: bool = <Aarch64 as Arch>::CLEAN_WRITE_REWALK;
         const ACCESSED_CLEAR_NEEDS_FLUSH: bool = <Aarch64 as Arch>::ACCESSED_CLEAR_NEEDS_FLUSH;
-        const FILL_SETS_ACCESSED: bool = <Aarch64 as Arch>::FILL_SETS_ACCESSED;
         const FULL_FLUSH_CEILING: usize = <Aarch64 as Arch>::FULL_FLUSH_CEILING;
         const BROADCAST_INVALIDATE: bool = <Aarch64 as Arch>::BROADCAST_INVALIDATE;
         const BATCH_BROADCAST_ON_ADD: bool = $on_add;
@@ -180,6 +179,9 @@ macro_rules! forward_arch {
         }
         fn tagged_tlb(&self) -> bool {
             self.0.tagged_tlb()
+        }
+        fn fill_sets_accessed(&self) -> bool {
+            self.0.fill_sets_accessed()
         }
         fn va_bits(&self) -> u32 {
             self.0.va_bits()

@@ -130,6 +130,10 @@ fn features() -> Features {
         la57: false,
         // The boot page tables map the kernel without the global bit.
         kernel_global: false,
+        hypervisor: bits & 16 != 0,
+        // As detected: the scenarios' reverse map keeps no aging epochs,
+        // so nothing here rests on it either way.
+        fill_sets_accessed: bits & 32 != 0,
     }
 }
 
@@ -490,7 +494,12 @@ extern "C" fn kernel_main(info: u32) -> ! {
     let line = cmdline(info);
     let f = Features::detect();
     FEATURES.store(
-        u32::from(f.pcid) | u32::from(f.invpcid) << 1 | u32::from(f.x2apic) << 2 | u32::from(f.pge) << 3,
+        u32::from(f.pcid)
+            | u32::from(f.invpcid) << 1
+            | u32::from(f.x2apic) << 2
+            | u32::from(f.pge) << 3
+            | u32::from(f.hypervisor) << 4
+            | u32::from(f.fill_sets_accessed) << 5,
         Ordering::Relaxed,
     );
     NEGATIVE.store(has_word(line, b"negative"), Ordering::Relaxed);

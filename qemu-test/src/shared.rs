@@ -118,7 +118,6 @@ pub struct NoInvalidate(pub X86_64);
 unsafe impl Arch for NoInvalidate {
     const CLEAN_WRITE_REWALK: bool = <X86_64 as Arch>::CLEAN_WRITE_REWALK;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = <X86_64 as Arch>::ACCESSED_CLEAR_NEEDS_FLUSH;
-    const FILL_SETS_ACCESSED: bool = <X86_64 as Arch>::FILL_SETS_ACCESSED;
     const FULL_FLUSH_CEILING: usize = <X86_64 as Arch>::FULL_FLUSH_CEILING;
     const BROADCAST_INVALIDATE: bool = <X86_64 as Arch>::BROADCAST_INVALIDATE;
 
@@ -133,6 +132,9 @@ unsafe impl Arch for NoInvalidate {
     }
     fn tagged_tlb(&self) -> bool {
         self.0.tagged_tlb()
+    }
+    fn fill_sets_accessed(&self) -> bool {
+        self.0.fill_sets_accessed()
     }
     fn va_bits(&self) -> u32 {
         self.0.va_bits()

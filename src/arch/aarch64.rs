@@ -158,7 +158,7 @@
 //!   waiting for completion). Here the invalidation is recorded in the
 //!   caller's batch and rides with its next flush; it only ever costs
 //!   aging accuracy if missed (contract rule 8).
-//! - [`FILL_SETS_ACCESSED`](Arch::FILL_SETS_ACCESSED) stays false. Without
+//! - [`fill_sets_accessed`](Arch::fill_sets_accessed) stays false. Without
 //!   hardware access-flag management (TCR_EL1.HA = 0) the guarantee holds:
 //!   a descriptor with AF = 0 raises an Access flag fault, and the Arm ARM
 //!   lets a TLB cache only descriptors that raise no Translation, Address
@@ -168,8 +168,8 @@
 //!   caching it, and no statement was found that the hardware has written
 //!   AF = 1 to memory before such an entry exists or is used (the
 //!   pseudocode sets it during an access's translation, but TLBs may be
-//!   filled by speculative walks at any time). The constant belongs to
-//!   the type, not to one CPU's TCR_EL1, so it is false for both; the
+//!   filled by speculative walks at any time). [`Config`] does not say
+//!   which of the two a kernel runs, so the answer is false for both; the
 //!   cost is that [`FramePool`](crate::FramePool) generations wait for
 //!   flushes after the unmap instead of using aging epochs.
 //!

@@ -17,6 +17,12 @@
 //!   AMD `INVLPGB`): no IPIs, remote entries disappear at the issuing
 //!   CPU's barrier and not before; [`Arm64Like`] adds arm64's batched
 //!   unmap, which invalidates as pages are added and waits once.
+//! - Fills set the accessed bit before they cache, as Intel and AMD
+//!   document, and the x86 models say so to the crate;
+//!   [`X86NoAccessedPromise`] does not (a kernel that does not claim it),
+//!   and [`Model::FILL_SKIPS_ACCESSED`] makes fills that leave the bit
+//!   clear, so tests can show both what a pool does without the promise
+//!   and that the oracle catches a false claim.
 //! - A frame-state oracle knows which frames are free, in use or under I/O
 //!   and records every [`Violation`] of the safety contract.
 //! - IPIs are delivered either synchronously or, with

@@ -95,7 +95,10 @@ pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
 ///   methods and to remote CPUs' interrupt handlers.
 /// - The capability constants are true of the hardware; in particular
 ///   [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) must not be claimed
-///   without the hardware guarantee, since batching relies on it.
+///   without the hardware guarantee, since batching relies on it, and
+///   [`fill_sets_accessed`](Arch::fill_sets_accessed) answers true only
+///   where every CPU's TLB fills keep the promise it describes, since
+///   frame pools free frames on its strength.
 /// - When [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true, the
 ///   `broadcast_*` methods invalidate on every CPU and
 ///   [`broadcast_sync`](Arch::broadcast_sync) waits until every one this
@@ -116,17 +119,13 @@ pub unsafe trait Arch {
     /// re-set only makes a page look older than it is (seed 003).
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
 
-    /// The hardware never caches a translation whose PTE has its accessed
-    /// bit clear: a TLB fill sets the bit in memory, atomically, before the
-    /// entry can be used (Intel SDM vol. 3, 4.10.2.3; AMD APM vol. 2,
-    /// 5.4.2). So a PTE found with the bit clear has not been cached by any
-    /// CPU since the bit was last cleared, and a
-    /// [`FramePool`](crate::FramePool) may count a CPU's flush made after
-    /// that clear as enough (see [`Rmap::aged_epoch`](crate::Rmap::aged_epoch)).
-    /// Claim it only with that guarantee: a TLB that caches entries without
-    /// setting the bit (software-managed accessed flags, or arm64 without
-    /// hardware access-flag updates, which faults instead) would let a pool
-    /// free a frame some CPU still maps. The default is false.
+    /// The default answer of [`fill_sets_accessed`](Arch::fill_sets_accessed),
+    /// for an `Arch` whose answer is known when it is compiled (the mock's
+    /// models, a kernel's own `Arch` for one kind of CPU). The crate reads
+    /// only the method; an `Arch` whose answer depends on the CPU it runs on
+    /// (the crate's `X86_64`: the vendor, and what the kernel declares)
+    /// leaves this false and overrides the method. Claim
+    /// it only under the conditions given there. The default is false.
     const FILL_SETS_ACCESSED: bool = false;
 
     /// Above this many pages a ranged flush becomes one full flush. Values
@@ -172,6 +171,40 @@ pub unsafe trait Arch {
     /// it. The default is false.
     fn tagged_tlb(&self) -> bool {
         false
+    }
+
+    /// Whether the hardware never caches a translation whose PTE has its
+    /// accessed bit clear: a TLB fill sets the bit in the PTE in memory, by
+    /// an atomic update of that PTE, before the entry it caches can be used.
+    /// Then a PTE found with the bit clear has not been cached by any CPU
+    /// since the bit was last cleared, and a [`FramePool`](crate::FramePool)
+    /// may count a CPU's flush made after that clear as enough (see
+    /// [`Rmap::aged_epoch`](crate::Rmap::aged_epoch)).
+    ///
+    /// Where the vendors say so: Intel, SDM vol. 3A, section 4.10.2.3
+    /// "Details of TLB Use" (no translation enters a TLB while an accessed
+    /// flag of the paging-structure entries it came from is 0: the
+    /// processor sets those flags first); AMD, APM vol. 2 (publication
+    /// 24593), section 5.4.2 "Notes on Accessed and Dirty Bits" (caching an
+    /// entry and setting its accessed bit go together, on a mispredicted
+    /// path too) and section 5.5.3, "Speculative Caching of Address
+    /// Translations" (a translation loaded speculatively gets its bit set).
+    /// Nothing is claimed here for other vendors, nor for a TLB that caches
+    /// entries without setting the bit: software-managed accessed flags,
+    /// arm64 with hardware access-flag updates (no promise was found that
+    /// the update comes before the entry is used), or a guest whose
+    /// hypervisor fills its shadow page tables without setting the guest's
+    /// bit first. There a pool that trusted the bit could free a frame some
+    /// CPU still maps.
+    ///
+    /// The answer must be the same on every CPU of the machine, and true
+    /// only if every CPU that may cache the address spaces' translations
+    /// keeps the promise. False costs no correctness: pooled frames then
+    /// wait for flushes made after their unmap, and come back through those
+    /// (passes or the pool's own flush). The default returns
+    /// [`FILL_SETS_ACCESSED`](Arch::FILL_SETS_ACCESSED).
+    fn fill_sets_accessed(&self) -> bool {
+        Self::FILL_SETS_ACCESSED
     }
 
     /// How many low bits of a virtual address the MMU translates: an

@@ -21,6 +21,27 @@
 //! other CPU and every present CPU is online: then one all-but-self IPI
 //! reaches exactly them.
 //!
+//! # What it claims
+//!
+//! - [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK), on every x86 CPU:
+//!   a write through a cached entry whose dirty flag is clear walks the
+//!   page table again to set it, and faults if the PTE is gone, so unmap
+//!   flushes may be deferred.
+//! - Not [`ACCESSED_CLEAR_NEEDS_FLUSH`](Arch::ACCESSED_CLEAR_NEEDS_FLUSH):
+//!   an accessed bit cleared without a flush only makes a page look older
+//!   than it is (seed 003, contract rule 8), so aging sends no IPI.
+//! - [`fill_sets_accessed`](Arch::fill_sets_accessed) as the kernel's
+//!   [`Features::fill_sets_accessed`] says: [`Features::detect`] sets it on
+//!   Intel (SDM vol. 3A, 4.10.2.3 "Details of TLB Use") and AMD (APM vol.
+//!   2, 5.4.2 "Notes on Accessed and Dirty Bits", and 5.5.3 on speculative
+//!   fills) CPUs, whose manuals say that a fill sets the accessed bit of
+//!   the entries it caches; any other vendor string leaves it clear. A
+//!   kernel running under a hypervisor ([`Features::hypervisor`]) that may
+//!   use shadow paging clears it (see the field); with it clear, frame
+//!   pools still release every frame, after flushes made since the unmap.
+//! - Nothing else: no broadcast invalidation (`INVLPGB` is not used), the
+//!   default full-flush ceiling (33 pages).
+//!
 //! The instruction wrappers are small `unsafe fn`s, one instruction each;
 //! they are public so that a kernel can use the same, documented ones.
 //!
@@ -36,8 +57,8 @@ pub use super::x86_64_apic::{ApicMode, LocalApic, IA32_APIC_BASE};
 use super::x86_64_cpus::shorthand_reaches_exactly;
 pub use super::x86_64_cpus::CpuTable;
 pub use super::x86_64_instructions::{
-    cpuid, invlpg, invpcid, pause, rdmsr, read_cr3, read_cr4, write_cr3, write_cr4, wrmsr, Features,
-    InvpcidKind, CR3_NOFLUSH, CR4_PCIDE, CR4_PGE,
+    cpuid, invlpg, invpcid, pause, rdmsr, read_cr3, read_cr4, vendor_id, vendor_promises_fill_sets_accessed,
+    write_cr3, write_cr4, wrmsr, Features, InvpcidKind, CR3_NOFLUSH, CR4_PCIDE, CR4_PGE,
 };
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
@@ -120,6 +141,7 @@ pub struct X86_64 {
     pge: bool,
     la57: bool,
     kernel_global: bool,
+    fill_sets_accessed: bool,
 }
 
 /// The width of a PCID: ASIDs 1 to 4095 are user address spaces, PCID 0 is
@@ -139,7 +161,9 @@ impl X86_64 {
     /// INVPCID, CR4.PCIDE is set on every CPU and CR3 carries the loaded
     /// ASID's PCID. `features` is true of the CPUs (in particular
     /// [`Features::kernel_global`] only when every kernel mapping is global
-    /// and CR4.PGE is on).
+    /// and CR4.PGE is on, and [`Features::fill_sets_accessed`] only when
+    /// every CPU's TLB fills keep the promise it describes, which a guest
+    /// of a hypervisor may have to withdraw: see there).
     pub const unsafe fn new(
         apic: LocalApic,
         vector: u8,
@@ -157,6 +181,7 @@ impl X86_64 {
             pge: features.pge,
             la57: features.la57,
             kernel_global: features.kernel_global && features.pge,
+            fill_sets_accessed: features.fill_sets_accessed,
         }
     }
 
@@ -258,15 +283,16 @@ fn unregistered(apic_id: u32) -> ! {
 // translations and routes the vector to the crate's handler; the flushes
 // below complete before returning (invlpg/INVPCID/CR3/CR4 writes are
 // serializing for the TLB); PCID use is enabled only with INVPCID, so an
-// inactive PCID's page can be flushed; the constants hold on x86 (a write
-// through a clean entry re-walks to set the dirty bit and faults if the PTE
-// is gone; a cleared accessed bit needs no flush to be set again later;
-// no translation is cached before the processor has set the accessed bit
-// of every paging-structure entry it used, SDM vol. 3 4.10.2.3).
+// inactive PCID's page can be flushed; the constants hold on every x86 CPU
+// (a write through a clean entry re-walks to set the dirty bit and faults
+// if the PTE is gone; a cleared accessed bit needs no flush to be set
+// again later); `fill_sets_accessed` answers the constructor's
+// `Features::fill_sets_accessed`, which its contract makes true of the
+// CPUs (`Features::detect` sets it only for the vendors that document the
+// promise: Intel SDM vol. 3A 4.10.2.3, AMD APM vol. 2 5.4.2).
 unsafe impl Arch for X86_64 {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
-    const FILL_SETS_ACCESSED: bool = true;
 
     fn current_cpu(&self) -> CpuId {
         let apic_id = self.apic.id();
@@ -286,6 +312,10 @@ unsafe impl Arch for X86_64 {
 
     fn tagged_tlb(&self) -> bool {
         self.pcid
+    }
+
+    fn fill_sets_accessed(&self) -> bool {
+        self.fill_sets_accessed
     }
 
     fn va_bits(&self) -> u32 {

@@ -1,7 +1,7 @@
 //! The privileged instructions the x86_64 [`Arch`](super::Arch) executes,
 //! each in a small wrapper: `invlpg`, `INVPCID`, CR3 and CR4, MSRs,
-//! `CPUID` and the [`Features`] read from it, and masking interrupts around
-//! a critical sequence.
+//! `CPUID`, the vendor and the [`Features`] read from it, and masking
+//! interrupts around a critical sequence.
 //!
 //! The `x86_64` module re-exports every public item, so that a kernel can
 //! use the same, documented wrappers.
@@ -188,6 +188,30 @@ pub fn cpuid(leaf: u32, subleaf: u32) -> (u32, u32, u32, u32) {
     (r.eax, r.ebx, r.ecx, r.edx)
 }
 
+/// CPUID leaf 0's vendor identification string: the twelve bytes of EBX,
+/// EDX and ECX, in that order (`b"GenuineIntel"`, `b"AuthenticAMD"`, ...).
+pub fn vendor_id() -> [u8; 12] {
+    let (_, ebx, ecx, edx) = cpuid(0, 0);
+    let mut id = [0; 12];
+    id[..4].copy_from_slice(&ebx.to_le_bytes());
+    id[4..8].copy_from_slice(&edx.to_le_bytes());
+    id[8..].copy_from_slice(&ecx.to_le_bytes());
+    id
+}
+
+/// Whether the vendor whose CPUID identification string is `vendor_id`
+/// documents that its TLB fills set a PTE's accessed bit before they cache
+/// the translation (what [`Arch::fill_sets_accessed`](super::Arch::fill_sets_accessed)
+/// promises): Intel in SDM vol. 3A, section 4.10.2.3 "Details of TLB Use";
+/// AMD in APM vol. 2, sections 5.4.2 "Notes on Accessed and Dirty Bits"
+/// and 5.5.3 (speculative caching). Every other vendor gets false, Hygon
+/// included (its CPUs derive from AMD's, but no text of its own was
+/// found). A false answer only costs time: frame pools then wait for
+/// flushes after each unmap.
+pub const fn vendor_promises_fill_sets_accessed(vendor_id: &[u8; 12]) -> bool {
+    matches!(vendor_id, b"GenuineIntel" | b"AuthenticAMD")
+}
+
 /// The TLB-related features this CPU reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Features {
@@ -212,10 +236,39 @@ pub struct Features {
     /// correct but costs every address space its TLB. [`detect`](Self::detect)
     /// leaves it false, the safe choice.
     pub kernel_global: bool,
+    /// A hypervisor runs this kernel as a guest (CPUID leaf 1, ECX bit 31;
+    /// the bit is the hypervisor's to set, so a clear one proves nothing).
+    /// Reported for [`fill_sets_accessed`](Self::fill_sets_accessed)'s sake.
+    pub hypervisor: bool,
+    /// The kernel's declaration that on every CPU a TLB fill sets the PTE's
+    /// accessed bit before the translation is cached
+    /// ([`Arch::fill_sets_accessed`](super::Arch::fill_sets_accessed)
+    /// answers it), which lets frame pools use aging epochs.
+    /// [`detect`](Self::detect) sets it when the vendor documents the
+    /// promise ([`vendor_promises_fill_sets_accessed`]: Intel and AMD).
+    ///
+    /// A kernel clears it when it cannot vouch for the TLB that really
+    /// serves its accesses. On bare metal that is the processor's. In a
+    /// guest ([`hypervisor`](Self::hypervisor)) with hardware nested paging
+    /// (Intel EPT, AMD NPT) the processor walks the guest's own page tables
+    /// and sets their accessed bits, so the vendor's promise carries over;
+    /// with shadow paging the hypervisor fills the TLB from tables of its
+    /// own, and the promise holds only if it sets the guest PTE's accessed
+    /// bit before it installs a shadow entry for it (as a hypervisor must
+    /// to emulate x86 faithfully, but a guest cannot check it). A guest
+    /// that neither knows that its hypervisor uses nested paging nor
+    /// trusts its shadow paging should clear the field. A kernel may set
+    /// it for another vendor only on that vendor's written promise.
+    /// Clearing it is always safe: pooled frames then wait for flushes
+    /// after their unmap.
+    pub fill_sets_accessed: bool,
 }
 
 impl Features {
-    /// Reads CPUID.
+    /// Reads CPUID: the feature bits, the hypervisor bit and the vendor
+    /// string, which decides [`fill_sets_accessed`](Self::fill_sets_accessed).
+    /// [`la57`](Self::la57) and [`kernel_global`](Self::kernel_global),
+    /// which only the kernel knows, stay false.
     pub fn detect() -> Features {
         let (_, _, ecx1, edx1) = cpuid(1, 0);
         let max = cpuid(0, 0).0;
@@ -227,6 +280,8 @@ impl Features {
             pge: edx1 & (1 << 13) != 0,
             la57: false,
             kernel_global: false,
+            hypervisor: ecx1 & (1 << 31) != 0,
+            fill_sets_accessed: vendor_promises_fill_sets_accessed(&vendor_id()),
         }
     }
 }
@@ -237,3 +292,41 @@ pub const CR4_PGE: u64 = 1 << 7;
 pub const CR4_PCIDE: u64 = 1 << 17;
 /// CR3 bit: do not flush the new PCID's entries.
 pub const CR3_NOFLUSH: u64 = 1 << 63;
+
+#[cfg(test)]
+mod tests {
+    //! What runs without ring 0: the vendor decision, and CPUID itself
+    //! (user mode may execute it).
+    use super::*;
+
+    #[test]
+    fn only_intel_and_amd_promise_that_fills_set_the_accessed_bit() {
+        assert!(vendor_promises_fill_sets_accessed(b"GenuineIntel"));
+        assert!(vendor_promises_fill_sets_accessed(b"AuthenticAMD"));
+        for other in [
+            b"HygonGenuine",
+            b"CentaurHauls",
+            b"  Shanghai  ",
+            b"GenuineIotel",
+            b"GenuineTMx86",
+            b"Geode by NSC",
+            // Hypervisors' signatures (CPUID leaf 0x4000_0000), not vendors.
+            b"KVMKVMKVM\0\0\0",
+            b"VMwareVMware",
+            b"TCGTCGTCGTCG",
+            b"genuineintel",
+            &[0; 12],
+        ] {
+            assert!(!vendor_promises_fill_sets_accessed(other), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn detect_follows_the_vendor_of_this_cpu() {
+        let id = vendor_id();
+        let f = Features::detect();
+        assert_eq!(f.fill_sets_accessed, vendor_promises_fill_sets_accessed(&id));
+        assert!(!f.kernel_global && !f.la57, "kernel promises stay off");
+        assert_eq!(f.hypervisor, cpuid(1, 0).2 & (1 << 31) != 0);
+    }
+}

@@ -46,7 +46,7 @@ pub(super) fn clear_young<A: Arch, S: PageTable + ?Sized>(
 /// is set all the same: every entry cached before now is dropped by a CPU
 /// that flushes past the new epoch, and every later one sets the bit.
 pub(super) fn note_aged<A: Arch, R: Rmap + ?Sized>(arch: &A, rmap: &R, frame: Frame, cleared: bool) {
-    if !A::FILL_SETS_ACCESSED || (!cleared && rmap.aged_epoch(frame).is_some()) {
+    if !arch.fill_sets_accessed() || (!cleared && rmap.aged_epoch(frame).is_some()) {
         return;
     }
     // A read-modify-write that releases the clears (atomic operations of
@@ -80,7 +80,7 @@ pub struct Referenced {
 /// never at risk, since unmapping it later goes through the full protocol.
 ///
 /// On hardware whose fills set the accessed bit
-/// ([`Arch::FILL_SETS_ACCESSED`]) it then stores the frame's aging epoch
+/// ([`Arch::fill_sets_accessed`]) it then stores the frame's aging epoch
 /// ([`Rmap::set_aged_epoch`]): a newly published one when it cleared a bit
 /// or none was known, the known one otherwise (no bit was cleared since).
 /// As for [`try_to_unmap`](super::try_to_unmap), the caller holds the

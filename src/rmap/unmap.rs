@@ -101,7 +101,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     // (asked only when the flush is deferred: the path that flushes at
     // once pays nothing for it).
     let aged = || {
-        if A::FILL_SETS_ACCESSED && !old.is_accessed() {
+        if arch.fill_sets_accessed() && !old.is_accessed() {
             rmap.aged_epoch(frame)
         } else {
             None

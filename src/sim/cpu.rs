@@ -349,7 +349,10 @@ impl<'m, M: Model> MockCpu<'m, M> {
                 if !pte.is_present() || (write && !pte.is_writable()) {
                     return None;
                 }
-                let mut bits = v | PteFlags::ACCESSED.bits();
+                let mut bits = v;
+                if write || !M::FILL_SKIPS_ACCESSED {
+                    bits |= PteFlags::ACCESSED.bits();
+                }
                 if write {
                     bits |= PteFlags::DIRTY.bits();
                 }

@@ -17,6 +17,12 @@
 //!   AMD `INVLPGB`): no IPIs, remote entries disappear at the issuing
 //!   CPU's barrier and not before; [`Arm64Like`] adds arm64's batched
 //!   unmap, which invalidates as pages are added and waits once.
+//! - Fills set the accessed bit before they cache, as Intel and AMD
+//!   document, and the x86 models say so to the crate;
+//!   [`X86NoAccessedPromise`] does not (a kernel that does not claim it),
+//!   and [`Model::FILL_SKIPS_ACCESSED`] makes fills that leave the bit
+//!   clear, so tests can show both what a pool does without the promise
+//!   and that the oracle catches a false claim.
 //! - A frame-state oracle knows which frames are free, in use or under I/O
 //!   and records every [`Violation`] of the safety contract: a write
 //!   through a stale entry into a free or in-I/O frame, a read of a free
@@ -72,7 +78,10 @@ pub use cpu::MockCpu;
 pub use error::{Fault, MockError};
 pub use kernel::{IoMode, MockKernel, MockRmap};
 pub use machine::{IpiHook, MockMachine};
-pub use model::{Arm64Like, BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Invlpgb, X86Like};
+pub use model::{
+    Arm64Like, BroadcastTlbi, Delivery, MockConfig, Model, NoRewalk, X86Invlpgb, X86Like,
+    X86NoAccessedPromise,
+};
 pub use oracle::{FrameError, FrameState, Violation};
 pub use own_table::MmuTable;
 pub use space::MockSpace;

@@ -10,11 +10,24 @@ pub trait Model: Send + Sync + 'static {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool;
     /// See [`Arch::BROADCAST_INVALIDATE`](crate::Arch::BROADCAST_INVALIDATE).
     const BROADCAST_INVALIDATE: bool;
-    /// See [`Arch::FILL_SETS_ACCESSED`](crate::Arch::FILL_SETS_ACCESSED).
-    /// Every simulated fill sets the accessed bit before it caches (the
-    /// page-table walk's locked update), whatever this says; it only says
-    /// whether the crate is told so.
+    /// What the machine's CPUs answer to
+    /// [`Arch::fill_sets_accessed`](crate::Arch::fill_sets_accessed): whether
+    /// the crate is told that fills set the accessed bit. What the
+    /// simulated fills do is [`FILL_SKIPS_ACCESSED`](Model::FILL_SKIPS_ACCESSED)'s
+    /// to say; a model that claims this with that knob on tells the crate
+    /// something false, on purpose (a negative control).
     const FILL_SETS_ACCESSED: bool = false;
+    /// Whether a simulated fill for a read caches the translation and
+    /// leaves the PTE's accessed bit as it was (a write still sets the
+    /// accessed and dirty bits). Off, every fill sets the bit in the
+    /// page-table walk's locked update before it caches, as Intel and AMD
+    /// document. On, it models a TLB that breaks that promise: hardware
+    /// without it, or a hypervisor's shadow paging that caches a guest's
+    /// translation without setting the guest's bit. Aging is less accurate
+    /// there (a page in use may look idle, contract rule 8), and only a
+    /// wrong [`FILL_SETS_ACCESSED`](Model::FILL_SETS_ACCESSED) claim risks
+    /// more. The default is false.
+    const FILL_SKIPS_ACCESSED: bool = false;
     /// See [`Arch::BATCH_BROADCAST_ON_ADD`](crate::Arch::BATCH_BROADCAST_ON_ADD).
     /// The simulated broadcast invalidations take effect at the issuing
     /// CPU's next `broadcast_sync`, and not before, whatever this says.
@@ -31,6 +44,23 @@ impl Model for X86Like {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
     const BROADCAST_INVALIDATE: bool = false;
     const FILL_SETS_ACCESSED: bool = true;
+}
+
+/// x86 as seen by a kernel that does not claim the accessed-bit promise
+/// ([`Arch::fill_sets_accessed`](crate::Arch::fill_sets_accessed) is
+/// false): a CPU of a vendor that does not document it (Hygon, Zhaoxin),
+/// or a guest that cannot vouch for its hypervisor's shadow paging.
+/// Everything else is [`X86Like`]'s, and the simulated fills still set the
+/// bit; only the crate is not told so, and its frame pools then wait for
+/// flushes made after each unmap instead of taking aging epochs.
+#[derive(Debug)]
+pub struct X86NoAccessedPromise;
+
+impl Model for X86NoAccessedPromise {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    const BROADCAST_INVALIDATE: bool = false;
+    const FILL_SETS_ACCESSED: bool = false;
 }
 
 /// Hardware that writes through a cached clean entry without looking at

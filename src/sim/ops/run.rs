@@ -61,7 +61,7 @@ pub fn check_on(ops: &[Op], tagged: bool, hardware: Hardware) -> Result<(Outcome
 /// Why the hardware is compared on the blind sequence only: the full one
 /// ages pages and reclaims by their accessed bits, and those legitimately
 /// differ between hardware. On arm64 a fill need not set the accessed bit
-/// ([`Arch::FILL_SETS_ACCESSED`](crate::Arch::FILL_SETS_ACCESSED) is false)
+/// ([`Arch::fill_sets_accessed`](crate::Arch::fill_sets_accessed) is false)
 /// and clearing it owes a flush, so the pool's aging epochs and which
 /// flushes empty which TLBs differ, and with them which pages a later
 /// aging finds referenced. The blind sequence unmaps, migrates, protects
