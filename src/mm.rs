@@ -237,6 +237,10 @@ pub unsafe fn switch_mm<A: Arch>(
         next.init_gen(state);
         next.cpus.insert(me, Ordering::SeqCst);
     }
+    // Until the load below, this CPU still runs `prev`: a pool that reads
+    // the new loaded ASID (next line) then finds `prev` here.
+    let leaving = prev.filter(|p| !p.is_kernel()).map(|p| p.asid);
+    state.set_leaving_asid(me, leaving);
     // Before the fence, so that a flusher or a pool that reads this CPU's
     // loaded ASID after advancing `next`'s generation either sees `next`,
     // or this CPU's generation check below sees the advance.
@@ -270,6 +274,9 @@ pub unsafe fn switch_mm<A: Arch>(
     if let Some(prev) = prev.filter(|p| !p.is_kernel()) {
         prev.cpus.remove(me, Ordering::SeqCst);
     }
+    // `prev`'s root is no longer loaded: its entries are gone (untagged,
+    // and the pass above records it) or unusable until a catch-up.
+    state.set_leaving_asid(me, None);
     Ok(())
 }
 

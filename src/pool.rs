@@ -161,7 +161,9 @@ impl Generation {
     /// Whether `cpu` holds no entry for this generation's frames that it
     /// could use before flushing it: it flushed everything past the
     /// generation's epoch, or it runs none of the generation's address
-    /// spaces now (a lazy CPU runs none), so that it flushes any of them
+    /// spaces now (a lazy CPU runs none; a CPU in the middle of a switch
+    /// runs both the space it leaves and the one it loads), so that it
+    /// flushes any of them
     /// by generation before it loads it again (contract rule 2's exact
     /// form), or it flushed the one it runs past the epoch.
     ///
@@ -174,11 +176,15 @@ impl Generation {
         if state.passed_epoch(cpu) >= self.epoch || state.is_lazy(cpu) {
             return true;
         }
-        match state.loaded_asid(cpu) {
-            None => true,
-            Some(a) if a.is_kernel() || !self.names(a) => true,
-            Some(a) => state.flushed_generation(cpu, a) >= self.epoch,
-        }
+        let runs = |a: Option<Asid>| match a {
+            None => false,
+            Some(a) if a.is_kernel() || !self.names(a) => false,
+            Some(a) => state.flushed_generation(cpu, a) < self.epoch,
+        };
+        // The loaded ASID first: a switch records the space it leaves
+        // before the one it loads, so a reader that sees the new one sees
+        // the old one here until the switch has loaded the new root.
+        !runs(state.loaded_asid(cpu)) && !runs(state.leaving_asid(cpu))
     }
 }
 

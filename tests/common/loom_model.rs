@@ -473,6 +473,9 @@ unsafe impl Arch for Cpu {
     }
 }
 
+/// The stack of each model CPU's loom thread.
+const CPU_STACK: usize = 1 << 20;
+
 /// Starts CPU `index` of `m` on a loom thread of its own, running `body`.
 pub fn spawn_cpu(
     m: &Arc<Machine>,
@@ -481,8 +484,25 @@ pub fn spawn_cpu(
     body: impl FnOnce(Cpu) -> usize + 'static,
 ) -> thread::JoinHandle<usize> {
     let (m, seen) = (m.clone(), seen.clone());
-    thread::spawn(move || body(Cpu::new(index, &m, &seen)))
+    let body = OneThread(Box::new(move || body(Cpu::new(index, &m, &seen))));
+    // loom's coroutines get small stacks by default; a pool's generations
+    // (each with its ASIDs) and its release's working arrays need more.
+    thread::Builder::new()
+        .stack_size(CPU_STACK)
+        .spawn(move || {
+            let body = body;
+            (body.0)()
+        })
+        .expect("a loom thread")
 }
+
+/// A model CPU's body, which loom's thread builder wants `Send` although
+/// the model's closures hold state that is not (`Cell`s of the CPU).
+struct OneThread(Box<dyn FnOnce() -> usize>);
+
+// SAFETY: loom runs every thread of a model as a coroutine on the one OS
+// thread that runs the test, so the body never crosses an OS thread.
+unsafe impl Send for OneThread {}
 
 /// Runs `model` under loom with `bound` preemptions (unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise) and returns what its executions
