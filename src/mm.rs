@@ -114,7 +114,11 @@ impl MmTlbState {
     /// flush the space's ASID themselves before they use it again, since
     /// this call advances the space's generation.
     ///
-    /// Call it *after* clearing the PTEs to be flushed, once per flush: the
+    /// It is the first step of a flush, not a query (that is
+    /// [`running_cpus`](Self::running_cpus)): it advances the space's
+    /// generation, so every CPU that does not run the space now flushes
+    /// its ASID before loading it again. Call it *after* clearing the PTEs
+    /// to be flushed, once per flush: the
     /// generation it publishes then covers them, and the full fence here
     /// pairs with the one in [`switch_mm`] (and in [`leave_lazy_tlb`]), so a
     /// CPU that switches in concurrently is either seen here or sees the
@@ -154,6 +158,13 @@ impl MmTlbState {
         } else {
             set.difference(&state.lazy_cpus())
         }
+    }
+
+    /// The CPUs a flush of this address space would reach now (as
+    /// [`flush_targets`](Self::flush_targets) computes them), without
+    /// advancing its generation: for looking, not for flushing.
+    pub fn running_cpus<A: Arch>(&self, arch: &A) -> CpuSet {
+        self.targets(arch, false, false)
     }
 
     /// Whether a CPU other than the caller's runs this address space now,

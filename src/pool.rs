@@ -21,17 +21,28 @@
 //!
 //! # How a CPU is known to have flushed
 //!
-//! The machine's [`TlbShootdown`](crate::TlbShootdown) keeps a flush
-//! *epoch*. Each batch moved into a pool becomes a generation: the pool
-//! opens a new epoch *after* the batch's PTEs were cleared, and marks each
-//! CPU the batch had to reach as owing a flush. A CPU records the epoch it
-//! read just *before* it dropped every non-global entry (its "passed"
-//! epoch). If that is at least a generation's epoch, the CPU read it after
-//! the PTEs were cleared, so its TLB could not refill an entry for those
-//! pages after the flush: it holds none. A generation is released when
-//! every online CPU it had to reach has passed its epoch; a CPU that went
-//! offline runs no code until [`prepare_cpu_online`](crate::prepare_cpu_online)
-//! flushes it.
+//! The machine's [`TlbShootdown`] keeps a flush *epoch*. Each batch moved
+//! into a pool becomes a generation: the pool opens a new epoch *after*
+//! the batch's PTEs were cleared, and marks each CPU the batch had to reach
+//! as owing a flush. A CPU records the epoch it read just *before* it
+//! dropped every non-global entry (its "passed" epoch). If that is at least
+//! a generation's epoch, the CPU read it after the PTEs were cleared, so
+//! its TLB could not refill an entry for those pages after the flush: it
+//! holds none.
+//!
+//! A CPU that has not flushed is clear of a generation all the same when
+//! it runs none of the generation's address spaces now: it is lazy
+//! ([`enter_lazy_tlb`](crate::enter_lazy_tlb)), or it switched to another
+//! space (on a tagged TLB its entries stay, under an ASID it does not run).
+//! It cannot use those entries, and it flushes the ASID by generation
+//! before it loads the space again, since the batch advanced the space's
+//! generation when it recorded the pages (see [`generation`](crate::generation);
+//! contract rule 2's exact form). A CPU in the middle of a switch counts as
+//! running both spaces until it has loaded the new root.
+//!
+//! A generation is released when every online CPU it had to reach is
+//! clear of it; a CPU that went offline runs no code until
+//! [`prepare_cpu_online`](crate::prepare_cpu_online) flushes it.
 //!
 //! # Aging epochs: flushes made before the unmap
 //!
@@ -60,11 +71,13 @@
 //!
 //! # What the kernel must do
 //!
-//! - Call [`quiescent_flush`] from its timer tick, and when a CPU enters
-//!   idle; with untagged TLBs, [`switch_mm`](crate::switch_mm) already
-//!   records the flush a switch implies. A CPU that idles for long should
-//!   switch to the kernel's address space, so that it leaves the user
-//!   spaces' CPU sets and no later generation waits for it.
+//! - Call [`quiescent_flush`] from its timer tick; with untagged TLBs,
+//!   [`switch_mm`](crate::switch_mm) already records the flush a switch
+//!   implies. A CPU that goes idle, or runs a kernel thread, should enter
+//!   lazy TLB mode ([`enter_lazy_tlb`](crate::enter_lazy_tlb)) or switch to
+//!   the kernel's address space: either way no generation waits for it,
+//!   and no flush interrupts it (lazy mode saves the switch and the refills
+//!   after it, as Linux does).
 //! - Treat pooled frames as allocated: they are not free memory. Release
 //!   passed generations often ([`FramePool::release_passed`], no IPIs) and
 //!   [`flush`](FramePool::flush) the pool when free memory falls below a
