@@ -656,14 +656,18 @@ fn local_pass<A: Arch>(arch: &A) {
 /// this CPU among those that may cache a generation it has not flushed
 /// past yet, it drops every non-global entry ([`Arch::flush_local_all`])
 /// and records that, so the pool can hand those frames back without an
-/// IPI. Otherwise it does nothing (one comparison of two counters).
-/// Returns whether it flushed.
+/// IPI. Otherwise, and on a CPU in lazy TLB mode (which every pooled
+/// generation counts as clear), it does nothing (a few loads). Returns
+/// whether it flushed.
 ///
 /// Safe anywhere the CPU may flush its own TLB, interrupt handlers
 /// included; the caller must not migrate during the call.
 pub fn quiescent_flush<A: Arch>(arch: &A) -> bool {
     let state = arch.shootdown_state();
-    if !state.flush_owed(arch.current_cpu()) {
+    let me = arch.current_cpu();
+    // A lazy CPU is clear of every generation already (it catches up by
+    // generation before it runs user code): its tick need not flush.
+    if !state.flush_owed(me) || state.is_lazy(me) {
         return false;
     }
     local_pass(arch);
