@@ -3,6 +3,7 @@
 
 use crate::arch::Arch;
 use crate::cpuset::CpuSet;
+use crate::generation::still_running;
 use crate::mm::MmTlbState;
 use crate::pte::Pte;
 use crate::range::PageRange;
@@ -254,7 +255,21 @@ impl TlbFlushUnmapBatch {
         let report = if self.issued_here(arch) {
             complete_broadcast(arch, &self.request)
         } else {
-            shootdown(arch, &self.targets, &self.request)?
+            // A CPU recorded when a page was added that has switched away
+            // since, or gone lazy, flushes by generation before it uses the
+            // space again (the add advanced it): no IPI for it. Kernel
+            // pages are global: every target stays.
+            let targets = if self.request.names_kernel() {
+                self.targets
+            } else {
+                still_running(
+                    arch.shootdown_state(),
+                    &self.targets,
+                    self.request.asids(),
+                    self.request.has_too_many_asids(),
+                )
+            };
+            shootdown(arch, &targets, &self.request)?
         };
         arch.shootdown_state().count(Counter::BatchesFlushed, 1);
         *self = TlbFlushUnmapBatch::new();

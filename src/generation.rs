@@ -71,6 +71,8 @@
 //! meanwhile. That is a local flush where Linux might skip one, not an IPI.
 
 use crate::asid::Asid;
+use crate::cpuset::{CpuId, CpuSet};
+use crate::percpu::TlbShootdown;
 use crate::sync::{atomic_array, maybe_const_fn, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// How many ASIDs each CPU remembers a generation for. An ASID evicted from
@@ -154,4 +156,40 @@ impl AsidSlots {
         }
         self.next_victim.store(0, Ordering::Relaxed);
     }
+}
+
+/// Whether `cpu` may still use entries of user address spaces named by
+/// `asids` (any user space when `many`) without flushing them first: it
+/// runs one of them now, not lazily, or is in the middle of a switch away
+/// from one (its root is loaded until the switch loads the next one).
+///
+/// A CPU for which this is false holds such entries only under an ASID it
+/// does not run, or lazily, and flushes them by generation before it uses
+/// them, provided each space's generation advanced after the PTEs in
+/// question were cleared and before this is asked (which
+/// [`MmTlbState::flush_targets`](crate::MmTlbState::flush_targets) does).
+/// Sound against a CPU switching or resuming concurrently: a CPU records
+/// the ASID it leaves, then the one it loads, and clears its lazy mark,
+/// before it reads the generation; so if this reads the old state, the
+/// CPU's generation check sees the advance.
+pub(crate) fn may_use(state: &TlbShootdown, cpu: CpuId, asids: &[Asid], many: bool) -> bool {
+    if state.is_lazy(cpu) {
+        return false;
+    }
+    let names = |a: Option<Asid>| a.is_some_and(|a| !a.is_kernel() && (many || asids.contains(&a)));
+    // The loaded ASID first: see `set_leaving_asid`.
+    names(state.loaded_asid(cpu)) || names(state.leaving_asid(cpu))
+}
+
+/// The CPUs of `targets` that [`may_use`] entries of the named spaces: a
+/// deferred flush recorded for CPUs that have since switched away, or gone
+/// lazy, need not interrupt them.
+pub(crate) fn still_running(state: &TlbShootdown, targets: &CpuSet, asids: &[Asid], many: bool) -> CpuSet {
+    let mut set = CpuSet::new();
+    for cpu in targets {
+        if may_use(state, cpu, asids, many) {
+            set.insert(cpu);
+        }
+    }
+    set
 }

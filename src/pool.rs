@@ -176,9 +176,9 @@ impl Generation {
     /// generation's epoch, or it runs none of the generation's address
     /// spaces now (a lazy CPU runs none; a CPU in the middle of a switch
     /// runs both the space it leaves and the one it loads), so that it
-    /// flushes any of them
-    /// by generation before it loads it again (contract rule 2's exact
-    /// form), or it flushed the one it runs past the epoch.
+    /// flushes any of them by generation before it loads it again
+    /// (contract rule 2's exact form), or it flushed the one it runs past
+    /// the epoch.
     ///
     /// Sound against a CPU switching concurrently: the batch advanced its
     /// spaces' generations when it recorded the pages, before this is
@@ -189,15 +189,19 @@ impl Generation {
         if state.passed_epoch(cpu) >= self.epoch || state.is_lazy(cpu) {
             return true;
         }
-        let runs = |a: Option<Asid>| match a {
-            None => false,
-            Some(a) if a.is_kernel() || !self.names(a) => false,
-            Some(a) => state.flushed_generation(cpu, a) < self.epoch,
-        };
-        // The loaded ASID first: a switch records the space it leaves
-        // before the one it loads, so a reader that sees the new one sees
-        // the old one here until the switch has loaded the new root.
-        !runs(state.loaded_asid(cpu)) && !runs(state.leaving_asid(cpu))
+        // The loaded ASID first, then the one a switch is leaving (see
+        // `may_use`): a switch into one of the spaces shows here as loaded,
+        // one out of them as leaving until its next root is loaded.
+        let named = |a: Option<Asid>| a.filter(|a| !a.is_kernel() && self.names(*a));
+        let loaded = named(state.loaded_asid(cpu));
+        let leaving = named(state.leaving_asid(cpu));
+        match (loaded, leaving) {
+            (None, None) => true,
+            // It runs one of the spaces: clear if it flushed it past the
+            // epoch since.
+            (Some(a), None) => state.flushed_generation(cpu, a) >= self.epoch,
+            _ => false,
+        }
     }
 }
 

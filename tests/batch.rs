@@ -372,3 +372,38 @@ fn a_clean_writable_deferral_makes_the_batch_writable() {
     );
     assert!(batch.flush_dirty(&cpu0).unwrap().is_some());
 }
+
+/// A CPU recorded as a target when a page was added, that has switched
+/// away (or gone lazy) by the time the batch is flushed, is not
+/// interrupted: the add advanced the space's generation, so it flushes the
+/// ASID before it uses the space again. The frame is freed in between,
+/// and the oracle judges the CPU at its return. On untagged and tagged
+/// TLBs, switched away or lazy.
+#[test]
+fn a_target_that_left_before_the_flush_gets_no_ipi() {
+    for (tagged, lazy) in [(false, false), (true, false), (false, true), (true, true)] {
+        let m = MockMachine::new(MockConfig {
+            tagged_tlb: tagged,
+            ..config(2, 64)
+        })
+        .unwrap();
+        let (mm, frames) = populate(&m, 1, 1, &[0, 1], true);
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        let mut batch = TlbFlushUnmapBatch::new();
+        let old = m.clear_pte(&mm, va(0)).unwrap();
+        batch.add_pending(&cpu0, &mm, va(0), old).unwrap();
+        assert!(batch.targets().contains(cpu1.id()));
+        if lazy {
+            cpu1.enter_lazy().unwrap();
+        } else {
+            cpu1.switch_to(&m.new_mm(asid(2)).unwrap()).unwrap();
+        }
+        let report = batch.flush(&cpu0).unwrap();
+        assert_eq!(report.ipis_sent, 0, "tagged: {tagged}, lazy: {lazy}");
+        m.free_frame(frames[0]).unwrap();
+        assert_eq!(m.violations(), []);
+        cpu1.switch_to(&mm).unwrap();
+        assert!(m.cached_translations(frames[0]).is_empty());
+        assert_eq!(m.violations(), [], "tagged: {tagged}, lazy: {lazy}");
+    }
+}
