@@ -158,12 +158,13 @@ impl AsidSlots {
     }
 }
 
-/// Whether `cpu` may still use entries of user address spaces named by
-/// `asids` (any user space when `many`) without flushing them first: it
-/// runs one of them now, not lazily, or is in the middle of a switch away
-/// from one (its root is loaded until the switch loads the next one).
+/// Which of the user address spaces that `named` accepts `cpu` runs now:
+/// the one it has loaded, and the one a switch in progress is leaving (its
+/// root stays loaded until the switch loads the next one), each if
+/// `named` accepts it; both `None` for a lazy CPU, which runs no user
+/// code.
 ///
-/// A CPU for which this is false holds such entries only under an ASID it
+/// A CPU that runs none of them holds their entries only under an ASID it
 /// does not run, or lazily, and flushes them by generation before it uses
 /// them, provided each space's generation advanced after the PTEs in
 /// question were cleared and before this is asked (which
@@ -171,14 +172,28 @@ impl AsidSlots {
 /// Sound against a CPU switching or resuming concurrently: a CPU records
 /// the ASID it leaves, then the one it loads, and clears its lazy mark,
 /// before it reads the generation; so if this reads the old state, the
-/// CPU's generation check sees the advance.
-pub(crate) fn may_use(state: &TlbShootdown, cpu: CpuId, asids: &[Asid], many: bool) -> bool {
+/// CPU's generation check sees the advance. The loaded ASID is read
+/// first: a reader that sees a switch's new one sees the one it leaves.
+pub(crate) fn running(
+    state: &TlbShootdown,
+    cpu: CpuId,
+    named: impl Fn(Asid) -> bool,
+) -> (Option<Asid>, Option<Asid>) {
     if state.is_lazy(cpu) {
-        return false;
+        return (None, None);
     }
-    let names = |a: Option<Asid>| a.is_some_and(|a| !a.is_kernel() && (many || asids.contains(&a)));
-    // The loaded ASID first: see `set_leaving_asid`.
-    names(state.loaded_asid(cpu)) || names(state.leaving_asid(cpu))
+    let user = |a: Option<Asid>| a.filter(|a| !a.is_kernel() && named(*a));
+    let loaded = user(state.loaded_asid(cpu));
+    let leaving = user(state.leaving_asid(cpu));
+    (loaded, leaving)
+}
+
+/// Whether `cpu` may still use entries of the user address spaces named by
+/// `asids` (any user space when `many`) without flushing them first (see
+/// [`running`]).
+pub(crate) fn may_use(state: &TlbShootdown, cpu: CpuId, asids: &[Asid], many: bool) -> bool {
+    let (loaded, leaving) = running(state, cpu, |a| many || asids.contains(&a));
+    loaded.is_some() || leaving.is_some()
 }
 
 /// The CPUs of `targets` that [`may_use`] entries of the named spaces: a

@@ -101,6 +101,7 @@
 use crate::arch::{Arch, Asid};
 use crate::batch::machine_id;
 use crate::cpuset::{CpuId, CpuSet};
+use crate::generation::running;
 use crate::percpu::TlbShootdown;
 use crate::request::{FlushRequest, MAX_FLUSH_ASIDS};
 use crate::shootdown::{complete_broadcast, shootdown, ShootdownReport};
@@ -186,16 +187,10 @@ impl Generation {
     /// before it reads the generation. So if this reads the old state, the
     /// CPU's generation check sees the advance and flushes.
     fn clear_on(&self, state: &TlbShootdown, cpu: CpuId) -> bool {
-        if state.passed_epoch(cpu) >= self.epoch || state.is_lazy(cpu) {
+        if state.passed_epoch(cpu) >= self.epoch {
             return true;
         }
-        // The loaded ASID first, then the one a switch is leaving (see
-        // `may_use`): a switch into one of the spaces shows here as loaded,
-        // one out of them as leaving until its next root is loaded.
-        let named = |a: Option<Asid>| a.filter(|a| !a.is_kernel() && self.names(*a));
-        let loaded = named(state.loaded_asid(cpu));
-        let leaving = named(state.leaving_asid(cpu));
-        match (loaded, leaving) {
+        match running(state, cpu, |a| self.names(a)) {
             (None, None) => true,
             // It runs one of the spaces: clear if it flushed it past the
             // epoch since.

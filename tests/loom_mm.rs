@@ -24,7 +24,10 @@
 //!   check sees the flush and drops the entry before it loads the ASID;
 //! - (k) a lazy CPU leaves lazy mode (`leave_lazy_tlb`) while another CPU
 //!   clears a PTE and computes the flush targets, which skip lazy CPUs:
-//!   either it is a target or it catches up before it runs user code.
+//!   either it is a target or it catches up before it runs user code;
+//! - (m) a batch that recorded a CPU as a target is flushed while that CPU
+//!   switches away: the flush may skip it once it no longer runs the
+//!   space, never while it still caches the page there.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
 //! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
@@ -33,10 +36,13 @@
 
 mod common;
 
-use common::loom_model::{asid, cached_on, check, cpu_id, spawn_cpu, Machine, EMPTY, MAPPED};
+use common::loom_model::{asid, cached_on, check, cpu_id, spawn_cpu, Machine, BASE, EMPTY, MAPPED};
 use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
-use tlb_batch::{enter_lazy_tlb, flush_tlb_batched_pending, leave_lazy_tlb, switch_mm, Asid, MmTlbState};
+use tlb_batch::{
+    enter_lazy_tlb, flush_tlb_batched_pending, leave_lazy_tlb, switch_mm, Asid, Frame, MmTlbState, Pte,
+    PteFlags, TlbFlushUnmapBatch,
+};
 
 /// (e) CPU 1 switches to an address space (`switch_mm`) and then touches
 /// page 0, while CPU 0 clears page 0's PTE and computes the flush targets
@@ -234,4 +240,49 @@ fn k_lazy_cpu_resumes_while_an_unmapper_skips_it() {
         seen.outcome(targeted);
     });
     seen.both_outcomes(["cpu1 caught up by itself", "cpu1 was a target"]);
+}
+
+/// (m) Untagged TLB. CPU 1 runs the address space with page 0 cached. CPU 0
+/// clears page 0's PTE and records it in a batch (`add_pending`: CPU 1 is
+/// a target unless its switch already left the set), then flushes the
+/// batch and checks CPU 1's TLB, as a free would; CPU 1 meanwhile switches
+/// to another address space. The flush may leave CPU 1 out once it runs
+/// the other space (its switch dropped the entry), never while it still
+/// caches the page: a flush that skips every recorded target fails. (The
+/// window of a switch that recorded its next ASID but has not loaded the
+/// next root is not reached here; model (h') reaches it, through the same
+/// `generation::running` the pool shares with the batch.)
+#[test]
+fn m_batch_flush_races_with_a_target_switching_away() {
+    let seen = check("(m) batch flush vs a target switching away", 4, |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
+        cached_on(&m, seen, 1, &mm);
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            let old = Pte::new(Frame(0x100), PteFlags::PRESENT | PteFlags::USER);
+            let mut batch = TlbFlushUnmapBatch::new();
+            // CPU 1 is a target unless its switch took it out of the set
+            // before the add read it.
+            batch.add_pending(&cpu, &mm0, BASE, old).unwrap();
+            let report = batch.flush(&cpu).unwrap();
+            assert!(
+                !cpu.m.caches(1),
+                "the batch's flush skipped cpu1 while it still cached page 0"
+            );
+            cpu.finish();
+            report.remote_cpus
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // SAFETY: a model: the roots are never dereferenced.
+            unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() };
+            cpu.finish()
+        });
+        let interrupted = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        seen.outcome(interrupted);
+    });
+    seen.both_outcomes(["cpu1 was left out", "cpu1 was interrupted"]);
 }
