@@ -1,0 +1,113 @@
+//! Flush generations on the mock machine (`tlb_batch::generation`): what a
+//! CPU records for the ASIDs it ran, and when it must flush one before
+//! loading it again. The counts are the crate's `catch_ups`: a catch-up
+//! too many is a wasted local flush (and refills), one too few is a stale
+//! entry, which the oracle catches at the load.
+
+mod common;
+
+use common::{asid, config, va};
+use tlb_batch::arch::mock::{MockConfig, MockMachine};
+use tlb_batch::generation::ASID_SLOTS;
+use tlb_batch::{flush_tlb_mm, flush_tlb_page};
+
+fn tagged(cpus: usize) -> MockMachine {
+    MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(cpus, 64)
+    })
+    .unwrap()
+}
+
+/// A space's first load on a CPU flushes its ASID (the CPU cannot know
+/// what a dead space left under it); coming back to it with nothing
+/// flushed meanwhile does not.
+#[test]
+fn a_first_load_catches_up_and_a_return_with_nothing_flushed_does_not() {
+    let m = tagged(2);
+    let (a, b) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&a).unwrap();
+    cpu1.switch_to(&b).unwrap();
+    assert_eq!(m.stats().catch_ups, 2, "two first loads");
+    cpu1.switch_to(&a).unwrap();
+    cpu1.switch_to(&b).unwrap();
+    assert_eq!(m.stats().catch_ups, 2, "nothing was flushed meanwhile");
+    assert_eq!(m.violations(), []);
+}
+
+/// A flush of a whole address space that reaches a CPU running it counts
+/// as that CPU's catch-up on it: after switching away and back, with
+/// nothing flushed in between, it flushes nothing. A page flush does not
+/// count (the request carries no generation), so the return after one
+/// flushes the ASID once more, locally.
+#[test]
+fn a_whole_space_flush_received_counts_as_caught_up_and_a_page_flush_does_not() {
+    let m = tagged(2);
+    let (a, b) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+    m.map_new(&a, va(0), false).unwrap();
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    cpu1.switch_to(&a).unwrap();
+    cpu1.read(va(0)).unwrap();
+    let first = m.stats().catch_ups;
+    assert_eq!(flush_tlb_mm(&cpu0, &a).unwrap().ipis_sent, 1);
+    cpu1.switch_to(&b).unwrap();
+    let before = m.stats().catch_ups;
+    cpu1.switch_to(&a).unwrap();
+    assert_eq!(m.stats().catch_ups - before, 0, "the IPI's flush of A counted");
+    assert_eq!(flush_tlb_page(&cpu0, &a, va(0)).unwrap().ipis_sent, 1);
+    cpu1.switch_to(&b).unwrap();
+    let before = m.stats().catch_ups;
+    cpu1.switch_to(&a).unwrap();
+    assert_eq!(
+        m.stats().catch_ups - before,
+        1,
+        "a page flush records no generation"
+    );
+    assert!(first >= 1);
+    assert_eq!(m.violations(), []);
+}
+
+/// A CPU remembers `ASID_SLOTS` ASIDs. Running one more evicts the oldest
+/// recorded one, whose next load flushes it again although its space was
+/// never flushed; the others it still remembers load without a flush.
+#[test]
+fn an_asid_evicted_from_the_slots_is_flushed_at_its_next_load() {
+    let m = tagged(2);
+    let spaces: Vec<_> = (1..=ASID_SLOTS as u16 + 1)
+        .map(|i| m.new_mm(asid(i)).unwrap())
+        .collect();
+    let cpu1 = m.cpu(1).unwrap();
+    for s in &spaces {
+        cpu1.switch_to(s).unwrap();
+    }
+    assert_eq!(m.stats().catch_ups, spaces.len() as u64, "every first load");
+    // The last one took the slot of the first; the second is remembered.
+    let before = m.stats().catch_ups;
+    cpu1.switch_to(&spaces[1]).unwrap();
+    assert_eq!(m.stats().catch_ups - before, 0, "remembered");
+    cpu1.switch_to(&spaces[0]).unwrap();
+    assert_eq!(m.stats().catch_ups - before, 1, "evicted: flushed again");
+    assert_eq!(m.violations(), []);
+}
+
+/// A full local flush (a timer tick's `quiescent_flush` owing the pool, or
+/// any flush of everything) catches up every ASID at once: the generation
+/// is the machine's epoch, so the CPU's pass covers them all, remembered
+/// or not.
+#[test]
+fn a_pass_catches_up_every_asid_at_once() {
+    let m = tagged(2);
+    let (a, b) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    cpu1.switch_to(&a).unwrap();
+    cpu1.switch_to(&b).unwrap();
+    flush_tlb_mm(&cpu0, &a).unwrap();
+    let mut everything = tlb_batch::FlushRequest::new();
+    everything.add_everything();
+    tlb_batch::shootdown(&cpu0, &tlb_batch::CpuSet::single(cpu1.id()), &everything).unwrap();
+    let before = m.stats().catch_ups;
+    cpu1.switch_to(&a).unwrap();
+    assert_eq!(m.stats().catch_ups - before, 0, "the pass covered A");
+    assert_eq!(m.violations(), []);
+}
