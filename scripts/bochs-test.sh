@@ -133,7 +133,7 @@ EOF
 
 : >"$work/skips"
 # What the generations scenario measured about Bochs' PCIDs.
-NO_KEEP="generations: PCID entries kept across a CR3 write: no (AP 1 cached P in PCID 8: true, switched to PCID 9, P remapped with no flush, back on PCID 8 it read the new frame): a skipped catch-up at a switch cannot be observed here, so it has no negative control"
+NO_KEEP="generations: PCID entries kept across a CR3 write: no (AP 1 cached P in PCID 8: true, switched to PCID 9, P remapped with no flush, back on PCID 8 with 0 catch-ups it read the new frame): a skipped catch-up at a switch cannot be observed here, so it has no negative control"
 pooled() {
     local aps=$(($1 - 1))
     echo "scenario pooled reclaim flow: PASS (16 pages pooled with 0 IPIs, then read through the APs' TLBs $((16 * aps)) of $((16 * aps)) times, frames intact: true; 0 released before the APs flushed; after a quiescent flush on $aps APs, 16 released by passes with 0 IPIs sent and 0 taken; 16 more pooled, AP 1 switched away, a forced flush sent $((aps - 1)) IPIs ($((aps - 1)) taken) and released 16; stale: 0 reads after the flushes)"
