@@ -114,7 +114,8 @@ generations_counted() {
     for want in \
         "scenario generations: PASS (AP 1 on A: a flush of A made 1 broadcast; AP 1 switched to B: 0 broadcasts, 0 shootdowns, catch-ups when back on A: 1; AP 1 lazy on A: 0 broadcasts, 0 shootdowns, ipi_sync still reached $others of $others other CPUs with 1 hook call, catch-ups at leave_lazy_tlb: 1; stale: 0 reads of an old frame)" \
         "$NO_KEEP"; do
-        if ! grep -qxF -- "$want" "$log"; then
+        # Whole lines, the serial console's carriage returns dropped.
+        if ! tr -d '\r' <"$log" | grep -qxF -- "$want"; then
             failed=$((failed + 1))
             echo "qemu-aarch64 generations, $1 cpus: missing: $want"
         fi
@@ -200,7 +201,7 @@ fi
 # ASIDE1 skipped and must read the old frame through the entry it kept (a
 # lazy CPU writes no TTBR0_EL1, so TCG keeps it). Only that scenario fails.
 run "negative control: no catch-up (must fail)" $FAIL 2 max "negative-catchup"
-if ! grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; stale: 1 reads of an old frame\)$" "$log" ||
+if ! tr -d '\r' <"$log" | grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; stale: 1 reads of an old frame\)$" ||
     ! grep -q "^8 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-catchup' did not fail on the lazy CPU's stale read alone"
