@@ -108,11 +108,13 @@ teardown_passed() {
 
 # generations_counted CPUS: the last run's generations lines, exact. A
 # broadcast TLBI needs no IPI, so what the CPU sets decide here is whether
-# a flush is broadcast at all; ipi_sync interrupts every other CPU anyway.
+# a flush is broadcast at all (a frame pool's too); ipi_sync interrupts
+# every other CPU anyway.
 generations_counted() {
     local others=$(($1 - 1)) want
     for want in \
         "scenario generations: PASS (AP 1 on A: a flush of A made 1 broadcast; AP 1 switched to B: 0 broadcasts, 0 shootdowns, catch-ups when back on A: 1; AP 1 lazy on A: 0 broadcasts, 0 shootdowns, ipi_sync still reached $others of $others other CPUs with 1 hook call, catch-ups at leave_lazy_tlb: 1; stale: 0 reads of an old frame)" \
+        "generations, frame pool: AP 1 on A: P unmapped with its flush deferred: true, 1 frame pooled and 1 released at once with 0 IPIs (page TLBIs issued on add: 1, broadcasts completing them: 1), then AP 1 faulted: true; AP 1 switched to B: deferred: false, 1 pooled and 1 released at once with 0 IPIs (page TLBIs: 0, broadcasts: 0), catch-ups when back on A: 1, then AP 1 faulted: true" \
         "$NO_KEEP"; do
         # Whole lines, the serial console's carriage returns dropped.
         if ! tr -d '\r' <"$log" | grep -qxF -- "$want"; then

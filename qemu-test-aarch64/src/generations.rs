@@ -20,6 +20,14 @@
 //!    then read the old frame, which TCG shows since no translation
 //!    register is written.
 //!
+//! The frame pool: A's page P (read-only) unmapped into an `UnmapBatch`
+//! and deferred into a `FramePool` while AP 1 runs A comes back at once
+//! with no IPI (its `TLBI VAE1IS` went out as the page was added, and the
+//! deferral completed it with one `DSB ISH`); once AP 1 switched away,
+//! nobody else runs A, the unmap defers nothing and issues no TLBI at all
+//! (AP 1 catches up when it comes back). Its line comes first, and its
+//! result is part of the scenario's.
+//!
 //! `ipi_sync` (the teardown's wait for lockless walkers) does not look at
 //! the CPU sets: it interrupts every other online CPU, lazy or not, since
 //! a walker may run in any address space; the scenario counts that too.
@@ -31,14 +39,16 @@
 //! TTBR0_EL1 change; the kernel prints what it found.
 
 use core::mem::MaybeUninit;
+use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tlb_batch::arch::aarch64 as a64;
 use tlb_batch::{
-    enter_lazy_tlb, flush_tlb_page, ipi_sync, leave_lazy_tlb, switch_mm, Arch, Asid, MmTlbState,
+    enter_lazy_tlb, flush_tlb_page, ipi_sync, leave_lazy_tlb, switch_mm, Arch, Asid, Frame, FramePool,
+    Mapping, MappingFlags, MmTlbState, OwnedFrame, PageTable, Pte, Rmap, TtuFlags, UnmapBatch, Unmapped,
 };
 
-use crate::{mmu, tlb, MAX_CPUS};
+use crate::{mmu, space, tlb, MAX_CPUS};
 
 const NAME: &str = "generations";
 /// The test page the scenario remaps (the last one).
@@ -159,6 +169,169 @@ fn set_p(i: usize) {
     a64::isb();
 }
 
+/// Points P at frame `i` read-only (a frame pool takes only mappings
+/// whose stale entries cannot write), with no TLBI.
+fn set_p_read_only(i: usize) {
+    mmu::test_pte(PAGE).store(
+        frame_pa(i) | mmu::TEST_PAGE_FLAGS | mmu::AP_READ_ONLY,
+        Ordering::Release,
+    );
+    a64::dsb_ishst();
+    a64::isb();
+}
+
+/// Address space A as the crate's reverse-map code sees it: page P only.
+struct SpaceA;
+
+static SPACE_A: SpaceA = SpaceA;
+
+fn entry(va: u64) -> Option<&'static AtomicU64> {
+    (va == mmu::test_va(PAGE)).then(|| mmu::test_pte(PAGE))
+}
+
+// SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
+// operations on the descriptor (an access flag the hardware sets is never
+// lost); the state is A's, whose ASID CPUs load with these tables; the
+// defaults of the other methods hold (one CPU changes the entry).
+unsafe impl PageTable for SpaceA {
+    fn tlb_state(&self) -> &MmTlbState {
+        space(1)
+    }
+    fn lookup(&self, va: u64) -> Pte {
+        entry(va).map_or(Pte::EMPTY, |e| space::to_pte(e.load(Ordering::Acquire)))
+    }
+    fn exchange(&self, va: u64, new: Pte) -> Pte {
+        entry(va).map_or(Pte::EMPTY, |e| {
+            space::to_pte(e.swap(space::to_descriptor(new), Ordering::AcqRel))
+        })
+    }
+    fn test_and_clear_accessed(&self, va: u64) -> bool {
+        entry(va).is_some_and(|e| e.fetch_and(!mmu::AF, Ordering::AcqRel) & mmu::AF != 0)
+    }
+    fn set(&self, va: u64, pte: Pte) {
+        if let Some(e) = entry(va) {
+            e.store(space::to_descriptor(pte), Ordering::Release);
+        }
+    }
+}
+
+struct RmapA;
+
+// SAFETY: this module's frames are mapped only at P, whose entry only this
+// scenario writes while it runs: P is every user mapping of them.
+unsafe impl Rmap for RmapA {
+    type Space = SpaceA;
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, SpaceA>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        let pte = SPACE_A.lookup(mmu::test_va(PAGE));
+        if pte.is_present() && pte.frame() == frame {
+            visit(Mapping {
+                space: &SPACE_A,
+                va: mmu::test_va(PAGE),
+                flags: MappingFlags::empty(),
+            })
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+    fn set_dirty(&self, _frame: Frame) {}
+}
+
+/// Unmaps frame `i` (at P) into a batch and defers it into `pool`:
+/// (whether its flush was deferred, frames pooled).
+fn unmap_into_pool(i: usize, pool: &mut FramePool<4>) -> (bool, usize) {
+    let mut batch: UnmapBatch<1> = UnmapBatch::new();
+    // SAFETY: the frame is a static of this module, mapped only at P; this
+    // handle is the one claim on it until the pool hands it back.
+    let frame = unsafe { OwnedFrame::new(Frame(frame_pa(i) >> 12)) };
+    if !matches!(
+        batch.try_to_unmap(tlb::arch(), &RmapA, frame, TtuFlags::IGNORE_ACCESS),
+        Ok(Unmapped::Held(_))
+    ) {
+        crate::fatal("the generations page was not unmapped into the batch");
+    }
+    let deferred = batch.tlb_batch().pending_pages() > 0;
+    match pool.defer(tlb::arch(), &mut batch) {
+        Ok(n) => (deferred, n),
+        Err(_) => crate::fatal("the frame pool refused the generations batch"),
+    }
+}
+
+/// Takes back what `pool` releases without a shootdown: how many frames.
+fn release(pool: &mut FramePool<4>) -> usize {
+    let (frames, mapped) = pool.release_passed(tlb::arch()).into_parts();
+    let n = frames.len() + mapped.len();
+    // Statics of this module: nothing to free.
+    for f in frames {
+        let _ = f.into_frame();
+    }
+    for (f, _) in mapped {
+        let _ = f.into_frame();
+    }
+    n
+}
+
+/// The pool part: A's page P unmapped into a frame pool while AP 1 runs
+/// A, then after it switched away. Returns whether it passed.
+fn pooled() -> bool {
+    let mut pool: FramePool<4> = FramePool::new();
+    // AP 1 runs A and caches P (frame 0, read-only).
+    set_p_read_only(0);
+    let _ = flush_a();
+    let warm = read() == value(0);
+    let before = tlb::TLB.stats();
+    let (deferred, pooled) = unmap_into_pool(0, &mut pool);
+    let released = release(&mut pool);
+    let d = tlb::TLB.stats().since(&before);
+    let faulted = read() == u64::MAX;
+
+    // AP 1 switched to B: nobody else runs A.
+    set_p_read_only(1);
+    let _ = flush_a();
+    let warm_away = read() == value(1);
+    switch_ap(2);
+    let before = tlb::TLB.stats();
+    let (deferred_away, pooled_away) = unmap_into_pool(1, &mut pool);
+    let released_away = release(&mut pool);
+    let d_away = tlb::TLB.stats().since(&before);
+    let catch_up = catch_ups();
+    switch_ap(1);
+    let catch_ups_back = catch_ups() - catch_up;
+    let faulted_away = read() == u64::MAX;
+    let ok = warm
+        && deferred
+        && pooled == 1
+        && released == 1
+        && d.ipis_sent == 0
+        && faulted
+        && warm_away
+        && !deferred_away
+        && pooled_away == 1
+        && released_away == 1
+        && d_away.ipis_sent == 0
+        && d_away.broadcasts == 0
+        && faulted_away
+        && pool.is_empty();
+    crate::say!(
+        "generations, frame pool: AP {AP} on A: P unmapped with its flush deferred: {deferred}, {pooled} frame pooled \
+         and {released} released at once with {} IPIs (page TLBIs issued on add: {}, broadcasts completing them: {}), \
+         then AP {AP} faulted: {faulted}; AP {AP} switched to B: deferred: {deferred_away}, {pooled_away} pooled and \
+         {released_away} released at once with {} IPIs (page TLBIs: {}, broadcasts: {}), catch-ups when back on A: \
+         {catch_ups_back}, then AP {AP} faulted: {faulted_away}{}\n",
+        d.ipis_sent,
+        d.local_page_flushes,
+        d.broadcasts,
+        d_away.ipis_sent,
+        d_away.local_page_flushes,
+        d_away.broadcasts,
+        if ok { "" } else { " (wrong)" },
+    );
+    ok
+}
+
 /// A flush of A's page P from CPU 0: (broadcasts, shootdowns) it made.
 fn flush_a() -> (u64, u64) {
     let before = tlb::TLB.stats();
@@ -236,7 +409,11 @@ pub fn run(bootargs: &[u8]) -> bool {
     let stale = u64::from(leave_value == value(2)) + u64::from(!back_read) + u64::from(!running_read);
     let others = crate::ONLINE.load(Ordering::Acquire) - 1;
 
+    // 4. The frame pool, with A's page P read-only.
+    let pooled_ok = pooled();
+
     let ok = warm
+        && pooled_ok
         && lazy
         && left
         && running_broadcasts == 1
@@ -259,8 +436,12 @@ pub fn run(bootargs: &[u8]) -> bool {
         if ok { "PASS" } else { "FAIL" }
     );
 
-    // 4. Does a TTBR0_EL1 change keep ASID-tagged entries? P (frame 0) is
-    // cached in A, unless the control left frame 2's entry.
+    // 5. Does a TTBR0_EL1 change keep ASID-tagged entries? AP 1 runs A
+    // and caught up at its last switch; P is unmapped, so no entry of it
+    // is cached, and mapping it needs no TLBI. (A flush here would move
+    // A's generation, and the switch back below would catch up: a TLBI
+    // ...IS leaves no record on the CPUs it reaches.)
+    set_p(0);
     let warm = read();
     switch_ap(2);
     set_p(1);
