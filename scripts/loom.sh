@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the cross-CPU shootdown protocol with loom:
 # tests/loom_shootdown.rs (models (a) to (d)), tests/loom_mm.rs ((e) to
-# (g)) and tests/loom_pool.rs ((h) to (i)), over the model machine of
+# (g), (j), (k)) and tests/loom_pool.rs ((h) to (i), (l)), over the model machine of
 # tests/common/loom_model.rs.
 #
 # Under `--cfg loom` the crate's atomics come from loom (src/sync.rs), with
@@ -42,6 +42,15 @@
 #       space without tagged TLBs;
 #   (h'') the same when the CPU switches into the address space
 #       (`switch_mm`, untagged), which may refill the entry as it loads;
+#   (i) an aged frame (`page_referenced`) comes back only once the CPU
+#       flushed past the aging, with fills that set the accessed bit;
+#   (j) on a tagged TLB, a CPU switching back to a space it left (its
+#       entry kept) while another CPU unmaps is either a flush target or
+#       flushes the ASID by generation before it loads it;
+#   (k) a lazy CPU resuming (`leave_lazy_tlb`) while another CPU unmaps,
+#       skipping lazy CPUs, is either a target or catches up;
+#   (l) on a tagged TLB, a pooled frame may come back while the CPU that
+#       cached it runs another space, never while it can use the entry;
 #
 # and, in every execution of (a) to (d): every shootdown returns only
 # after every target has carried its request out, each request is carried

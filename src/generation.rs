@@ -4,8 +4,8 @@
 //! # The rule
 //!
 //! Every flush of a user address space advances its generation
-//! ([`MmTlbState::tlb_gen`]) once its PTEs are cleared and before its
-//! targets are read ([`MmTlbState::flush_targets`] does both). Each CPU
+//! ([`MmTlbState::tlb_gen`](crate::MmTlbState::tlb_gen)) once its PTEs are cleared and before its
+//! targets are read ([`MmTlbState::flush_targets`](crate::MmTlbState::flush_targets) does both). Each CPU
 //! keeps, for the ASIDs whose entries it may still hold, the generation it
 //! has flushed up to. A flush then reaches only the CPUs that *run* the
 //! address space now:
@@ -20,7 +20,7 @@
 //!   its set, but is left out of its flushes; it catches up the same way
 //!   before it runs user code again ([`leave_lazy_tlb`](crate::leave_lazy_tlb),
 //!   or `switch_mm` to the same space). Two exceptions keep it reachable: a
-//!   flush that frees page tables ([`MmTlbState::table_flush_targets`]),
+//!   flush that frees page tables ([`MmTlbState::table_flush_targets`](crate::MmTlbState::table_flush_targets)),
 //!   since its MMU may still walk the loaded root speculatively, and the
 //!   kernel's own address space, whose global entries it uses.
 //!

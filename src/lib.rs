@@ -79,9 +79,17 @@
 //! holds to these rules:
 //!
 //! 1. No frame is freed, reused or handed to I/O while any CPU may still
-//!    hold a *writable* TLB entry for it (lost writes, corruption).
-//! 2. No frame is freed or reused while any CPU may hold *any* TLB entry for
-//!    it (information leak).
+//!    *use* a writable TLB entry for it (lost writes, corruption).
+//! 2. No frame is freed or reused while any CPU may *use* a TLB entry for
+//!    it (information leak). An entry is usable while it is global, or
+//!    tagged with the ASID the CPU has loaded (and runs user code in: a
+//!    lazy CPU, [`enter_lazy_tlb`], uses none until it resumes), or tagged
+//!    with an ASID the CPU may load again without flushing it first. An
+//!    entry tagged with an ASID the CPU does not run, which the crate
+//!    flushes before the CPU loads that ASID again (the generation check of
+//!    [`switch_mm`]; see [`generation`]), is not usable: its frame may be
+//!    freed or reused. The mock's oracle checks exactly this form: such
+//!    entries are judged when the ASID is loaded.
 //! 3. Deferral happens only when the architecture guarantees that a write
 //!    through a clean cached entry re-walks the page table
 //!    ([`Arch::CLEAN_WRITE_REWALK`]).

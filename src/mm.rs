@@ -114,7 +114,11 @@ impl MmTlbState {
     /// flush the space's ASID themselves before they use it again, since
     /// this call advances the space's generation.
     ///
-    /// Call it *after* clearing the PTEs to be flushed, once per flush: the
+    /// It is the first step of a flush, not a query (that is
+    /// [`running_cpus`](Self::running_cpus)): it advances the space's
+    /// generation, so every CPU that does not run the space now flushes
+    /// its ASID before loading it again. Call it *after* clearing the PTEs
+    /// to be flushed, once per flush: the
     /// generation it publishes then covers them, and the full fence here
     /// pairs with the one in [`switch_mm`] (and in [`leave_lazy_tlb`]), so a
     /// CPU that switches in concurrently is either seen here or sees the
@@ -154,6 +158,13 @@ impl MmTlbState {
         } else {
             set.difference(&state.lazy_cpus())
         }
+    }
+
+    /// The CPUs a flush of this address space would reach now (as
+    /// [`flush_targets`](Self::flush_targets) computes them), without
+    /// advancing its generation: for looking, not for flushing.
+    pub fn running_cpus<A: Arch>(&self, arch: &A) -> CpuSet {
+        self.targets(arch, false, false)
     }
 
     /// Whether a CPU other than the caller's runs this address space now,
@@ -237,6 +248,10 @@ pub unsafe fn switch_mm<A: Arch>(
         next.init_gen(state);
         next.cpus.insert(me, Ordering::SeqCst);
     }
+    // Until the load below, this CPU still runs `prev`: a pool that reads
+    // the new loaded ASID (next line) then finds `prev` here.
+    let leaving = prev.filter(|p| !p.is_kernel()).map(|p| p.asid);
+    state.set_leaving_asid(me, leaving);
     // Before the fence, so that a flusher or a pool that reads this CPU's
     // loaded ASID after advancing `next`'s generation either sees `next`,
     // or this CPU's generation check below sees the advance.
@@ -270,6 +285,9 @@ pub unsafe fn switch_mm<A: Arch>(
     if let Some(prev) = prev.filter(|p| !p.is_kernel()) {
         prev.cpus.remove(me, Ordering::SeqCst);
     }
+    // `prev`'s root is no longer loaded: its entries are gone (untagged,
+    // and the pass above records it) or unusable until a catch-up.
+    state.set_leaving_asid(me, None);
     Ok(())
 }
 

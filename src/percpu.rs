@@ -127,6 +127,10 @@ pub(crate) struct PerCpu {
     pub(crate) inbox: AtomicCpuSet,
     pub(crate) ipi_pending: AtomicBool,
     loaded_asid: AtomicU32,
+    /// The user ASID a switch in progress is leaving ([`switch_mm`](crate::switch_mm)):
+    /// the CPU still has its root loaded until the switch loads the next
+    /// one, so it counts as running both meanwhile.
+    leaving_asid: AtomicU32,
     /// The newest flush epoch this CPU is known to have flushed past: it
     /// read the machine's epoch, then dropped every non-global entry.
     passed: AtomicU64,
@@ -146,6 +150,7 @@ impl PerCpu {
                 inbox: AtomicCpuSet::new(),
                 ipi_pending: AtomicBool::new(false),
                 loaded_asid: AtomicU32::new(NO_ASID),
+                leaving_asid: AtomicU32::new(NO_ASID),
                 passed: AtomicU64::new(0),
                 owed: AtomicU64::new(0),
                 asids: AsidSlots::new(),
@@ -210,6 +215,7 @@ impl TlbShootdown {
             cpu.inbox.take(Ordering::SeqCst);
             cpu.ipi_pending.store(false, Ordering::SeqCst);
             cpu.loaded_asid.store(NO_ASID, Ordering::SeqCst);
+            cpu.leaving_asid.store(NO_ASID, Ordering::SeqCst);
             cpu.slot.busy.store(false, Ordering::SeqCst);
             cpu.slot.remaining.store(0, Ordering::SeqCst);
             cpu.passed.store(0, Ordering::SeqCst);
@@ -234,6 +240,24 @@ impl TlbShootdown {
         self.cpus[cpu.index()]
             .loaded_asid
             .store(NO_ASID, Ordering::Relaxed);
+    }
+
+    /// The user ASID `cpu` is switching away from, while its switch has
+    /// not loaded the next root yet.
+    pub(crate) fn leaving_asid(&self, cpu: CpuId) -> Option<Asid> {
+        match self.cpus[cpu.index()].leaving_asid.load(Ordering::SeqCst) {
+            NO_ASID => None,
+            // Stored from a valid `Asid` by `set_leaving_asid`.
+            v => Some(Asid::from_raw(v as u16)),
+        }
+    }
+
+    /// Sequentially consistent, and set before the loaded ASID changes: a
+    /// reader that sees the new loaded ASID and then reads this sees the
+    /// space being left, until the switch has loaded the next root.
+    pub(crate) fn set_leaving_asid(&self, cpu: CpuId, asid: Option<Asid>) {
+        let raw = asid.map_or(NO_ASID, |a| u32::from(a.value()));
+        self.cpus[cpu.index()].leaving_asid.store(raw, Ordering::SeqCst);
     }
 
     pub(crate) fn set_loaded_asid(&self, cpu: CpuId, asid: Asid) {

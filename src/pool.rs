@@ -21,17 +21,28 @@
 //!
 //! # How a CPU is known to have flushed
 //!
-//! The machine's [`TlbShootdown`](crate::TlbShootdown) keeps a flush
-//! *epoch*. Each batch moved into a pool becomes a generation: the pool
-//! opens a new epoch *after* the batch's PTEs were cleared, and marks each
-//! CPU the batch had to reach as owing a flush. A CPU records the epoch it
-//! read just *before* it dropped every non-global entry (its "passed"
-//! epoch). If that is at least a generation's epoch, the CPU read it after
-//! the PTEs were cleared, so its TLB could not refill an entry for those
-//! pages after the flush: it holds none. A generation is released when
-//! every online CPU it had to reach has passed its epoch; a CPU that went
-//! offline runs no code until [`prepare_cpu_online`](crate::prepare_cpu_online)
-//! flushes it.
+//! The machine's [`TlbShootdown`] keeps a flush *epoch*. Each batch moved
+//! into a pool becomes a generation: the pool opens a new epoch *after*
+//! the batch's PTEs were cleared, and marks each CPU the batch had to reach
+//! as owing a flush. A CPU records the epoch it read just *before* it
+//! dropped every non-global entry (its "passed" epoch). If that is at least
+//! a generation's epoch, the CPU read it after the PTEs were cleared, so
+//! its TLB could not refill an entry for those pages after the flush: it
+//! holds none.
+//!
+//! A CPU that has not flushed is clear of a generation all the same when
+//! it runs none of the generation's address spaces now: it is lazy
+//! ([`enter_lazy_tlb`](crate::enter_lazy_tlb)), or it switched to another
+//! space (on a tagged TLB its entries stay, under an ASID it does not run).
+//! It cannot use those entries, and it flushes the ASID by generation
+//! before it loads the space again, since the batch advanced the space's
+//! generation when it recorded the pages (see [`generation`](crate::generation);
+//! contract rule 2's exact form). A CPU in the middle of a switch counts as
+//! running both spaces until it has loaded the new root.
+//!
+//! A generation is released when every online CPU it had to reach is
+//! clear of it; a CPU that went offline runs no code until
+//! [`prepare_cpu_online`](crate::prepare_cpu_online) flushes it.
 //!
 //! # Aging epochs: flushes made before the unmap
 //!
@@ -60,11 +71,13 @@
 //!
 //! # What the kernel must do
 //!
-//! - Call [`quiescent_flush`] from its timer tick, and when a CPU enters
-//!   idle; with untagged TLBs, [`switch_mm`](crate::switch_mm) already
-//!   records the flush a switch implies. A CPU that idles for long should
-//!   switch to the kernel's address space, so that it leaves the user
-//!   spaces' CPU sets and no later generation waits for it.
+//! - Call [`quiescent_flush`] from its timer tick; with untagged TLBs,
+//!   [`switch_mm`](crate::switch_mm) already records the flush a switch
+//!   implies. A CPU that goes idle, or runs a kernel thread, should enter
+//!   lazy TLB mode ([`enter_lazy_tlb`](crate::enter_lazy_tlb)) or switch to
+//!   the kernel's address space: either way no generation waits for it,
+//!   and no flush interrupts it (lazy mode saves the switch and the refills
+//!   after it, as Linux does).
 //! - Treat pooled frames as allocated: they are not free memory. Release
 //!   passed generations often ([`FramePool::release_passed`], no IPIs) and
 //!   [`flush`](FramePool::flush) the pool when free memory falls below a
@@ -161,7 +174,9 @@ impl Generation {
     /// Whether `cpu` holds no entry for this generation's frames that it
     /// could use before flushing it: it flushed everything past the
     /// generation's epoch, or it runs none of the generation's address
-    /// spaces now (a lazy CPU runs none), so that it flushes any of them
+    /// spaces now (a lazy CPU runs none; a CPU in the middle of a switch
+    /// runs both the space it leaves and the one it loads), so that it
+    /// flushes any of them
     /// by generation before it loads it again (contract rule 2's exact
     /// form), or it flushed the one it runs past the epoch.
     ///
@@ -174,11 +189,15 @@ impl Generation {
         if state.passed_epoch(cpu) >= self.epoch || state.is_lazy(cpu) {
             return true;
         }
-        match state.loaded_asid(cpu) {
-            None => true,
-            Some(a) if a.is_kernel() || !self.names(a) => true,
-            Some(a) => state.flushed_generation(cpu, a) >= self.epoch,
-        }
+        let runs = |a: Option<Asid>| match a {
+            None => false,
+            Some(a) if a.is_kernel() || !self.names(a) => false,
+            Some(a) => state.flushed_generation(cpu, a) < self.epoch,
+        };
+        // The loaded ASID first: a switch records the space it leaves
+        // before the one it loads, so a reader that sees the new one sees
+        // the old one here until the switch has loaded the new root.
+        !runs(state.loaded_asid(cpu)) && !runs(state.leaving_asid(cpu))
     }
 }
 
@@ -637,14 +656,18 @@ fn local_pass<A: Arch>(arch: &A) {
 /// this CPU among those that may cache a generation it has not flushed
 /// past yet, it drops every non-global entry ([`Arch::flush_local_all`])
 /// and records that, so the pool can hand those frames back without an
-/// IPI. Otherwise it does nothing (one comparison of two counters).
-/// Returns whether it flushed.
+/// IPI. Otherwise, and on a CPU in lazy TLB mode (which every pooled
+/// generation counts as clear), it does nothing (a few loads). Returns
+/// whether it flushed.
 ///
 /// Safe anywhere the CPU may flush its own TLB, interrupt handlers
 /// included; the caller must not migrate during the call.
 pub fn quiescent_flush<A: Arch>(arch: &A) -> bool {
     let state = arch.shootdown_state();
-    if !state.flush_owed(arch.current_cpu()) {
+    let me = arch.current_cpu();
+    // A lazy CPU is clear of every generation already (it catches up by
+    // generation before it runs user code): its tick need not flush.
+    if !state.flush_owed(me) || state.is_lazy(me) {
         return false;
     }
     local_pass(arch);

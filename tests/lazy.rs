@@ -1,12 +1,17 @@
 //! Lazy CPUs on the mock machine: the mark, the refusal of user accesses,
-//! and the oracle's judgement of a lazy CPU's stale entries when it
-//! resumes rather than when their frames are freed.
+//! the oracle's judgement of a lazy CPU's stale entries when it resumes
+//! rather than when their frames are freed, and the crate's lazy TLB mode
+//! (`enter_lazy_tlb`, `leave_lazy_tlb`): flushes skip a lazy CPU except
+//! those that free page tables, and it catches up when it resumes.
 
 mod common;
 
 use common::{asid, config, populate, va};
-use tlb_batch::arch::mock::{Fault, MockConfig, MockError, MockMachine, Violation};
-use tlb_batch::{flush_tlb_page, Arch, CpuSet, Frame};
+use tlb_batch::arch::mock::{Fault, MockConfig, MockError, MockKernel, MockMachine, MockRmap, Violation};
+use tlb_batch::{
+    enter_lazy_tlb, flush_tlb_page, leave_lazy_tlb, Arch, CpuSet, Error, Frame, MappingFlags, MmuGather,
+    PageRange, TableFreePolicy,
+};
 
 const KVA: u64 = 0xffff_ffff_8000_0000;
 
@@ -198,4 +203,86 @@ fn the_mark_and_its_edges() {
     m.reset();
     assert!(m.lazy_cpus().is_empty());
     assert_eq!(m.violations(), []);
+}
+
+/// Page tables freed under a lazy CPU: its MMU may still walk the root it
+/// keeps loaded (and its walk cache points into the table), so the
+/// teardown's flush reaches it, one IPI; a teardown that frees data pages
+/// only skips it, and the CPU catches up when it resumes. Either way the
+/// oracle sees nothing wrong.
+#[test]
+fn a_teardown_that_frees_page_tables_reaches_lazy_cpus() {
+    for free_tables in [false, true] {
+        let m = MockMachine::new(config(2, 64)).unwrap();
+        let rmap = MockRmap::new(&m, vec![m.space(&m.new_mm(asid(1)).unwrap())]);
+        let mm = rmap.spaces()[0].mm().clone();
+        for i in 0..4 {
+            let f = m.alloc_frame().unwrap();
+            rmap.map(f, 0, va(i), false, MappingFlags::empty()).unwrap();
+        }
+        for c in 0..2 {
+            let cpu = m.cpu(c).unwrap();
+            cpu.switch_to(&mm).unwrap();
+            cpu.read(va(0)).unwrap();
+        }
+        let cpu1 = m.cpu(1).unwrap();
+        cpu1.enter_lazy().unwrap();
+        let mut kernel = MockKernel::new(&rmap);
+        let mut gather = MmuGather::<64>::new();
+        let before = m.ipis_sent();
+        let summary = gather
+            .unmap_range(
+                &m.cpu(0).unwrap(),
+                &rmap.spaces()[0],
+                &mut kernel,
+                PageRange::from_bounds(va(0), va(512)).unwrap(),
+                free_tables,
+                &mut TableFreePolicy::AfterFlush,
+                &mut |_, _| panic!("every free is accepted"),
+            )
+            .unwrap();
+        assert_eq!(summary.tables_freed > 0, free_tables);
+        assert_eq!(
+            m.ipis_sent() - before,
+            u64::from(free_tables),
+            "freeing tables: {free_tables}"
+        );
+        assert_eq!(m.violations(), []);
+        cpu1.switch_to(&mm).unwrap();
+        assert!(!cpu1.is_lazy());
+        assert_eq!(m.violations(), []);
+    }
+}
+
+/// Lazy mode names the space the CPU has loaded: any other space, the
+/// kernel's, or a CPU with nothing loaded is refused with nothing changed,
+/// so that no flush can skip a CPU that runs another space.
+#[test]
+fn lazy_mode_refuses_a_space_the_cpu_does_not_run() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let other = m.new_mm(asid(2)).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    let refused = Err(Error::NotLoaded { cpu: 1 });
+    let refused_leave: Result<bool, Error> = Err(Error::NotLoaded { cpu: 1 });
+    assert_eq!(enter_lazy_tlb(&cpu1, &mm), refused, "nothing loaded");
+    cpu1.switch_to(&mm).unwrap();
+    assert_eq!(enter_lazy_tlb(&cpu1, &other), refused);
+    assert_eq!(enter_lazy_tlb(&cpu1, m.kernel_mm()), refused);
+    assert_eq!(leave_lazy_tlb(&cpu1, &other), refused_leave);
+    assert!(!cpu1.shootdown_state().is_lazy(cpu1.id()));
+    assert_eq!(leave_lazy_tlb(&cpu1, &mm), Ok(false), "not lazy: nothing to do");
+    enter_lazy_tlb(&cpu1, &mm).unwrap();
+    assert_eq!(m.lazy_cpus(), CpuSet::new(), "the mock's mark is its own");
+    assert!(cpu1.shootdown_state().is_lazy(cpu1.id()));
+    assert_eq!(mm.running_cpus(&m.cpu(0).unwrap()), CpuSet::new());
+    assert_eq!(leave_lazy_tlb(&cpu1, &mm), Ok(false), "nothing flushed meanwhile");
+    assert_eq!(mm.running_cpus(&m.cpu(0).unwrap()), CpuSet::single(cpu1.id()));
+    enter_lazy_tlb(&cpu1, &mm).unwrap();
+    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    assert_eq!(
+        leave_lazy_tlb(&cpu1, &mm),
+        Ok(true),
+        "the flush it skipped is caught up"
+    );
 }

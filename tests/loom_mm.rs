@@ -17,7 +17,14 @@
 //!   cleared PTE; if it did not, the deferral is still pending;
 //! - (g) two CPUs run `flush_tlb_batched_pending` for one deferral: one
 //!   flushes; the other, if it finds the deferral already covered and
-//!   skips, finds the stale entry gone too.
+//!   skips, finds the stale entry gone too;
+//! - (j) on a tagged TLB, a CPU that switched away (and left the space's
+//!   set, its entry kept) switches back while another CPU clears a PTE and
+//!   computes the flush targets: either it is a target, or its generation
+//!   check sees the flush and drops the entry before it loads the ASID;
+//! - (k) a lazy CPU leaves lazy mode (`leave_lazy_tlb`) while another CPU
+//!   clears a PTE and computes the flush targets, which skip lazy CPUs:
+//!   either it is a target or it catches up before it runs user code.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
 //! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
@@ -29,7 +36,7 @@ mod common;
 use common::loom_model::{asid, cached_on, check, cpu_id, spawn_cpu, Machine, EMPTY, MAPPED};
 use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
-use tlb_batch::{flush_tlb_batched_pending, switch_mm, MmTlbState};
+use tlb_batch::{enter_lazy_tlb, flush_tlb_batched_pending, leave_lazy_tlb, switch_mm, Asid, MmTlbState};
 
 /// (e) CPU 1 switches to an address space (`switch_mm`) and then touches
 /// page 0, while CPU 0 clears page 0's PTE and computes the flush targets
@@ -152,4 +159,79 @@ fn g_skipped_batched_pending_flush_comes_after_the_flush() {
         seen.outcome(cpu0_flushed);
     });
     seen.both_outcomes(["cpu0 skipped", "cpu0 flushed"]);
+}
+
+/// (j) Tagged TLB. CPU 1 ran the address space with page 0 cached, then
+/// switched to another one: it left the space's set, and its entry stays,
+/// tagged. It switches back (`switch_mm`) and looks at its TLB, while CPU 0
+/// clears page 0's PTE and computes the flush targets (which advances the
+/// space's generation). Either CPU 1 is a target (it put itself back in the
+/// set before CPU 0 read it), or its generation check, after the fence,
+/// saw the advance and flushed the ASID before loading it: it never runs
+/// the space with the stale entry and no flush on its way. Recording the
+/// loaded ASID after the generation read, or skipping the check, fails.
+#[test]
+fn j_tagged_switch_back_races_with_an_unmapper() {
+    let seen = check("(j) tagged switch back vs flush_targets", 4, |seen| {
+        let m = Machine::tagged(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
+        cached_on(&m, seen, 1, &mm);
+        let away = common::loom_model::Cpu::detached(1, &m, seen);
+        // SAFETY: a model: the roots are never dereferenced.
+        unsafe { switch_mm(&away, Some(&mm), &other).unwrap() };
+        assert!(m.caches(1), "a tagged TLB keeps the entry");
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            usize::from(mm0.flush_targets(&cpu).contains(cpu_id(1)))
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // SAFETY: as above.
+            unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() };
+            usize::from(cpu.m.caches(1))
+        });
+        let targeted = h0.join().unwrap() == 1;
+        let stale = h1.join().unwrap() == 1;
+        assert!(
+            targeted || !stale,
+            "cpu1 loaded the space with page 0's stale entry, and cpu0's flush targets miss it"
+        );
+        seen.outcome(targeted);
+    });
+    seen.both_outcomes(["cpu1 caught up by itself", "cpu1 was a target"]);
+}
+
+/// (k) CPU 1 runs the address space with page 0 cached and is lazy on it
+/// (`enter_lazy_tlb`). It leaves lazy mode (`leave_lazy_tlb`) and looks at
+/// its TLB, while CPU 0 clears page 0's PTE and computes the flush
+/// targets, which leave lazy CPUs out. Either CPU 1 is a target (its mark
+/// was gone when CPU 0 read the lazy set), or its catch-up saw the advanced
+/// generation and flushed. Skipping the fence after clearing the mark, or
+/// the catch-up, fails.
+#[test]
+fn k_lazy_cpu_resumes_while_an_unmapper_skips_it() {
+    let seen = check("(k) leave_lazy_tlb vs flush_targets", 4, |seen| {
+        let m = Machine::new(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        cached_on(&m, seen, 1, &mm);
+        enter_lazy_tlb(&common::loom_model::Cpu::detached(1, &m, seen), &mm).unwrap();
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            usize::from(mm0.flush_targets(&cpu).contains(cpu_id(1)))
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            leave_lazy_tlb(&cpu, &mm).unwrap();
+            usize::from(cpu.m.caches(1))
+        });
+        let targeted = h0.join().unwrap() == 1;
+        let stale = h1.join().unwrap() == 1;
+        assert!(
+            targeted || !stale,
+            "cpu1 resumed the space with page 0's stale entry, and cpu0's flush skipped it"
+        );
+        seen.outcome(targeted);
+    });
+    seen.both_outcomes(["cpu1 caught up by itself", "cpu1 was a target"]);
 }

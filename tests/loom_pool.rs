@@ -21,7 +21,14 @@
 //!   pools it, while the CPU caching it runs `quiescent_flush` and its TLB
 //!   refills the entry, setting the accessed bit as x86 hardware does: the
 //!   frame comes back only once that CPU holds no entry for it, whether the
-//!   pool waited for the aging epoch (the bit was found clear) or a new one.
+//!   pool waited for the aging epoch (the bit was found clear) or a new one;
+//! - (l) on a tagged TLB, the CPU caching page 0 switches to another
+//!   address space (its entry stays, tagged) and back, while the reclaimer
+//!   pools page 0 and asks for it back: the pool may hand the frame back
+//!   while the entry is still cached under an ASID the CPU does not run
+//!   (contract rule 2's exact form), but then the CPU's switch back flushes
+//!   the ASID before it uses it, and it never runs the space with the
+//!   entry after the frame came back.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
 //! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
@@ -359,6 +366,79 @@ fn i_aged_frame_released_only_after_its_cpu_flushed_past_the_aging() {
         h1.join().unwrap();
         assert!(!released || !m.cached[1].load(Ordering::Relaxed));
         seen.outcome(released);
+    });
+    seen.both_outcomes([
+        "cpu0 never got page 0's frame back",
+        "cpu0 got page 0's frame back",
+    ]);
+}
+
+/// (l) Tagged TLB. CPU 1 runs the address space with page 0 cached, owing
+/// page 1's older generation a flush as in (h); it switches to another
+/// address space and back (`switch_mm` both ways), keeping page 0's entry
+/// across the first switch. CPU 0 unmaps and pools page 0 and asks for
+/// passed frames meanwhile. The pool may hand page 0's frame back once CPU
+/// 1 runs the other space: CPU 1 left a record of the space it leaves
+/// before it loads the other one, and the generation its switch back
+/// compares against moved when page 0 was unmapped. Whatever the
+/// interleaving, CPU 1 ends up running the space without page 0's entry
+/// whenever the frame came back. Giving the pool the new loaded ASID
+/// without the one being left, or skipping the generation check, fails.
+#[test]
+fn l_tagged_switch_away_and_back_while_the_pool_releases() {
+    let seen = check("(l) FramePool vs tagged switch away and back", 3, move |seen| {
+        let m = Machine::tagged(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
+        cached_on(&m, seen, 1, &mm);
+        let rmap = PoolRmap(
+            PoolSpace {
+                m: m.clone(),
+                mm: mm.clone(),
+                page1: AtomicU64::new(MAPPED),
+            },
+            AtomicU64::new(u64::MAX),
+        );
+        let mut pool = FramePool::<2>::new();
+        pool_frame(&Cpu::detached(0, &m, seen), &rmap, &mut pool, FRAME1);
+        let released = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let flag = released.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            pool_frame(&cpu, &rmap, &mut pool, FRAME0);
+            let mut back = false;
+            for _ in 0..RELEASE_TRIES {
+                let mut got = pool.release_passed(&cpu);
+                if got.frames_mut().iter().any(|f| f.frame() == FRAME0) {
+                    back = true;
+                    flag.store(true, Ordering::SeqCst);
+                    break;
+                }
+                thread::yield_now();
+            }
+            cpu.finish();
+            usize::from(back)
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // SAFETY (both): a model: the roots are never dereferenced.
+            unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() };
+            unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() };
+            // Back on the space: if the frame came back already, the entry
+            // must be gone before this CPU could use it.
+            let stale_use = released.load(Ordering::SeqCst) && cpu.m.caches(1);
+            cpu.finish();
+            usize::from(stale_use)
+        });
+        let back = h0.join().unwrap() == 1;
+        let stale_use = h1.join().unwrap() == 1;
+        assert!(
+            !stale_use,
+            "cpu1 ran the space with page 0's entry after the frame came back"
+        );
+        assert!(
+            !back || !m.caches(1),
+            "the frame came back and cpu1 still caches it"
+        );
+        seen.outcome(back);
     });
     seen.both_outcomes([
         "cpu0 never got page 0's frame back",

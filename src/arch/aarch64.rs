@@ -125,9 +125,13 @@
 //!   loaded in TTBR0 and survive switches. A kernel gives each live
 //!   address space its own ASID (1 to `2^asid_bits - 1`, at most `0xfffe`
 //!   since `u16::MAX` is [`Asid::KERNEL`](crate::Asid::KERNEL); 0 is the
-//!   kernel's own TTBR0 tables) and flushes a retired address space's ASID
-//!   ([`flush_tlb_mm`](crate::flush_tlb_mm)) before another address space
-//!   gets it.
+//!   kernel's own TTBR0 tables). A CPU keeps a space's entries after it
+//!   switched away and leaves the space's CPU set; [`switch_mm`](crate::switch_mm)
+//!   flushes the ASID locally before loading it again if the space's
+//!   generation moved, and at the first load of a new
+//!   [`MmTlbState`](crate::MmTlbState), so a retired space's ASID may go
+//!   to a new one without a flush of its own (see
+//!   [`generation`](crate::generation)).
 //! - [`CLEAN_WRITE_REWALK`](Arch::CLEAN_WRITE_REWALK) is true. On aarch64
 //!   a write never goes through a TLB entry made from a clean descriptor
 //!   without the page table in memory being consulted again: a clean page

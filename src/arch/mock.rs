@@ -35,53 +35,80 @@
 //!   it: the way to test a kernel's code against the CR3 window of
 //!   CVE-2025-37964 (the switching CPU fills its TLB from the new tables
 //!   while other CPUs unmap, flush and free).
-//! - CPUs can be *lazy* (below): a kernel's flush policy may skip them,
-//!   and the oracle checks that they catch up before they run user code.
+//! - CPUs can be *lazy* (below): the crate's flushes skip them, and the
+//!   oracle checks that they catch up before they run user code.
+//! - On a tagged TLB, a CPU that switched away keeps its entries of the
+//!   old space; the oracle judges them when it loads that ASID again
+//!   (below).
 //!
 //! # Lazy CPUs
 //!
 //! A CPU that stops running user code (it goes idle, or runs a kernel
 //! thread) may keep the last user address space loaded instead of
 //! switching away: it is *lazy* on it, as Linux's idle CPUs and kernel
-//! threads borrow the previous task's address space. Linux leaves such
-//! CPUs out of that space's flushes, and a lazy CPU that resumes the space
-//! flushes its TLB first if the space's flush generation moved meanwhile
-//! (its catch-up). The mock models the state, and the oracle judges the
-//! catch-up:
+//! threads borrow the previous task's address space. The crate leaves such
+//! CPUs out of that space's flushes ([`enter_lazy_tlb`](crate::enter_lazy_tlb),
+//! [`MmTlbState::flush_targets`](crate::MmTlbState::flush_targets)), and a
+//! lazy CPU that resumes the space flushes its ASID first if the space's
+//! generation moved meanwhile (its catch-up, in
+//! [`leave_lazy_tlb`](crate::leave_lazy_tlb) or
+//! [`switch_mm`](crate::switch_mm)). The mock models the state, and the
+//! oracle judges the catch-up:
 //!
 //! - [`MockCpu::enter_lazy`] marks a CPU lazy on the user address space it
-//!   has loaded; [`MockCpu::is_lazy`] and [`MockMachine::lazy_cpus`] tell
-//!   who is. A lazy CPU stays online and keeps its TLB and its place in
-//!   the space's CPU set: the crate's
-//!   [`flush_targets`](crate::MmTlbState::flush_targets) and shootdowns
-//!   know nothing of the mark and still reach it. Leaving it out is the
-//!   choice of a kernel's own flush policy (which reads `lazy_cpus`).
+//!   has loaded, for the crate (as `enter_lazy_tlb` does) and for the
+//!   oracle; [`MockCpu::is_lazy`] and [`MockMachine::lazy_cpus`] tell who
+//!   is. A lazy CPU stays online and keeps its TLB and its place in the
+//!   space's CPU set. [`MockCpu::switch_to`] the same space resumes it
+//!   through `switch_mm` (catch-up included); a switch to another space
+//!   ends the mark too.
 //! - A lazy CPU runs kernel code, and takes interrupts, but no user code:
 //!   an access that would translate through the user address space (a
 //!   non-global TLB entry, or a user page-table entry that is not empty)
 //!   is refused with [`Fault::LazyUserAccess`] and changes nothing. Kernel
 //!   pages are reached as usual.
-//! - A frame freed while a lazy CPU caches an entry for it that came from
-//!   the space it is lazy on is not a [`Violation::FreedWhileCached`]:
-//!   the CPU cannot use that entry while it is lazy. The oracle remembers
-//!   the entry instead.
-//! - [`MockCpu::leave_lazy`] is the moment the CPU resumes user code (call
-//!   it after the catch-up and after any switch). Each remembered entry
-//!   still in its TLB then is a [`Violation::LazyResumedWithStale`]. One
-//!   that is gone (flushed by the CPU itself, by an interrupt, by a switch
-//!   of an untagged TLB, or evicted) is fine. On a tagged TLB the entries
-//!   of the lazy space must be gone when the CPU leaves lazy mode even if
-//!   it resumes another space: the oracle does not follow them into later
-//!   switches.
+//! - A frame freed (or sent to I/O) while a lazy CPU caches an entry for it
+//!   that came from the space it is lazy on is not a
+//!   [`Violation::FreedWhileCached`]: the CPU cannot use that entry while
+//!   it is lazy. The oracle remembers the entry instead.
+//! - [`MockCpu::leave_lazy`] is the moment the CPU resumes user code
+//!   (`switch_to` calls it after the crate's catch-up; called alone, it
+//!   models a kernel that resumes without one). Each remembered entry still
+//!   in its TLB then is a [`Violation::LazyResumedWithStale`]. One that is
+//!   gone (flushed by the CPU itself, by an interrupt, by a switch of an
+//!   untagged TLB, or evicted) is fine. On a tagged TLB a lazy CPU that
+//!   switches to another space takes the remembered entries along: they
+//!   are judged when it loads the lazy space's ASID again.
 //! - Everything else about a lazy CPU is judged at once, as for any CPU:
 //!   global entries and entries filled from the kernel's page table
 //!   (kernel mappings are flushed everywhere), cached pointers to freed
-//!   page tables ([`Violation::TableFreedWhileCached`]: Linux interrupts
-//!   lazy CPUs when it frees page tables, because their page walkers may
-//!   still run), entries of other address spaces in a tagged TLB, writable
-//!   entries of a frame sent to I/O ([`Violation::IoWhileWritable`]) and
-//!   stale entries after a change ([`MockMachine::check_coherent`]).
+//!   page tables ([`Violation::TableFreedWhileCached`]: its MMU may still
+//!   walk the loaded root, so a flush that frees page tables reaches lazy
+//!   CPUs, [`MmTlbState::table_flush_targets`](crate::MmTlbState::table_flush_targets)),
+//!   and stale entries after a change ([`MockMachine::check_coherent`]),
+//!   unless the CPU is behind the space's generation and so owes a
+//!   catch-up.
 //! - [`MockCpu::come_online`] and [`MockMachine::reset`] clear the mark.
+//!
+//! # Tagged TLBs and generations
+//!
+//! With [`MockConfig::tagged_tlb`], entries survive a switch, tagged with
+//! their ASID, and [`switch_mm`](crate::switch_mm) takes the CPU out of the
+//! old space's set: flushes of that space skip it from then on, and it
+//! flushes the ASID before it loads it again if the space's generation
+//! moved (see [`generation`](crate::generation)). The oracle checks
+//! contract rule 2 in that exact form:
+//!
+//! - a frame freed, or sent to I/O, while a CPU caches an entry for it of
+//!   an ASID that CPU has not loaded (non-global) is no violation at the
+//!   free: the entry cannot be used. Nor is a page table freed under such
+//!   a CPU's walk-cache entry of another ASID. The oracle remembers both;
+//! - when the CPU loads that ASID again (the mock's
+//!   `switch_address_space`, after the crate's catch-up), each remembered
+//!   entry still in its TLB is a [`Violation::LoadedWithStale`] (a
+//!   [`Violation::LoadedWithStaleWalk`] for a walk-cache entry): the CPU
+//!   skipped the flush it owed, and translates to a freed or reused frame.
+//!   A kernel that loads a root without `switch_mm` is caught this way.
 
 use core::sync::atomic::Ordering;
 use std::vec::Vec;

@@ -166,9 +166,12 @@ pub unsafe trait Arch {
     fn shootdown_state(&self) -> &TlbShootdown;
 
     /// Whether TLB entries of an address space survive switching away from
-    /// it (x86 with PCID, arm64 ASIDs). When false, switching away drops the
-    /// CPU from the address space's CPU set, so it gets no further IPIs for
-    /// it. The default is false.
+    /// it (x86 with PCID, arm64 ASIDs). Either way switching away takes the
+    /// CPU out of the address space's CPU set, so it gets no further IPIs
+    /// for it; when true, [`switch_mm`](crate::switch_mm) flushes the ASID
+    /// ([`flush_local_asid`](Arch::flush_local_asid), before loading it) when
+    /// the CPU comes back behind the space's generation. The default is
+    /// false.
     fn tagged_tlb(&self) -> bool {
         false
     }

@@ -114,11 +114,13 @@ fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16)
 /// [`PCID_BITS`], so every entry point refuses a wider ASID
 /// ([`Error::AsidOutOfRange`]) and two ASIDs the crate accepts never share
 /// a PCID; PCID 0 is the kernel's. A kernel keeps at most 4095 live user
-/// address spaces, each with its own ASID, and before it gives a retired
-/// address space's ASID to a new one it flushes that ASID everywhere
-/// ([`flush_tlb_mm`](crate::flush_tlb_mm) on the old address space, after
-/// its last mapping is gone): with PCIDs a CPU keeps the old entries
-/// tagged with it, which the new address space would otherwise use.
+/// address spaces, each with its own ASID. With PCIDs a CPU keeps a
+/// space's entries after it switched away; [`switch_mm`](crate::switch_mm)
+/// flushes the PCID (`INVPCID` single-context) before loading it again if
+/// the space's generation moved, and at the first load of a new
+/// [`MmTlbState`](crate::MmTlbState), so an ASID given to a new address
+/// space never reaches a retired one's entries (see
+/// [`generation`](crate::generation)).
 /// Addresses are checked to be canonical (48 bits, or 57 with
 /// [`Features::la57`]) before any reaches `invlpg` or `INVPCID`.
 ///
@@ -407,8 +409,9 @@ unsafe impl Arch for X86_64 {
     unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
         let value = match Self::pcid_of(asid) {
             _ if !self.pcid => root,
-            // Entries of a user PCID were kept exact by shootdowns while it
-            // was not loaded (INVPCID), so no flush is needed.
+            // What this PCID's entries missed while it was not loaded,
+            // `switch_mm` has flushed by generation already (INVPCID), so
+            // the load keeps them.
             Some(pcid) if pcid != 0 => root | u64::from(pcid) | CR3_NOFLUSH,
             // The kernel's address space, and an ASID wider than a PCID
             // (which `switch_mm` refuses; only a direct call gets here):

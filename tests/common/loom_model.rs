@@ -116,6 +116,8 @@ pub struct Machine {
     pub cached: Vec<AtomicBool>,
     /// CPUs done with their part of the model.
     pub done: AtomicUsize,
+    /// Whether the TLBs keep other ASIDs' entries across a switch.
+    pub tagged: bool,
     /// Each CPU's loom thread, once it runs, so that an IPI or the last CPU
     /// finishing can wake it from its idle `hlt`. A plain mutex: loom never
     /// switches threads while it is held.
@@ -124,9 +126,20 @@ pub struct Machine {
 
 impl Machine {
     pub fn new(cpus: usize) -> Arc<Machine> {
+        Machine::build(cpus, false)
+    }
+
+    /// A machine whose TLBs are tagged (PCID, ASIDs): loading a root keeps
+    /// the entries of the other ASIDs (models (j) to (l)).
+    pub fn tagged(cpus: usize) -> Arc<Machine> {
+        Machine::build(cpus, true)
+    }
+
+    fn build(cpus: usize, tagged: bool) -> Arc<Machine> {
         assert!(cpus <= MAX_MODEL_CPUS);
         Arc::new(Machine {
             cpus,
+            tagged,
             tlb: Box::new(TlbShootdown::new()),
             irq_pending: (0..cpus).map(|_| AtomicBool::new(false)).collect(),
             flushes: (0..cpus)
@@ -138,6 +151,11 @@ impl Machine {
             done: AtomicUsize::new(0),
             threads: std::sync::Mutex::new(vec![None; cpus]),
         })
+    }
+
+    /// Whether CPU `cpu`'s TLB holds page 0's entry (of ASID 1).
+    pub fn caches(&self, cpu: usize) -> bool {
+        self.cached[cpu].load(Ordering::Relaxed)
     }
 
     /// Wakes CPU `cpu` from `hlt` (or makes its next `hlt` return at once).
@@ -371,6 +389,10 @@ unsafe impl Arch for Cpu {
         &self.m.tlb
     }
 
+    fn tagged_tlb(&self) -> bool {
+        self.m.tagged
+    }
+
     fn flush_local_page(&self, asid: Asid, va: u64) {
         assert_eq!(asid, self::asid());
         let page = ((va - BASE) / PAGE_SIZE) as usize;
@@ -387,10 +409,12 @@ unsafe impl Arch for Cpu {
     }
 
     fn flush_local_asid(&self, asid: Asid) {
-        // Only `flush_tlb_batched_pending` (models (f), (g)) flushes a
-        // whole ASID; page 0 is the only page the TLB model caches.
-        assert_eq!(asid, self::asid());
-        self.m.cached[self.index].store(false, Ordering::Relaxed);
+        // `flush_tlb_batched_pending` (models (f), (g)) and the catch-ups
+        // of tagged TLBs (models (j) to (l)) flush a whole ASID; page 0,
+        // of ASID 1, is the only page the TLB model caches.
+        if asid == self::asid() {
+            self.m.cached[self.index].store(false, Ordering::Relaxed);
+        }
         self.progressed.set(true);
     }
 
@@ -423,8 +447,11 @@ unsafe impl Arch for Cpu {
     }
 
     unsafe fn switch_address_space(&self, asid: Asid, _root: u64) {
-        // Untagged TLB: loading a root drops every non-global entry.
-        self.m.cached[self.index].store(false, Ordering::Relaxed);
+        // Untagged TLB: loading a root drops every non-global entry; a
+        // tagged one keeps page 0's entry, tagged with ASID 1.
+        if !self.m.tagged {
+            self.m.cached[self.index].store(false, Ordering::Relaxed);
+        }
         // Page 0 is ASID 1's: loading that one may refill it at once.
         if asid == self::asid() && self.refill_after_flush.get() {
             self.walk();
@@ -446,6 +473,9 @@ unsafe impl Arch for Cpu {
     }
 }
 
+/// The stack of each model CPU's loom thread.
+const CPU_STACK: usize = 1 << 20;
+
 /// Starts CPU `index` of `m` on a loom thread of its own, running `body`.
 pub fn spawn_cpu(
     m: &Arc<Machine>,
@@ -454,8 +484,25 @@ pub fn spawn_cpu(
     body: impl FnOnce(Cpu) -> usize + 'static,
 ) -> thread::JoinHandle<usize> {
     let (m, seen) = (m.clone(), seen.clone());
-    thread::spawn(move || body(Cpu::new(index, &m, &seen)))
+    let body = OneThread(Box::new(move || body(Cpu::new(index, &m, &seen))));
+    // loom's coroutines get small stacks by default; a pool's generations
+    // (each with its ASIDs) and its release's working arrays need more.
+    thread::Builder::new()
+        .stack_size(CPU_STACK)
+        .spawn(move || {
+            let body = body;
+            (body.0)()
+        })
+        .expect("a loom thread")
 }
+
+/// A model CPU's body, which loom's thread builder wants `Send` although
+/// the model's closures hold state that is not (`Cell`s of the CPU).
+struct OneThread(Box<dyn FnOnce() -> usize>);
+
+// SAFETY: loom runs every thread of a model as a coroutine on the one OS
+// thread that runs the test, so the body never crosses an OS thread.
+unsafe impl Send for OneThread {}
 
 /// Runs `model` under loom with `bound` preemptions (unless
 /// `LOOM_MAX_PREEMPTIONS` says otherwise) and returns what its executions

@@ -237,9 +237,10 @@ impl<'m, M: Model> Driver<'m, M> {
                         .map_fresh(f, s, va(s, p), writable, MappingFlags::empty())
                         .map_err(|e| format!("{e:?}"))?;
                     // The fault came from a CPU running the space (if one
-                    // does), which reads the page as it returns.
+                    // does, not lazily), which reads the page as it returns.
                     let running = m.cpus().find(|c| {
                         m.online().contains(c.id())
+                            && !c.is_lazy()
                             && c.current_mm().is_some_and(|cur| Arc::ptr_eq(&cur, self.mm(s)))
                     });
                     if let Some(c) = running {
@@ -274,7 +275,12 @@ impl<'m, M: Model> Driver<'m, M> {
                 let Some(c) = self.cpu(cpu) else {
                     return Ok(());
                 };
-                if s < SPACES && c.current_mm().map_or(true, |cur| !Arc::ptr_eq(&cur, self.mm(s))) {
+                // A lazy CPU resumes user code through `switch_mm` (to the
+                // space it is lazy on: the crate's catch-up, then the
+                // oracle's judgement), as does a CPU that runs another space.
+                if s < SPACES
+                    && (c.is_lazy() || c.current_mm().map_or(true, |cur| !Arc::ptr_eq(&cur, self.mm(s))))
+                {
                     c.switch_to(self.mm(s)).map_err(|e| format!("{e:?}"))?;
                 }
                 // Faults are normal (unmapped, protected pages).
@@ -290,7 +296,13 @@ impl<'m, M: Model> Driver<'m, M> {
             Op::Switch { cpu, space } => {
                 let s = usize::from(space) % SPACES;
                 if let Some(c) = self.cpu(cpu) {
-                    c.switch_to(self.mm(s)).map_err(|e| format!("{e:?}"))?;
+                    if c.current_mm().is_some_and(|cur| Arc::ptr_eq(&cur, self.mm(s))) {
+                        // A switch to the space it runs: the CPU goes idle
+                        // (or runs a kernel thread) lazily on it.
+                        let _ = c.enter_lazy();
+                    } else {
+                        c.switch_to(self.mm(s)).map_err(|e| format!("{e:?}"))?;
+                    }
                 }
             }
             Op::Unmap {

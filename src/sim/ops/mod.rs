@@ -178,7 +178,10 @@ pub enum Op {
         /// The CPU's timer tick follows the access.
         tick: bool,
     },
-    /// CPU `cpu` switches to user space `space`.
+    /// CPU `cpu` switches to user space `space`; if it runs that space
+    /// already, it goes lazy on it instead (idle, or a kernel thread:
+    /// [`enter_lazy_tlb`](crate::enter_lazy_tlb)), and its next
+    /// [`Op::Access`] resumes it through `switch_mm`.
     Switch {
         /// CPU.
         cpu: u8,
