@@ -4,8 +4,9 @@
 #   xAPIC and x2APIC, with 4 CPUs (the all-but-self shorthand) and 2 CPUs
 #   (a physical destination per CPU), every scenario (the shootdown ones,
 #   the reclaim, migration, teardown and mprotect flows, the x86_64-crate
-#   mapper, the scenario set shared with the aarch64 kernel, the storm);
-#   then
+#   mapper, the scenario set shared with the aarch64 kernel, the pooled
+#   reclaim flow and the flush generations with their exact counts, the
+#   storm); then
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
 #   run; and the storm alone at 16 and 64 CPUs. Prints each run's
@@ -50,10 +51,29 @@ run() {
 
 PASS=33 # (0x10 << 1) | 1
 FAIL=35 # (0x11 << 1) | 1
+# generations_counted CPUS: the last run's pooled reclaim flow and
+# generations lines, with their exact counts for CPUS CPUs (no PCIDs under
+# TCG: a switch flushes by its CR3 write, so it counts no catch-up).
+generations_counted() {
+    local aps=$(($1 - 1)) want
+    for want in \
+        "scenario pooled reclaim flow: PASS (16 pages pooled with 0 IPIs, then read through the APs' TLBs $((16 * aps)) of $((16 * aps)) times, frames intact: true; 0 released before the APs flushed; after a quiescent flush on $aps APs, 16 released by passes with 0 IPIs sent and 0 taken; 16 more pooled, AP 1 switched away, a forced flush sent $((aps - 1)) IPIs ($((aps - 1)) taken) and released 16; stale: 0 reads after the flushes)" \
+        "scenario generations: PASS (AP 1 on A: a flush of A sent 1 IPI (1 taken); AP 1 switched to B: 0 IPIs (0 taken), catch-ups when back on A: 0 (no PCIDs: the CR3 write of the switch flushed A); AP 1 lazy on A: 0 IPIs (0 taken), catch-ups at leave_lazy_tlb: 1; stale: 0 reads of an old frame)" \
+        "generations: PCID entries kept across a CR3 write: not applicable (PCIDs off: every CR3 write drops the non-global entries)"; do
+        if ! grep -qxF -- "$want" "$log"; then
+            failed=$((failed + 1))
+            echo "qemu generations, $1 cpus: missing: $want"
+        fi
+    done
+}
 run "xapic, 4 cpus" $PASS 4 qemu64 ""
+generations_counted 4
 run "xapic, 2 cpus" $PASS 2 qemu64 ""
+generations_counted 2
 run "x2apic, 4 cpus" $PASS 4 qemu64,+x2apic "x2apic"
+generations_counted 4
 run "x2apic, 2 cpus" $PASS 2 qemu64,+x2apic "x2apic"
+generations_counted 2
 # failed_for_stale SCENARIO: the last run's line for SCENARIO must say FAIL
 # and its "stale:" part must count at least one stale access (a negative
 # control that failed for any other reason does not count).
@@ -116,6 +136,15 @@ if ! grep -qE 'scenario teardown flow \(AfterFlush\): FAIL .*walker read [1-9]' 
     [ "$(grep -c ': FAIL' "$log")" -ne 1 ]; then
     failed=$((failed + 1))
     echo "qemu negative teardown: not exactly the teardown failing on a freed table"
+fi
+# The lazy catch-up's control: AP 1 leaves lazy mode with its catch-up
+# flush skipped and must read the old frame through the entry it kept (a
+# lazy CPU writes no CR3, so TCG keeps it). Only that scenario may fail.
+run "negative catch-up (must fail)" $FAIL 2 qemu64 "negative-catchup"
+failed_for_stale "generations"
+if [ "$(grep -c ': FAIL' "$log")" -ne 1 ]; then
+    failed=$((failed + 1))
+    echo "qemu negative catch-up: not exactly the generations scenario failing"
 fi
 run "timed, xapic, 4 cpus" $PASS 4 qemu64 "timing"
 # A CPU started without being registered must stop the run when it comes

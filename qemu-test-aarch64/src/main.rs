@@ -57,6 +57,7 @@
 mod boot;
 mod dirty;
 mod fdt;
+mod generations;
 mod mmu;
 mod psci;
 mod semihost;
@@ -441,6 +442,7 @@ impl Platform for Virt {
         tlb::poll();
         teardown::serve();
         dirty::serve();
+        generations::serve();
     }
     fn now_us(&self) -> u64 {
         now_us()
@@ -557,6 +559,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     }
     let teardown_passed = teardown::run(info.bootargs);
     let dirty_passed = dirty::run(info.bootargs);
+    let generations_passed = generations::run(info.bootargs);
     let s = tlb::TLB.stats();
     say!(
         "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent, {} pages deferred, {} batches flushed; \
@@ -571,8 +574,9 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     );
     let passed = outcomes.iter().filter(|o| o.passed()).count()
         + usize::from(teardown_passed)
-        + usize::from(dirty_passed);
-    let total = outcomes.len() + 2;
+        + usize::from(dirty_passed)
+        + usize::from(generations_passed);
+    let total = outcomes.len() + 3;
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }

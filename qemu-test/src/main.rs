@@ -42,11 +42,13 @@ mod acpi;
 mod basic;
 mod boot;
 mod flow;
+mod generations;
 mod hw;
 mod mapper;
 mod mprotect;
 mod paging;
 mod pcid;
+mod pool_flow;
 mod reclaim;
 mod shared;
 mod storm;
@@ -349,6 +351,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
                 COMMAND[cpu].store(IDLE, Ordering::SeqCst);
             }
             pcid::AP_STEP => pcid::ap_step(cpu),
+            generations::AP_STEP => generations::ap_step(cpu),
             shared::OBSERVE => shared::observe(cpu),
             BUSY => {
                 // Busy with interrupts on, until told otherwise.
@@ -621,6 +624,8 @@ extern "C" fn kernel_main(info: u32) -> ! {
             }
             None => say!("shared scenarios not run: more CPUs than they coordinate\n"),
         }
+        let _ = results.push(pool_flow::scenario_pooled_reclaim());
+        let _ = results.push(generations::run(line));
     }
     let _ = results.push(storm::scenario_storm());
     say!(
