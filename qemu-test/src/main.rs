@@ -51,6 +51,7 @@ mod reclaim;
 mod shared;
 mod storm;
 mod teardown;
+mod window;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -350,6 +351,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
             }
             pcid::AP_STEP => pcid::ap_step(cpu),
             shared::OBSERVE => shared::observe(cpu),
+            window::AP_ROUND => window::ap_round(cpu),
             BUSY => {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
@@ -600,6 +602,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
             teardown::scenario_teardown(negative || has_word(line, b"negative-teardown")),
             mprotect::scenario_mprotect(),
             mapper::scenario_mapper(kernel_entry),
+            window::scenario_window(negative || has_word(line, b"negative-window")),
         ]);
         // The scenario set the aarch64 kernel runs too; under `negative`
         // its flush under test reaches CPU 0 only (the other CPUs skip
