@@ -6,7 +6,7 @@
 #   the reclaim, migration, teardown and mprotect flows, the x86_64-crate
 #   mapper, the scenario set shared with the aarch64 kernel, the pooled
 #   reclaim flow and the flush generations with their exact counts, the
-#   storm); then
+#   CR3 window, the storm); then
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
 #   run; and the storm alone at 16 and 64 CPUs. Prints each run's
@@ -66,14 +66,29 @@ generations_counted() {
         fi
     done
 }
+# window_is LINE: the last run's CR3 window scenario (qemu-test/src/window.rs)
+# printed exactly LINE after its name; window_control: its control failed
+# with the AP left out of every flush, and on reads of the reused frame.
+window_is() {
+    grep -qxF "scenario cr3 window: $1" "$log" || { failed=$((failed + 1)); echo "qemu cr3 window: not '$1'"; }
+}
+window_control() {
+    grep -qE "^scenario cr3 window: FAIL .* asked 0, .* waited 0, IPIs it took after 0; .*stale: [1-9]" "$log" ||
+        { failed=$((failed + 1)); echo "qemu cr3 window control: did not fail on stale reads alone"; }
+}
+window_ok="PASS (8 rounds: AP 1 read P in T 8, in S inside switch_mm after its CR3 write 8, in S's CPU set there 8; remote CPUs the flushes asked 8, requests the AP served while it waited 8, IPIs it took after 8; reads after the switch: 8 faults, stale: 0 reads of the reused frame, 0 other)"
 run "xapic, 4 cpus" $PASS 4 qemu64 ""
 generations_counted 4
+window_is "$window_ok"
 run "xapic, 2 cpus" $PASS 2 qemu64 ""
 generations_counted 2
+window_is "$window_ok"
 run "x2apic, 4 cpus" $PASS 4 qemu64,+x2apic "x2apic"
 generations_counted 4
+window_is "$window_ok"
 run "x2apic, 2 cpus" $PASS 2 qemu64,+x2apic "x2apic"
 generations_counted 2
+window_is "$window_ok"
 # failed_for_stale SCENARIO: the last run's line for SCENARIO must say FAIL
 # and its "stale:" part must count at least one stale access (a negative
 # control that failed for any other reason does not count).
@@ -111,6 +126,7 @@ failed_for_stale "migration flow"
 failed_for_stale "mprotect with a reclaim batch pending"
 failed_for_stale "x86_64-crate mapper"
 failed_for_stale "storm"
+window_control
 if ! grep -qE 'scenario teardown flow \(AfterFlush\): FAIL .*walker read [1-9]' "$log"; then
     failed=$((failed + 1))
     echo "qemu negative control: teardown did not fail on a walker reading a freed table"
@@ -122,6 +138,7 @@ done
 # negative-noinval: the shared set's flush under test invalidates nothing,
 # not even on CPU 0 (the other scenarios are as under "negative").
 run "negative control, x2apic, 2 cpus" $FAIL 2 qemu64,+x2apic "x2apic negative negative-noinval"
+window_control
 failed_for_stale "reclaim flow"
 failed_for_stale "migration flow"
 failed_for_stale "mprotect with a reclaim batch pending"
@@ -146,6 +163,10 @@ if [ "$(grep -c ': FAIL' "$log")" -ne 1 ]; then
     failed=$((failed + 1))
     echo "qemu negative catch-up: not exactly the generations scenario failing"
 fi
+# The CR3 window's control alone: only that scenario may fail.
+run "negative window only (must fail)" $FAIL 2 qemu64 "negative-window"
+window_control
+[ "$(grep -c ': FAIL' "$log")" -eq 1 ] || { failed=$((failed + 1)); echo "qemu negative window: not the window alone failing"; }
 run "timed, xapic, 4 cpus" $PASS 4 qemu64 "timing"
 # A CPU started without being registered must stop the run when it comes
 # up (Error::UnregisteredCpu), not act as another CPU.

@@ -17,7 +17,9 @@
 //! sync; the shared scenarios' flush under test then reaches CPU 0 only),
 //! `negative-noinval` (with `negative`: the shared scenarios' flush under
 //! test invalidates nothing, on CPU 0 either), `negative-teardown` (only
-//! the teardown's control), `timing` (also time N
+//! the teardown's control), `negative-window` (only the CR3 window's
+//! control: [`window`] leaves the switching CPU out of its flush; `negative`
+//! does so too), `timing` (also time N
 //! single-page shootdowns against one batched shootdown of N pages),
 //! `storm-only` (run the storm scenario alone, for the many-CPU runs),
 //! `unregistered` (the last AP is started without being registered in the
@@ -32,8 +34,9 @@
 //! the `x86_64` crate's `OffsetPageTable` and runs `change_protection` and a
 //! teardown through the crate's `x86_64-mapper` adapter; [`shared`] runs
 //! the scenario set the aarch64 kernel runs too (`qemu-scenarios/`), with
-//! this kernel's test mapping as its `Platform`. With PCIDs on,
-//! [`pcid`] adds scenarios with two PCID-tagged address spaces.
+//! this kernel's test mapping as its `Platform`; [`window`] flushes a page
+//! while an AP is between its CR3 write and the end of `switch_mm`. With
+//! PCIDs on, [`pcid`] adds scenarios with two PCID-tagged address spaces.
 
 #![no_std]
 #![no_main]
@@ -53,6 +56,7 @@ mod reclaim;
 mod shared;
 mod storm;
 mod teardown;
+mod window;
 
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -353,6 +357,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
             pcid::AP_STEP => pcid::ap_step(cpu),
             generations::AP_STEP => generations::ap_step(cpu),
             shared::OBSERVE => shared::observe(cpu),
+            window::AP_ROUND => window::ap_round(cpu),
             BUSY => {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
@@ -603,6 +608,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
             teardown::scenario_teardown(negative || has_word(line, b"negative-teardown")),
             mprotect::scenario_mprotect(),
             mapper::scenario_mapper(kernel_entry),
+            window::scenario_window(negative || has_word(line, b"negative-window")),
         ]);
         // The scenario set the aarch64 kernel runs too; under `negative`
         // its flush under test reaches CPU 0 only (the other CPUs skip
