@@ -40,7 +40,7 @@ use tlb_batch::{
 use crate::{arch, fatal, hw, mm, probe, report, ARG, COMMAND, IDLE, IPIS_TAKEN, RESULT};
 
 /// The AP command that runs one round on the AP's side.
-pub const AP_ROUND: u32 = 0x70;
+pub const AP_ROUND: u32 = 0x74;
 
 /// The AP that switches.
 const AP: usize = 1;
