@@ -73,12 +73,12 @@
 //! The constants were fitted once against the whole of the measured
 //! table, not per cell; what each stands for is written beside it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use tlb_batch::arch::mock::{
     Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, Model as Hardware, X86Invlpgb, X86Like,
 };
-use tlb_batch::{quiescent_flush, Arch, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE};
+use tlb_batch::{quiescent_flush, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE};
 
 use crate::policies::{install_hook, reclaim, Peer, Pool, Shared, BROADCAST_MIN_REMOTE, POOL_FRAMES, SCAN};
 
@@ -113,6 +113,35 @@ pub const DEF_PRIORITY: u32 = 7;
 pub const TIMER_TICKS: u64 = 16;
 /// Pages a direct reclaimer frees before it returns (SWAP_CLUSTER_MAX).
 pub const DIRECT_TARGET: u64 = 32;
+/// The cycles one tick of the model stands for: one page read, with its
+/// share of the fault, readahead, page-cache and reclaim work. Once reclaim
+/// runs, lru-file-mmap-read streams a file through a mapping at a few
+/// hundred MB/s per CPU, about 100,000 pages a second: 10 us a page, 30,000
+/// cycles at 3 GHz. A CPU whose path was charged cycles (IPIs sent and the
+/// wait for their handlers, interrupts taken, invalidations, full flushes,
+/// TLB refills) loses one tick for every this many: its worker reads
+/// nothing meanwhile, so those costs lengthen the run.
+pub const CYCLES_PER_TICK: u64 = 30_000;
+/// A realistic timer period in ticks of the model: a 4 ms tick (HZ=250,
+/// Debian's default) at 10 us a page read ([`CYCLES_PER_TICK`]) is 400
+/// page reads.
+pub const REALISTIC_TIMER: u64 = 400;
+/// Pages every task keeps touching between its file pages (its stack, heap,
+/// the binary's text and libc's: 64 KiB), shared frames mapped at the same
+/// address in every address space, never reclaimed. A task re-reads
+/// [`HOT_PER_TICK`] of them, round robin, at every page it reads, so after
+/// a full flush of its TLB all of them are refilled within
+/// `HOT_PAGES / HOT_PER_TICK` ticks. With [`TLB_ENTRIES`] entries and LRU
+/// replacement they stay cached otherwise (between two touches of a hot
+/// page come 15 other hot pages and 8 file pages), so a full flush costs
+/// [`HOT_PAGES`] refills that a single-page flush does not.
+pub const HOT_PAGES: usize = 16;
+/// Hot pages a task touches per page it reads (a smaller figure than
+/// [`HOT_PAGES`] keeps the simulation quick: the refills are the same).
+pub const HOT_PER_TICK: usize = 2;
+/// Entries of each CPU's TLB (an x86 core's L1 dTLB: 64).
+pub const TLB_ENTRIES: usize = 64;
+const HOT_BASE: u64 = 0x7000_0000;
 /// CPU counts of the measured table.
 pub const CAL_CPUS: [usize; 3] = [2, 4, 8];
 /// CPU counts of the peers table.
@@ -129,6 +158,78 @@ pub const SEEDS: [u64; 4] = [
     0x9e37_79b9_7f4a_7c15,
     0x4242_4242,
 ];
+
+/// What an idle CPU (or kswapd's) does with the user space it ran last.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Idle {
+    /// It keeps it loaded, lazily (`MockCpu::enter_lazy`: the crate's
+    /// `enter_lazy_tlb` and the mock's mark), as Linux does: flushes of the
+    /// space skip it, and it catches up when it resumes the space.
+    Lazy,
+    /// It switches to the kernel's address space: out of the user space's
+    /// CPU set, and (untagged TLB) its TLB flushed.
+    Kernel,
+}
+
+impl Idle {
+    pub fn name(self) -> &'static str {
+        match self {
+            Idle::Lazy => "lazy",
+            Idle::Kernel => "kernel mm",
+        }
+    }
+}
+
+/// One cell of the matrix: the hardware and the kernel's choices a run
+/// is made on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Cell {
+    pub cpus: usize,
+    pub tasks: Tasks,
+    /// PCID / ASID-tagged TLBs (entries survive a switch, tagged).
+    pub tagged: bool,
+    pub idle: Idle,
+    /// The CPUs' timer period in ticks of the model; `None`: no tick (a
+    /// tickless kernel whose busy CPUs run one task each).
+    pub timer: Option<u64>,
+    /// Hot pages each task keeps touching ([`HOT_PAGES`], or 0).
+    pub hot: usize,
+}
+
+impl Cell {
+    /// The cell closest to what the model ran before the matrix (and to
+    /// the measured guest: TCG has no PCID, Linux idles lazily).
+    pub fn measured(cpus: usize, tasks: Tasks) -> Self {
+        Cell {
+            cpus,
+            tasks,
+            tagged: false,
+            idle: Idle::Lazy,
+            timer: Some(TIMER_TICKS),
+            hot: HOT_PAGES,
+        }
+    }
+
+    pub fn timer_name(&self) -> String {
+        match self.timer {
+            Some(t) if t == TIMER_TICKS => format!("tick {t}"),
+            Some(t) => format!("tick {t}"),
+            None => "no tick".to_string(),
+        }
+    }
+
+    /// "16 threads, tagged, lazy, no tick".
+    pub fn name(&self) -> String {
+        format!(
+            "{} {}, {}, {}, {}",
+            self.cpus,
+            self.tasks.name(),
+            if self.tagged { "tagged" } else { "untagged" },
+            self.idle.name(),
+            self.timer_name()
+        )
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Tasks {
@@ -174,11 +275,16 @@ pub struct Figures {
     pub ipis: u64,
     pub interrupts: u64,
     pub cycles: u64,
-    /// Lazy CPUs that flushed on coming back (Linux's policy only).
+    /// CPUs that flushed an ASID locally as they loaded it, because a
+    /// flush had skipped them (lazy, or switched away: the crate's
+    /// generation catch-up).
     pub catch_ups: u64,
     /// Tasks that woke on another CPU than they last ran on.
     pub moves: u64,
+    /// Elapsed time: ticks of the model until the last task finished.
     pub ticks: u64,
+    /// Ticks the CPUs lost to charged cycles ([`CYCLES_PER_TICK`]).
+    pub stalls: u64,
     /// Reclaim calls made, freeing or not.
     pub all_calls: u64,
     /// Sum over reclaim calls of the other CPUs running a worker then.
@@ -193,6 +299,20 @@ pub struct Figures {
     pub pooled: u64,
     pub released_by_passes: u64,
     pub quiescent_flushes: u64,
+    /// Where the pool's frames went out, by the call that handed them back:
+    /// `release_passed` at a CPU's timer tick (after its
+    /// `quiescent_flush`), when an allocation found no free frame, and in
+    /// a reclaim call (the rest of `released_by_passes`); the forced ones
+    /// (`flush_oldest` when the pool is full or memory ran out, and the
+    /// final `flush`: `pooled - released_by_passes`), of which the final
+    /// flush.
+    pub released_at_ticks: u64,
+    pub released_at_alloc: u64,
+    pub released_at_end: u64,
+    /// Frames pooled: the most at once, and the sum over ticks (the mean
+    /// is that over `ticks`).
+    pub pool_peak: u64,
+    pub pool_sum: u64,
 }
 
 impl Figures {
@@ -208,6 +328,50 @@ impl Figures {
     /// CPUs interrupted per call that interrupted any.
     pub fn reach(&self) -> f64 {
         self.ipis as f64 / self.calls_with_ipis.max(1) as f64
+    }
+
+    /// Frames the pool handed back by a shootdown it sent.
+    pub fn forced(&self) -> u64 {
+        self.pooled.saturating_sub(self.released_by_passes)
+    }
+
+    /// Frames released by passes inside reclaim calls.
+    pub fn released_in_calls(&self) -> u64 {
+        self.released_by_passes
+            .saturating_sub(self.released_at_ticks + self.released_at_alloc)
+    }
+
+    /// Mean frames pooled over the run.
+    pub fn pool_mean(&self) -> f64 {
+        self.pool_sum as f64 / self.ticks.max(1) as f64
+    }
+
+    /// Adds `f`'s counts to these (the peak is the larger one).
+    pub fn add(&mut self, f: &Figures) {
+        self.reclaimed += f.reclaimed;
+        self.calls += f.calls;
+        self.direct_calls += f.direct_calls;
+        self.calls_with_ipis += f.calls_with_ipis;
+        self.ipis += f.ipis;
+        self.interrupts += f.interrupts;
+        self.cycles += f.cycles;
+        self.catch_ups += f.catch_ups;
+        self.moves += f.moves;
+        self.ticks += f.ticks;
+        self.stalls += f.stalls;
+        self.all_calls += f.all_calls;
+        self.busy_others += f.busy_others;
+        self.violations += f.violations;
+        self.broadcasts += f.broadcasts;
+        self.shootdowns += f.shootdowns;
+        self.pooled += f.pooled;
+        self.released_by_passes += f.released_by_passes;
+        self.quiescent_flushes += f.quiescent_flushes;
+        self.released_at_ticks += f.released_at_ticks;
+        self.released_at_alloc += f.released_at_alloc;
+        self.released_at_end += f.released_at_end;
+        self.pool_peak = self.pool_peak.max(f.pool_peak);
+        self.pool_sum += f.pool_sum;
     }
 }
 
@@ -259,9 +423,13 @@ struct Task {
 
 struct Cpu {
     run: Run,
-    /// The generation of the loaded space when this CPU went lazy.
-    lazy_gen: Option<u64>,
     add_batch: Vec<Frame>,
+    /// Cycles charged to this CPU that it has not yet paid in ticks.
+    debt: u64,
+    /// The CPU's charged cycles when last looked at.
+    seen: u64,
+    /// The next hot page it touches.
+    hot_next: usize,
 }
 
 struct Model<'m, H: Hardware = X86Like> {
@@ -273,17 +441,12 @@ struct Model<'m, H: Hardware = X86Like> {
     cpus: Vec<Cpu>,
     runq: VecDeque<usize>,
     lru: VecDeque<Frame>,
-    gens: BTreeMap<u16, u64>,
     kswapd: Option<Scan>,
     rng: u64,
     now: u64,
-    /// Whether a lazy CPU catches up on skipped flushes (off only in the
-    /// test that shows the oracle catching the omission).
-    catch_up: bool,
+    cell: Cell,
     /// The pooled policy's frame pool.
     pool: Pool,
-    /// Ticks of the model between two timer ticks of a CPU.
-    timer: u64,
     fig: Figures,
 }
 
@@ -304,51 +467,35 @@ impl<'m, H: Hardware> Model<'m, H> {
         self.m.cpu(c).expect("a CPU")
     }
 
-    /// CPU `c` stops running a worker: it stays on the space it had, lazily.
+    /// CPU `c` stops running a worker (it goes idle, or runs kswapd): it
+    /// keeps the user space lazily, or switches to the kernel's, as the
+    /// cell says, whatever the policy.
     fn go_lazy(&mut self, c: usize, run: Run) {
         self.cpus[c].run = run;
-        if self.peer == Peer::TlbBatchPool {
-            // Not lazily: an idle CPU (or kswapd) leaves the user address
-            // space for the kernel's, which drops its TLB (untagged) and
-            // takes it out of the space's CPU set, so no pooled generation
-            // waits for it.
-            let cpu = self.cpu(c);
-            if cpu.current_mm().is_some_and(|mm| !mm.is_kernel()) {
-                cpu.switch_to(self.m.kernel_mm()).expect("switch");
-            }
+        let cpu = self.cpu(c);
+        let Some(mm) = cpu.current_mm().filter(|mm| !mm.is_kernel()) else {
             return;
-        }
-        if self.peer.skips_lazy() && self.cpus[c].lazy_gen.is_none() {
-            let cpu = self.cpu(c);
-            if let Some(mm) = cpu.current_mm() {
-                self.cpus[c].lazy_gen = Some(self.gens.get(&mm.asid().value()).copied().unwrap_or(0));
-                cpu.enter_lazy().expect("a user address space loaded");
+        };
+        match self.cell.idle {
+            // The crate's `enter_lazy_tlb` and the mock's mark: flushes of
+            // the space skip this CPU until it resumes (`place`).
+            Idle::Lazy => cpu.enter_lazy().expect("a user address space loaded"),
+            Idle::Kernel => {
+                let _ = mm;
+                cpu.switch_to(self.m.kernel_mm()).expect("switch");
             }
         }
     }
 
-    /// Task `t` starts running on CPU `c`.
+    /// Task `t` starts running on CPU `c`. A lazy CPU that resumes the
+    /// space it is lazy on catches up through the crate (`switch_mm` to
+    /// the loaded space leaves lazy mode, flushing the ASID if a flush
+    /// skipped it), and the mock's lazy mark ends there; one that loads
+    /// another space leaves lazy mode by the switch.
     fn place(&mut self, t: usize, c: usize) {
         let cpu = self.cpu(c);
         let next = self.rmap.spaces()[self.tasks[t].space].mm().clone();
-        let lazy = self.cpus[c].lazy_gen.take();
-        if let Some(seen) = lazy {
-            let same = cpu.current_mm().is_some_and(|mm| mm.asid() == next.asid());
-            if same && self.catch_up && self.gens.get(&next.asid().value()).copied().unwrap_or(0) != seen {
-                // A flush skipped this CPU while it was lazy: catch up
-                // before the space is used again.
-                cpu.flush_local_all(false);
-                self.fig.catch_ups += 1;
-            }
-        }
         cpu.switch_to(&next).expect("switch");
-        if lazy.is_some() {
-            // Back to user code, after the catch-up and the switch (which
-            // flushes the untagged TLB when the space changes): the oracle
-            // records every entry of a frame freed meanwhile that is still
-            // cached.
-            cpu.leave_lazy();
-        }
         if self.tasks[t].last_cpu.is_some_and(|l| l != c) {
             self.fig.moves += 1;
         }
@@ -447,9 +594,7 @@ impl<'m, H: Hardware> Model<'m, H> {
         for f in kept {
             self.add_to_lru(c, f);
         }
-        for a in call.flushed {
-            *self.gens.entry(a.value()).or_default() += 1;
-        }
+        self.wait(c, call.rounds);
         if call.freed > 0 {
             self.fig.calls += 1;
             self.fig.direct_calls += u64::from(direct);
@@ -459,6 +604,13 @@ impl<'m, H: Hardware> Model<'m, H> {
         }
         self.fig.reclaimed += call.freed;
         call.freed
+    }
+
+    /// CPU `c` sent `rounds` rounds of flush IPIs: it waits for each
+    /// round's handlers (one interrupt's time, the targets run theirs in
+    /// parallel) before it goes on; its sends are charged by the mock.
+    fn wait(&mut self, c: usize, rounds: u64) {
+        self.cpus[c].debt += rounds * self.m.config().cost.ipi_receive;
     }
 
     fn alloc(&mut self, c: usize) -> Frame {
@@ -478,8 +630,11 @@ impl<'m, H: Hardware> Model<'m, H> {
                 // cannot wait for the CPUs' own flushes.
                 let cpu = self.cpu(c);
                 let mut released = self.pool.release_passed(&cpu);
+                self.fig.released_at_alloc += released.len() as u64;
                 if released.is_empty() {
+                    let ipis = self.m.ipis_sent();
                     released = self.pool.flush_oldest(&cpu, READAHEAD).expect("not nested");
+                    self.wait(c, u64::from(self.m.ipis_sent() > ipis));
                 }
                 self.free_released(released);
                 continue;
@@ -506,6 +661,12 @@ impl<'m, H: Hardware> Model<'m, H> {
             return self.go_lazy(c, Run::Idle);
         }
         let page = pos % pages;
+        // The task's working set between two file pages.
+        for _ in 0..HOT_PER_TICK.min(self.cell.hot) {
+            let h = self.cpus[c].hot_next % self.cell.hot;
+            self.cpus[c].hot_next = h + 1;
+            cpu.read(HOT_BASE + h as u64 * PAGE_SIZE).expect("hot pages stay mapped");
+        }
         match cpu.read(va(first + page)) {
             Ok(_) => {
                 self.tasks[t].pos += 1;
@@ -558,6 +719,8 @@ impl<'m, H: Hardware> Model<'m, H> {
     }
 
     fn reserve(&self) -> usize {
+        // `POOL_FRAMES`, not what the pool holds now: kswapd's watermarks
+        // must not move with it.
         if self.peer == Peer::TlbBatchPool {
             POOL_FRAMES
         } else {
@@ -578,27 +741,51 @@ impl<'m, H: Hardware> Model<'m, H> {
     /// what every CPU has flushed past.
     fn timer_ticks(&mut self) {
         let n = self.cpus.len() as u64;
+        let Some(timer) = self.cell.timer else { return };
         for c in 0..self.cpus.len() {
-            let turn = (self.now + c as u64 * self.timer / n) % self.timer == 0;
+            let turn = (self.now + c as u64 * timer / n) % timer == 0;
             if !turn || self.cpus[c].run == Run::Idle {
                 continue;
             }
             let cpu = self.cpu(c);
             quiescent_flush(&cpu);
             let released = self.pool.release_passed(&cpu);
+            self.fig.released_at_ticks += released.len() as u64;
             self.free_released(released);
+        }
+    }
+
+    /// Whether CPU `c` spends this tick paying for cycles charged to it
+    /// (handlers, flushes, refills, IPIs and the wait for them).
+    fn stalled(&mut self, c: usize) -> bool {
+        let cycles = self.m.cpu_cycles(self.cpu(c).id()).expect("a CPU");
+        let cpu = &mut self.cpus[c];
+        cpu.debt += cycles - cpu.seen;
+        cpu.seen = cycles;
+        if cpu.debt >= CYCLES_PER_TICK {
+            cpu.debt -= CYCLES_PER_TICK;
+            self.fig.stalls += 1;
+            true
+        } else {
+            false
         }
     }
 
     fn tick(&mut self) {
         self.schedule();
-        if self.peer == Peer::TlbBatchPool {
+        if self.peer == Peer::TlbBatchPool && self.cell.timer.is_some() {
             self.timer_ticks();
         }
+        let pooled = self.pool.len() as u64;
+        self.fig.pool_peak = self.fig.pool_peak.max(pooled);
+        self.fig.pool_sum += pooled;
         let n = self.cpus.len();
         let start = self.random(n);
         for i in 0..n {
             let c = (start + i) % n;
+            if self.stalled(c) {
+                continue;
+            }
             match self.cpus[c].run {
                 Run::Idle => {}
                 Run::Worker(t) => self.step_worker(c, t),
@@ -623,58 +810,30 @@ impl<'m, H: Hardware> Model<'m, H> {
     }
 }
 
-/// The calibrated workload on `cpus` CPUs with `peer`'s policy, pooled
-/// over [`SEEDS`].
+/// The calibrated workload on `cpus` CPUs with `peer`'s policy in the
+/// measured cell ([`Cell::measured`]), pooled over [`SEEDS`].
 pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
-    run_timer(cpus, tasks, peer, TIMER_TICKS)
+    run_cell(Cell::measured(cpus, tasks), peer, &SEEDS)
 }
 
-/// [`run`] with a timer tick every `timer` ticks of the model (what the
-/// pooled policy's releases depend on).
-pub fn run_timer(cpus: usize, tasks: Tasks, peer: Peer, timer: u64) -> Figures {
+/// The workload in `cell` with `peer`'s policy, pooled over `seeds`.
+pub fn run_cell(cell: Cell, peer: Peer, seeds: &[u64]) -> Figures {
     let mut total = Figures::default();
-    for seed in SEEDS {
+    for &seed in seeds {
         let f = match peer {
-            Peer::BroadcastAlways | Peer::BroadcastWide => {
-                run_seed::<X86Invlpgb>(cpus, tasks, peer, seed, true, timer)
-            }
-            _ => run_seed::<X86Like>(cpus, tasks, peer, seed, true, timer),
+            Peer::BroadcastAlways | Peer::BroadcastWide => run_seed::<X86Invlpgb>(cell, peer, seed),
+            _ => run_seed::<X86Like>(cell, peer, seed),
         };
-        total.reclaimed += f.reclaimed;
-        total.calls += f.calls;
-        total.direct_calls += f.direct_calls;
-        total.calls_with_ipis += f.calls_with_ipis;
-        total.ipis += f.ipis;
-        total.interrupts += f.interrupts;
-        total.cycles += f.cycles;
-        total.catch_ups += f.catch_ups;
-        total.moves += f.moves;
-        total.ticks += f.ticks;
-        total.all_calls += f.all_calls;
-        total.busy_others += f.busy_others;
-        total.violations += f.violations;
-        total.broadcasts += f.broadcasts;
-        total.shootdowns += f.shootdowns;
-        total.pooled += f.pooled;
-        total.released_by_passes += f.released_by_passes;
-        total.quiescent_flushes += f.quiescent_flushes;
+        total.add(&f);
     }
     total
 }
 
 /// One run with one seed.
-fn run_seed<H: Hardware>(
-    cpus: usize,
-    tasks: Tasks,
-    peer: Peer,
-    seed: u64,
-    catch_up: bool,
-    timer: u64,
-) -> Figures {
-    let m = machine::<H>(cpus, peer);
-    let mut model = Model::new(&m, tasks, peer, seed, catch_up);
-    model.timer = timer.max(1);
-    for t in 0..cpus {
+pub fn run_seed<H: Hardware>(cell: Cell, peer: Peer, seed: u64) -> Figures {
+    let m = machine::<H>(cell, peer);
+    let mut model = Model::new(&m, cell, peer, seed);
+    for t in 0..cell.cpus {
         model.place(t, t);
     }
     while !model.done() {
@@ -682,6 +841,7 @@ fn run_seed<H: Hardware>(
     }
     if !model.pool.is_empty() {
         let released = model.pool.flush(&m.cpu(0).expect("a CPU")).expect("not nested");
+        model.fig.released_at_end += released.len() as u64;
         model.free_released(released);
     }
     let mut fig = model.fig;
@@ -696,34 +856,45 @@ fn run_seed<H: Hardware>(
     fig.pooled = stats.frames_pooled;
     fig.released_by_passes = stats.frames_released_by_passes;
     fig.quiescent_flushes = stats.quiescent_flushes;
+    fig.catch_ups = stats.catch_ups;
     fig
 }
 
 /// The machine: x86-like, or with broadcast invalidation for the
 /// broadcast policies (whose threshold `peer` sets).
-fn machine<H: Hardware>(cpus: usize, peer: Peer) -> MockMachine<H> {
+fn machine<H: Hardware>(cell: Cell, peer: Peer) -> MockMachine<H> {
     MockMachine::with_model(MockConfig {
-        frames: MEMORY,
-        tlb_entries: 64,
+        // The hot pages' frames come on top of the workload's memory.
+        frames: MEMORY + cell.hot,
+        tlb_entries: TLB_ENTRIES,
+        tagged_tlb: cell.tagged,
         broadcast_min_remote: if peer == Peer::BroadcastWide {
             BROADCAST_MIN_REMOTE
         } else {
             0
         },
-        ..MockConfig::x86_like(cpus)
+        ..MockConfig::x86_like(cell.cpus)
     })
     .expect("a valid machine")
 }
 
 impl<'m, H: Hardware> Model<'m, H> {
     /// The model on machine `m`, one task per CPU, nothing mapped yet.
-    fn new(m: &'m MockMachine<H>, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Self {
+    fn new(m: &'m MockMachine<H>, cell: Cell, peer: Peer, seed: u64) -> Self {
         let cpus = m.nr_cpus();
-        let nspaces = match tasks {
+        let nspaces = match cell.tasks {
             Tasks::Processes => cpus,
             Tasks::Threads => 1,
         };
         let spaces = crate::address_spaces(m, nspaces);
+        // The hot pages: the same frames, read-only, in every space.
+        for h in 0..cell.hot {
+            let f = m.alloc_frame().expect("memory for the hot pages");
+            for s in &spaces {
+                m.map(s.mm(), HOT_BASE + h as u64 * PAGE_SIZE, f, false)
+                    .expect("a hot page");
+            }
+        }
         let pages = FILE_PAGES / cpus;
         let stride = pages.div_ceil(REGION_ALIGN) * REGION_ALIGN;
         let shared = Shared::default();
@@ -746,19 +917,19 @@ impl<'m, H: Hardware> Model<'m, H> {
             cpus: (0..cpus)
                 .map(|_| Cpu {
                     run: Run::Idle,
-                    lazy_gen: None,
                     add_batch: Vec::new(),
+                    debt: 0,
+                    seen: 0,
+                    hot_next: 0,
                 })
                 .collect(),
             runq: VecDeque::new(),
             lru: VecDeque::new(),
-            gens: BTreeMap::new(),
             kswapd: None,
             rng: seed,
             now: 0,
-            catch_up,
+            cell,
             pool: Pool::new(),
-            timer: TIMER_TICKS,
             fig: Figures::default(),
         };
         model

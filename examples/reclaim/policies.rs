@@ -8,11 +8,16 @@
 //!   spaces' CPU sets with one IPI each, and every target invalidates every
 //!   listed page.
 //! - **Linux 6.1**: deferral into one batch per call, then one *full*
-//!   flush to the union of the CPUs that have one of the batch's address
-//!   spaces loaded, less the lazy ones (the mock's lazy mark, read from
-//!   `MockMachine::lazy_cpus` when the flush is sent). A skipped lazy CPU
-//!   catches up when it next uses the address space (the model keeps a
-//!   per-address-space generation for that; see `calibrated.rs`).
+//!   flush of each of the batch's address spaces (`arch_tlbbatch_flush`),
+//!   through the crate's primitives, which now carry Linux 6.1's
+//!   mechanism: `flush_tlb_mm` reaches the CPUs that run the space now
+//!   (`flush_targets`: `mm_cpumask`, which a CPU leaves at switch-out with
+//!   or without PCID), skips lazy ones (`tlb_is_not_lazy`), and advances
+//!   the space's generation, which a lazy CPU or one that switched away
+//!   catches up on when it loads the space again (`tlb_gen`). A CPU runs
+//!   one space at a time, so the union Linux interrupts with one IPI each
+//!   is exactly the CPUs these flushes interrupt, one IPI each; the
+//!   initiator waits for them as for one round.
 //! - **Asterinas**: flush operations are queued per address space, up to
 //!   32 (more turn into one full flush); each address space's queue is
 //!   dispatched with its own round of IPIs to the CPUs that have it
@@ -37,7 +42,7 @@ use std::sync::{Arc, Mutex};
 
 use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Model};
 use tlb_batch::{
-    page_referenced, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, Frame,
+    flush_tlb_mm, page_referenced, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, Frame,
     FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
 };
 
@@ -105,10 +110,8 @@ impl Peer {
         }
     }
 
-    /// Whether flushes leave lazy CPUs out (only Linux's).
-    pub fn skips_lazy(self) -> bool {
-        self == Peer::Linux61
-    }
+    /// The peers the matrix runs: those the goals are judged against.
+    pub const MATRIX: [Peer; 4] = [Peer::NoBatching, Peer::Linux61, Peer::TlbBatch, Peer::TlbBatchPool];
 }
 
 /// What a flush IPI asks of its targets.
@@ -181,9 +184,8 @@ pub fn handle(frame: Frame) -> OwnedFrame {
 #[derive(Default)]
 pub struct Call {
     pub freed: u64,
-    /// The ASIDs whose mappings were flushed (the model bumps their
-    /// generation: a lazy CPU skipped must catch up).
-    pub flushed: Vec<Asid>,
+    /// Rounds of flush IPIs the initiator sent and waited for.
+    pub rounds: u64,
 }
 
 /// One reclaim call of `peer` on `cpu` over `candidates` (taken from the
@@ -200,6 +202,7 @@ pub fn reclaim<H: Model>(
 ) -> Call {
     match peer {
         Peer::TlbBatch | Peer::TlbBatchPool | Peer::BroadcastAlways | Peer::BroadcastWide => {
+            let ipis = cpu.machine().ipis_sent();
             let mut kernel = MockKernel::new(rmap);
             let mut batch = UnmapBatch::<SCAN>::new();
             let frames = candidates.into_iter().map(handle);
@@ -212,7 +215,9 @@ pub fn reclaim<H: Model>(
             .expect("not nested");
             Call {
                 freed: s.freed as u64,
-                flushed: Vec::new(),
+                // One flush per call (a batch of SCAN pages is never full
+                // before the flush point), or the pool's `flush_oldest`.
+                rounds: u64::from(cpu.machine().ipis_sent() > ipis),
             }
         }
         Peer::NoBatching => {
@@ -223,11 +228,14 @@ pub fn reclaim<H: Model>(
                     .expect("aligned")
                     .referenced
                     > 0;
-                if !hot
+                let ipis = cpu.machine().ipis_sent();
+                let gone = !hot
                     && try_to_unmap(cpu, rmap, f, TtuFlags::empty(), &mut aging)
                         .expect("not nested")
-                        .is_unmapped()
-                {
+                        .is_unmapped();
+                // Every page's flush is a round the initiator waits for.
+                call.rounds += u64::from(cpu.machine().ipis_sent() > ipis);
+                if gone {
                     rmap.remove_frame(f);
                     cpu.machine().free_frame(f).expect("unmapped and flushed");
                     call.freed += 1;
@@ -259,16 +267,18 @@ fn deferred<H: Model>(
     let mut aging = TlbFlushUnmapBatch::new();
     let mut unmapped = Vec::new();
     let mut pending: Pending = BTreeMap::new();
-    let mut flushed: Vec<Asid> = Vec::new();
-    let seed_flush = |pending: &mut Pending, flushed: &mut Vec<Asid>| {
+    let ipis = cpu.machine().ipis_sent();
+    let mut rounds = 0;
+    let seed_flush = |pending: &mut Pending, rounds: &mut u64| {
         let mut pages = Vec::new();
         let mut targets = CpuSet::new();
         for (_, (p, t)) in std::mem::take(pending) {
-            flushed.extend(p.first().map(|&(a, _)| a));
             pages.extend(p);
             targets = targets.union(&t);
         }
+        let before = cpu.machine().ipis_sent();
         round(cpu, shared, &pages, false, &targets);
+        *rounds += u64::from(cpu.machine().ipis_sent() > before);
     };
     for f in candidates {
         let hot = page_referenced(cpu, rmap, f, &mut aging)
@@ -287,14 +297,17 @@ fn deferred<H: Model>(
                 }
                 let e = pending.entry(mm.asid().value()).or_default();
                 e.0.push((mm.asid(), m.va));
-                // The CPUs that have the space loaded now, lazy ones
-                // included (Linux's policy leaves those out when it sends).
-                e.1 = e.1.union(&mm.flush_targets(cpu));
+                // The CPUs that run the space now, lazy ones left out (this
+                // advances the space's generation: they catch up). Linux's
+                // policy asks at its flush.
+                if peer != Peer::Linux61 {
+                    e.1 = e.1.union(&mm.flush_targets(cpu));
+                }
             }
             ControlFlow::Continue(())
         });
         if peer == Peer::Seed && pending.values().map(|(p, _)| p.len()).sum::<usize>() >= SEED_LIST {
-            seed_flush(&mut pending, &mut flushed);
+            seed_flush(&mut pending, &mut rounds);
         }
         if rmap.mapcount(f) == 0 {
             unmapped.push(f);
@@ -304,26 +317,26 @@ fn deferred<H: Model>(
     }
     // The flush point, before any frame is freed.
     match peer {
-        Peer::Seed => seed_flush(&mut pending, &mut flushed),
+        Peer::Seed => seed_flush(&mut pending, &mut rounds),
         Peer::Linux61 => {
-            let mut pages = Vec::new();
-            let mut targets = CpuSet::new();
-            for (_, (p, t)) in std::mem::take(&mut pending) {
-                flushed.extend(p.first().map(|&(a, _)| a));
-                pages.extend(p);
-                targets = targets.union(&t);
+            // `arch_tlbbatch_flush`: a full flush, to the CPUs that run one
+            // of the batch's spaces now and are not lazy; the others catch
+            // up by generation (the crate's `switch_mm`/`leave_lazy_tlb`).
+            for asid in std::mem::take(&mut pending).into_keys() {
+                let space = rmap
+                    .spaces()
+                    .iter()
+                    .find(|s| s.mm().asid().value() == asid)
+                    .expect("a known space");
+                flush_tlb_mm(cpu, space.mm()).expect("not nested");
             }
-            // As Linux 6.1's `native_flush_tlb_multi` (`tlb_is_not_lazy`):
-            // lazy CPUs are not interrupted, they catch up when they
-            // resume (`calibrated.rs`). The crate's `flush_targets` knows
-            // nothing of lazy CPUs; the policy filters them itself.
-            let targets = targets.difference(&cpu.machine().lazy_cpus());
-            round(cpu, shared, &pages, true, &targets);
+            rounds = u64::from(cpu.machine().ipis_sent() > ipis);
         }
         _ => {
             for (_, (p, t)) in std::mem::take(&mut pending) {
-                flushed.extend(p.first().map(|&(a, _)| a));
+                let before = cpu.machine().ipis_sent();
                 round(cpu, shared, &p, p.len() > ASTERINAS_OPS, &t);
+                rounds += u64::from(cpu.machine().ipis_sent() > before);
             }
         }
     }
@@ -333,5 +346,5 @@ fn deferred<H: Model>(
         rmap.remove_frame(f);
         cpu.machine().free_frame(f).expect("unmapped and flushed");
     }
-    Call { freed, flushed }
+    Call { freed, rounds }
 }
