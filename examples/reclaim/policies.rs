@@ -8,16 +8,15 @@
 //!   spaces' CPU sets with one IPI each, and every target invalidates every
 //!   listed page.
 //! - **Linux 6.1**: deferral into one batch per call, then one *full*
-//!   flush of each of the batch's address spaces (`arch_tlbbatch_flush`),
-//!   through the crate's primitives, which now carry Linux 6.1's
-//!   mechanism: `flush_tlb_mm` reaches the CPUs that run the space now
-//!   (`flush_targets`: `mm_cpumask`, which a CPU leaves at switch-out with
-//!   or without PCID), skips lazy ones (`tlb_is_not_lazy`), and advances
-//!   the space's generation, which a lazy CPU or one that switched away
-//!   catches up on when it loads the space again (`tlb_gen`). A CPU runs
-//!   one space at a time, so the union Linux interrupts with one IPI each
-//!   is exactly the CPUs these flushes interrupt, one IPI each; the
-//!   initiator waits for them as for one round.
+//!   flush (`arch_tlbbatch_flush`), on the crate's primitives, which carry
+//!   Linux 6.1's mechanism. At each PTE clear the batch adds the space's
+//!   CPU set as it is then (`mm_cpumask`: the CPUs that run the space,
+//!   lazy ones included; a CPU leaves it at switch-out, with or without
+//!   PCID); at the flush point it advances the generation of each space
+//!   (`tlb_gen`, through `flush_targets`) and sends one shootdown of those
+//!   spaces to that union less the CPUs lazy now (`tlb_is_not_lazy`). A
+//!   lazy CPU, or one that switched away, catches up by generation when
+//!   it loads the space again (the crate's `switch_mm`).
 //! - **Asterinas**: flush operations are queued per address space, up to
 //!   32 (more turn into one full flush); each address space's queue is
 //!   dispatched with its own round of IPIs to the CPUs that have it
@@ -42,7 +41,7 @@ use std::sync::{Arc, Mutex};
 
 use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Model};
 use tlb_batch::{
-    flush_tlb_mm, page_referenced, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, Frame,
+    page_referenced, shootdown, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, FlushRequest, Frame,
     FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
 };
 
@@ -298,11 +297,14 @@ fn deferred<H: Model>(
                 let e = pending.entry(mm.asid().value()).or_default();
                 e.0.push((mm.asid(), m.va));
                 // The CPUs that run the space now, lazy ones left out (this
-                // advances the space's generation: they catch up). Linux's
-                // policy asks at its flush.
-                if peer != Peer::Linux61 {
-                    e.1 = e.1.union(&mm.flush_targets(cpu));
-                }
+                // advances the space's generation: they catch up); for
+                // Linux's, `mm_cpumask` as it is now, lazy ones included
+                // (`set_tlb_ubc_flush_pending`).
+                e.1 = e.1.union(&if peer == Peer::Linux61 {
+                    mm.cpus()
+                } else {
+                    mm.flush_targets(cpu)
+                });
             }
             ControlFlow::Continue(())
         });
@@ -319,16 +321,26 @@ fn deferred<H: Model>(
     match peer {
         Peer::Seed => seed_flush(&mut pending, &mut rounds),
         Peer::Linux61 => {
-            // `arch_tlbbatch_flush`: a full flush, to the CPUs that run one
-            // of the batch's spaces now and are not lazy; the others catch
-            // up by generation (the crate's `switch_mm`/`leave_lazy_tlb`).
-            for asid in std::mem::take(&mut pending).into_keys() {
+            // `arch_tlbbatch_flush`: every PTE is cleared, so each space's
+            // generation advances now (its lazy and switched-away CPUs
+            // catch up when they load it); then one full flush of the
+            // batch's spaces to the CPUs gathered at the clears that are
+            // not lazy now (`native_flush_tlb_multi`).
+            let mut request = FlushRequest::new();
+            let mut targets = CpuSet::new();
+            for (asid, (_, t)) in std::mem::take(&mut pending) {
                 let space = rmap
                     .spaces()
                     .iter()
                     .find(|s| s.mm().asid().value() == asid)
                     .expect("a known space");
-                flush_tlb_mm(cpu, space.mm()).expect("not nested");
+                let _ = space.mm().flush_targets(cpu);
+                request.add_asid(space.mm().asid());
+                targets = targets.union(&t);
+            }
+            let targets = targets.difference(&cpu.machine().lazy_cpus());
+            if !request.is_empty() {
+                shootdown(cpu, &targets, &request).expect("not nested");
             }
             rounds = u64::from(cpu.machine().ipis_sent() > ipis);
         }
