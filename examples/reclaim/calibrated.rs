@@ -10,8 +10,25 @@
 //!   times over; the files total three times memory (768 MB of files for
 //!   256 MB in the measured guest), so reclaim never stops.
 //! - **Time.** The machine advances in ticks; in one tick a CPU running a
-//!   worker reads one page, and a CPU running kswapd makes one reclaim
-//!   call. Reading is the unit of CPU work.
+//!   worker reads one page (and touches its working set, below), and a CPU
+//!   running kswapd makes one reclaim call. A tick stands for
+//!   [`CYCLES_PER_TICK`] cycles, one page read with its share of the
+//!   faulting and page-cache work. Time also advances with the cycles the
+//!   mock's cost model charges on each CPU's path: IPIs sent, the wait for
+//!   their handlers (one interrupt's time per round of IPIs, the targets
+//!   run theirs in parallel), interrupts taken, invalidations, full
+//!   flushes and TLB refills. A CPU owing [`CYCLES_PER_TICK`] of them
+//!   spends its next tick paying instead of running its task, so *elapsed
+//!   time*, the ticks until the last task finished, is an output: no
+//!   batching, which interrupts every CPU of the space for every page,
+//!   takes longer than batching, as the seed series measured.
+//! - **Working set.** Every task keeps touching [`HOT_PAGES`] hot pages
+//!   (stack, heap, text) between its file pages, in [`TLB_ENTRIES`]-entry
+//!   LRU TLBs, so a full flush costs the refills of all of them where a
+//!   single-page invalidation costs none: the trade Linux's 33-page
+//!   ceiling is about. A full flush that lands between two of a task's
+//!   page reads after another one costs its refills again
+//!   (`Model::touch_hot`).
 //! - **Page-cache misses.** A read that finds no mapping starts a
 //!   readahead of [`READAHEAD`] pages (Linux's 128 KB window): their frames
 //!   are allocated, mapped and added to the LRU, and the task sleeps
@@ -33,42 +50,45 @@
 //!   idle, else to any idle CPU (the task moves), else to the run queue;
 //!   idle CPUs take tasks from the run queue, and a task preempted by
 //!   kswapd goes to its head.
-//! - **Lazy CPUs.** A CPU that goes idle, or runs kswapd, keeps the
-//!   address space it ran last loaded: it is *lazy* on it, as Linux's
-//!   kernel threads borrow the previous address space. Every policy but
-//!   Linux's and the pooled one counts such CPUs among an address space's
-//!   CPUs and interrupts them. The pooled policy has no lazy CPUs: an idle
-//!   CPU, or kswapd's, switches to the kernel's address space, which flushes
-//!   its TLB (untagged) and takes it out of the user space's CPU set.
-//!   For Linux's, the CPU carries the mock's lazy mark
-//!   (`MockCpu::enter_lazy` when it stops running a worker,
-//!   `MockCpu::leave_lazy` when it runs one again): it stays online, in
-//!   the space's CPU set and with its TLB, and runs no user code
-//!   meanwhile. Linux's policy leaves the CPUs marked lazy out of the
-//!   flush it sends (`policies.rs`); the crate's `flush_targets` still
-//!   counts them, and the other policies interrupt them. Linux's lazy CPU
-//!   must catch up before it uses the space again: each address space has
-//!   a flush generation, bumped by every flush that covered it, and a lazy
-//!   CPU that resumes the same space flushes its TLB if the generation
-//!   moved while it was lazy (a CPU switching to another space flushes
-//!   anyway: the TLB is untagged, as x86 without PCID). The oracle checks
-//!   exactly that: a frame freed while a lazy CPU still caches it is no
-//!   violation at the free, but an entry for it still cached when the CPU
-//!   leaves lazy mode is (`LazyResumedWithStale`), whether or not the CPU
-//!   then reads through it. In this workload the pages reclaimed are long
-//!   gone from the 64-entry TLBs (without the catch-up the runs record no
-//!   violation either), so the unit test
-//!   `a_lazy_cpu_catches_up_before_it_uses_the_space` drives that case
-//!   directly and shows the oracle catching a missing catch-up at the
-//!   resume.
-//!
-//! - **Timer ticks.** Every [`TIMER_TICKS`] ticks of the model each busy
-//!   CPU takes its timer tick (the CPUs' ticks spread over the period);
-//!   only the pooled policy does anything there: `quiescent_flush`, then
-//!   it hands back what every CPU has flushed past. With a pool, kswapd's
-//!   watermarks are raised by the pool's size (pooled frames are not free
-//!   memory), and an allocation that finds no free frame takes what has
-//!   passed, or else flushes the pool's oldest generations.
+//! - **Idle CPUs** (and kswapd's, a kernel thread), one of two ways, the
+//!   same for every policy ([`Idle`]): *lazy*, as Linux does, the CPU
+//!   keeps the user space it ran last loaded and is marked lazy
+//!   (`MockCpu::enter_lazy`: the crate's `enter_lazy_tlb` and the mock's
+//!   mark); flushes of the space skip it (the crate's `flush_targets`, and
+//!   Linux 6.1's policy), and when it runs a task of that space again
+//!   (`MockCpu::switch_to` the same space, the crate's `switch_mm`) it
+//!   catches up by generation, flushing the ASID if a flush skipped it; or
+//!   *kernel mm*, the CPU switches to the kernel's address space, which
+//!   takes it out of the user space's CPU set (and, untagged, flushes its
+//!   TLB). The oracle judges a lazy CPU's entries for frames freed
+//!   meanwhile when it leaves lazy mode (`LazyResumedWithStale`); the unit
+//!   test `a_lazy_cpu_catches_up_before_it_uses_the_space` shows it
+//!   catching a CPU that resumes without the crate's catch-up
+//!   (`MockCpu::leave_lazy` alone) and the crate's path clean.
+//! - **Tagged TLBs** (PCID, ASIDs; `MockConfig::tagged_tlb`): a switch
+//!   keeps the previous space's entries, tagged. The crate takes the CPU
+//!   out of the space's CPU set at the switch all the same, and flushes
+//!   that ASID when the CPU loads it again behind its generation (a
+//!   catch-up); the oracle judges such entries when the ASID is loaded
+//!   (`LoadedWithStale`). On a tagged TLB the two idle modes come to the
+//!   same flushes in this model (switching to the kernel's space flushes
+//!   nothing, and resuming either way catches up by generation), so their
+//!   rows are equal.
+//! - **Timer ticks.** Every busy CPU takes a timer tick once per period,
+//!   the CPUs' ticks spread over it: [`TIMER_TICKS`] ticks of the model
+//!   (the period the model used before the matrix), [`REALISTIC_TIMER`]
+//!   (4 ms), or none. Only the pooled policy does anything there:
+//!   `quiescent_flush`, then it hands back what every CPU has flushed
+//!   past. With a pool, kswapd counts pooled frames as free for its
+//!   watermarks (they are reclaimed, only their flush is owed), and an
+//!   allocation that finds no free frame takes what has passed, or else
+//!   flushes the pool's oldest generations.
+//! - **The matrix** (`report.rs`): TLBs {untagged, tagged} x idle {lazy,
+//!   kernel mm} x timer {16, 400, none} x CPUs {8, 16, 48} x {processes,
+//!   threads}, each with the working set, for no batching, Linux 6.1's
+//!   policy, the crate's `shrink_page_list` and `shrink_page_list_pooled`
+//!   (`policies.rs`). The calibration table runs Linux 6.1's policy in the
+//!   cell nearest the measured guest ([`Cell::measured`]: untagged, lazy).
 //!
 //! The constants were fitted once against the whole of the measured
 //! table, not per cell; what each stands for is written beside it.
@@ -78,7 +98,10 @@ use std::collections::VecDeque;
 use tlb_batch::arch::mock::{
     Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, Model as Hardware, X86Invlpgb, X86Like,
 };
-use tlb_batch::{quiescent_flush, FlushExtent, FlushReason, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE};
+use tlb_batch::pool::PoolReleases;
+use tlb_batch::{
+    quiescent_flush, FlushExtent, FlushReason, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE,
+};
 
 use crate::policies::{install_hook, reclaim, Peer, Pool, Shared, BROADCAST_MIN_REMOTE, POOL_FRAMES, SCAN};
 
@@ -150,8 +173,6 @@ pub const TLB_ENTRIES: usize = 96;
 const HOT_BASE: u64 = 0x7000_0000;
 /// CPU counts of the measured table.
 pub const CAL_CPUS: [usize; 3] = [2, 4, 8];
-/// CPU counts of the peers table.
-pub const PEER_CPUS: [usize; 5] = [2, 4, 8, 16, 48];
 const BASE: u64 = 0x1000_0000;
 /// Each task's region starts on its own page table (512 pages).
 const REGION_ALIGN: usize = 512;
@@ -315,6 +336,11 @@ pub struct Figures {
     pub released_at_ticks: u64,
     pub released_at_alloc: u64,
     pub released_at_end: u64,
+    /// Why they went back, as the pool tells (`FramePool::releases`):
+    /// aged (passed before they were pooled), passes (every CPU dropped
+    /// its whole TLB since), generations (some CPU lazy or on another
+    /// space), forced (a shootdown the pool sent).
+    pub releases: PoolReleases,
     /// Frames pooled: the most at once, and the sum over ticks (the mean
     /// is that over `ticks`).
     pub pool_peak: u64,
@@ -338,17 +364,6 @@ impl Figures {
     /// CPUs interrupted per call that interrupted any.
     pub fn reach(&self) -> f64 {
         self.ipis as f64 / self.calls_with_ipis.max(1) as f64
-    }
-
-    /// Frames the pool handed back by a shootdown it sent.
-    pub fn forced(&self) -> u64 {
-        self.pooled.saturating_sub(self.released_by_passes)
-    }
-
-    /// Frames released by passes inside reclaim calls.
-    pub fn released_in_calls(&self) -> u64 {
-        self.released_by_passes
-            .saturating_sub(self.released_at_ticks + self.released_at_alloc)
     }
 
     /// Mean frames pooled over the run.
@@ -383,6 +398,10 @@ impl Figures {
         self.pool_peak = self.pool_peak.max(f.pool_peak);
         self.pool_sum += f.pool_sum;
         self.extra_refill_cycles += f.extra_refill_cycles;
+        self.releases.aged += f.releases.aged;
+        self.releases.passes += f.releases.passes;
+        self.releases.generations += f.releases.generations;
+        self.releases.forced += f.releases.forced;
     }
 }
 
@@ -752,7 +771,11 @@ impl<'m, H: Hardware> Model<'m, H> {
             self.cpus[c].debt += extra;
             self.fig.extra_refill_cycles += extra;
         }
-        let n = if missed { hot - 1 } else { HOT_PER_TICK.min(hot - 1) };
+        let n = if missed {
+            hot - 1
+        } else {
+            HOT_PER_TICK.min(hot - 1)
+        };
         for _ in 0..n {
             let h = 1 + self.cpus[c].hot_next % (hot - 1);
             self.cpus[c].hot_next = h;
@@ -910,6 +933,7 @@ pub fn run_seed<H: Hardware>(cell: Cell, peer: Peer, seed: u64) -> Figures {
         model.free_released(released);
     }
     let mut fig = model.fig;
+    fig.releases = model.pool.releases();
     fig.ticks = model.now;
     fig.ipis = m.ipis_sent();
     fig.interrupts = m.cpus().map(|c| m.interrupts_taken(c.id()).expect("a CPU")).sum();

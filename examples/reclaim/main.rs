@@ -347,16 +347,6 @@ fn per(n: u64, d: u64) -> f64 {
 }
 
 fn main() -> ExitCode {
-    if let Ok(c) = std::env::var("DEBUG_CELL") {
-        let (cpus, tasks) = c.split_once(',').unwrap();
-        let tasks = if tasks == "threads" { calibrated::Tasks::Threads } else { calibrated::Tasks::Processes };
-        let cell = calibrated::Cell::measured(cpus.parse().unwrap(), tasks);
-        for p in policies::Peer::MATRIX {
-            let f = calibrated::run_cell(cell, p, &calibrated::SEEDS[..1]);
-            println!("{}: {:?} cyc/pg {:.0} {:?}", p.name(), f, f.per_page(f.cycles), m_costs());
-        }
-        return ExitCode::SUCCESS;
-    }
     let json = std::env::args().any(|a| a == "--json");
     let mut text = String::new();
     let mut records = Vec::new();
@@ -537,6 +527,15 @@ fn main() -> ExitCode {
         violations,
         ..cal.worst.clone()
     };
+    let _ = writeln!(
+        text,
+        "\nEvery goal met in every cell of the matrix: {}",
+        if summary.met() {
+            "yes"
+        } else {
+            "no (the line below names each goal's worst cell)"
+        }
+    );
     let _ = writeln!(text, "\n{}", summary.line());
 
     if json {
@@ -554,7 +553,6 @@ fn main() -> ExitCode {
     }
 }
 
-fn m_costs() {}
 fn figures_json(f: &Figures) -> String {
     format!(
         "\"reclaimed\":{},\"ipis\":{},\"interrupts\":{},\"cycles\":{},\"flush_points\":{},\"flushes\":{},\"floor_ipis\":{},\"violations\":{}",

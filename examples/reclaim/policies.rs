@@ -41,8 +41,9 @@ use std::sync::{Arc, Mutex};
 
 use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Model};
 use tlb_batch::{
-    page_referenced, shootdown, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, FlushRequest, Frame,
-    FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
+    page_referenced, shootdown, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet,
+    FlushRequest, Frame, FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch,
+    PAGE_SIZE,
 };
 
 /// The seed's list: what fits in a page beside its CPU mask and count.
@@ -84,6 +85,7 @@ pub enum Peer {
 pub const BROADCAST_MIN_REMOTE: usize = 2;
 
 impl Peer {
+    #[allow(dead_code)] // the tests run every policy
     pub const ALL: [Peer; 6] = [
         Peer::NoBatching,
         Peer::Seed,
@@ -92,9 +94,6 @@ impl Peer {
         Peer::TlbBatch,
         Peer::TlbBatchPool,
     ];
-
-    /// The policies on broadcast hardware, reported beside the others.
-    pub const BROADCAST: [Peer; 2] = [Peer::BroadcastAlways, Peer::BroadcastWide];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -108,9 +107,6 @@ impl Peer {
             Peer::BroadcastWide => "bcast >=2",
         }
     }
-
-    /// The peers the matrix runs: those the goals are judged against.
-    pub const MATRIX: [Peer; 4] = [Peer::NoBatching, Peer::Linux61, Peer::TlbBatch, Peer::TlbBatchPool];
 }
 
 /// What a flush IPI asks of its targets.

@@ -61,7 +61,12 @@ fn a_small_matrix_runs_with_zero_violations_for_every_peer() {
             (Peer::TlbBatchPool, &r.pool),
         ] {
             assert_eq!(f.violations, 0, "{} in {}", peer.name(), r.cell.name());
-            assert!(f.reclaimed > FILE_PAGES as u64, "{} in {}", peer.name(), r.cell.name());
+            assert!(
+                f.reclaimed > FILE_PAGES as u64,
+                "{} in {}",
+                peer.name(),
+                r.cell.name()
+            );
         }
         if r.cell.tasks == Tasks::Threads {
             assert!(r.none.ticks > r.linux.ticks, "{}", r.cell.name());
@@ -69,6 +74,41 @@ fn a_small_matrix_runs_with_zero_violations_for_every_peer() {
         }
     }
     assert_eq!(crate::report::worst(&runs).violations, 0);
+}
+
+/// On a tagged TLB idle CPUs make the same flushes whether they stay
+/// lazily on the user space or switch to the kernel's: every figure of
+/// every peer is equal (what lets the matrix run one of the two).
+#[test]
+fn tagged_tlbs_make_the_idle_modes_equal() {
+    for tasks in [Tasks::Processes, Tasks::Threads] {
+        let lazy = Cell {
+            tagged: true,
+            ..Cell::measured(4, tasks)
+        };
+        let kernel = Cell {
+            idle: Idle::Kernel,
+            ..lazy
+        };
+        for peer in [
+            Peer::NoBatching,
+            Peer::Linux61,
+            Peer::TlbBatch,
+            Peer::TlbBatchPool,
+        ] {
+            let (a, b) = (
+                run_seed::<X86Like>(lazy, peer, SEEDS[1]),
+                run_seed::<X86Like>(kernel, peer, SEEDS[1]),
+            );
+            assert_eq!(
+                format!("{a:?}"),
+                format!("{b:?}"),
+                "{} with {}",
+                peer.name(),
+                tasks.name()
+            );
+        }
+    }
 }
 
 /// The summary line reads back as written, and the parser refuses what
@@ -116,10 +156,14 @@ fn the_summary_line_round_trips() {
     assert_eq!(Worst::parse("worst cell: drivers IPIs 0.93x"), None);
     assert_eq!(Worst::parse(&line.replace("violations 0", "violations x")), None);
     // The worst of a cell's runs is computed, never taken from the first.
-    let cells = [Cell::measured(4, Tasks::Threads), Cell::measured(4, Tasks::Processes)];
+    let cells = [
+        Cell::measured(4, Tasks::Threads),
+        Cell::measured(4, Tasks::Processes),
+    ];
     let runs = crate::report::run_matrix(&cells, &|_| &SEEDS[..1]);
     let worst = crate::report::worst(&runs);
-    let ratio = |r: &crate::report::CellRuns| r.drivers.per_page(r.drivers.ipis) / r.linux.per_page(r.linux.ipis);
+    let ratio =
+        |r: &crate::report::CellRuns| r.drivers.per_page(r.drivers.ipis) / r.linux.per_page(r.linux.ipis);
     let expect = ratio(&runs[0]).max(ratio(&runs[1]));
     assert_eq!(worst.drivers_ipis.value, expect);
 }
