@@ -26,10 +26,11 @@
 //! - **tlb-batch pool**: the crate's `shrink_page_list_pooled`: a call
 //!   whose frames are all clean moves them into a `FramePool` of
 //!   [`POOL_FRAMES`] instead of flushing; CPUs flush themselves at their
-//!   timer ticks (`quiescent_flush`) and on switches, idle CPUs leave the
-//!   user address spaces, and the pool hands frames back without IPIs once
-//!   every CPU that could cache them has flushed, or with one shootdown
-//!   when it is full or memory runs out (`calibrated.rs` drives it).
+//!   timer ticks (`quiescent_flush`) and on untagged switches, and the pool
+//!   hands frames back without IPIs once every CPU that could cache them
+//!   has flushed, is lazy, or runs another address space (it catches up by
+//!   generation first), or with one shootdown when it is full or memory
+//!   runs out (`calibrated.rs` drives it).
 //!
 //! The by-hand policies reach their targets through the machine's IPI
 //! hook: the initiator leaves its request in [`Shared`], each target reads
