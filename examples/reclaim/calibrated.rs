@@ -71,9 +71,11 @@
 //!   that ASID when the CPU loads it again behind its generation (a
 //!   catch-up); the oracle judges such entries when the ASID is loaded
 //!   (`LoadedWithStale`). On a tagged TLB the two idle modes come to the
-//!   same flushes in this model (switching to the kernel's space flushes
-//!   nothing, and resuming either way catches up by generation), so their
-//!   rows are equal.
+//!   same flushes in this model for every policy but the pooled one
+//!   (switching to the kernel's space flushes nothing, and resuming either
+//!   way catches up by generation), so those figures are equal; the pooled
+//!   policy's timer ticks flush a CPU on the kernel's space but not a lazy
+//!   one, which counts as clear of every generation without flushing.
 //! - **Timer ticks.** Every busy CPU takes a timer tick once per period,
 //!   the CPUs' ticks spread over it: [`TIMER_TICKS`] ticks of the model
 //!   (the period the model used before the matrix), [`REALISTIC_TIMER`]

@@ -175,32 +175,31 @@ pub struct CellRuns {
 /// Runs every peer on `cells` with `seeds(cpus)`. Only the pool does
 /// anything at a timer tick, so the other peers run once per cell with the
 /// timer left out and their figures serve every timer period. On a tagged
-/// TLB the two idle modes make the same flushes (a switch to the kernel's
-/// space flushes nothing there, and resuming either way catches up by
-/// generation), so a tagged cell with idle CPUs on the kernel's space
-/// takes the runs of the same cell with lazy ones, if `cells` has it
-/// first; the test `tagged_tlbs_make_the_idle_modes_equal` runs both and
-/// pins that they are equal.
+/// TLB the two idle modes make the same flushes for every peer but the
+/// pool (a switch to the kernel's space flushes nothing there, and
+/// resuming either way catches up by generation), so a tagged cell with
+/// idle CPUs on the kernel's space takes those peers' runs from the same
+/// cell with lazy ones, if `cells` has it first, and runs the pool; the
+/// test `tagged_tlbs_make_the_idle_modes_equal` runs both and pins that
+/// they are equal.
 pub fn run_matrix(cells: &[Cell], seeds: &dyn Fn(usize) -> &'static [u64]) -> Vec<CellRuns> {
     let mut out: Vec<CellRuns> = Vec::new();
     for &cell in cells {
-        if cell.tagged && cell.idle == Idle::Kernel {
-            let lazy = Cell {
-                idle: Idle::Lazy,
-                ..cell
-            };
-            if let Some(r) = out.iter().find(|r| r.cell == lazy) {
-                let r = CellRuns { cell, ..*r };
-                out.push(r);
-                continue;
-            }
-        }
         let seeds = seeds(cell.cpus);
+        let key = Cell { timer: None, ..cell };
+        let lazy_twin = cell.tagged && cell.idle == Idle::Kernel;
         let shared = out.iter().find(|r| {
-            Cell {
+            let other = Cell {
                 timer: None,
                 ..r.cell
-            } == Cell { timer: None, ..cell }
+            };
+            other == key
+                || (lazy_twin
+                    && other
+                        == Cell {
+                            idle: Idle::Lazy,
+                            ..key
+                        })
         });
         let (none, linux, drivers) = match shared {
             Some(r) => (r.none, r.linux, r.drivers),
@@ -246,12 +245,10 @@ pub fn worst(runs: &[CellRuns]) -> Worst {
         w.pool_ipis.worst(per_page_x(p, l, |f| f.ipis), &r.cell);
         w.pool_cycles.worst(per_page_x(p, l, |f| f.cycles), &r.cell);
         w.elapsed.worst(elapsed_x(d, l).max(elapsed_x(p, l)), &r.cell);
-        if r.cell.tagged && r.cell.idle == Idle::Kernel {
-            // The runs of the lazy cell, counted there.
-            continue;
-        }
         w.violations += p.violations;
-        if r.cell.timer == TIMERS[0] {
+        // The other peers' runs of a tagged cell with kernel-mm idle are
+        // its lazy twin's, counted there.
+        if r.cell.timer == TIMERS[0] && !(r.cell.tagged && r.cell.idle == Idle::Kernel) {
             // The other peers' runs are shared by the cell's timers.
             w.violations += r.none.violations + l.violations + d.violations;
         }

@@ -77,8 +77,10 @@ fn a_small_matrix_runs_with_zero_violations_for_every_peer() {
 }
 
 /// On a tagged TLB idle CPUs make the same flushes whether they stay
-/// lazily on the user space or switch to the kernel's: every figure of
-/// every peer is equal (what lets the matrix run one of the two).
+/// lazily on the user space or switch to the kernel's, for every peer but
+/// the pool (whose timer ticks flush a CPU on the kernel's space, not a
+/// lazy one): every figure is equal (what lets the matrix run one of the
+/// two for them).
 #[test]
 fn tagged_tlbs_make_the_idle_modes_equal() {
     for tasks in [Tasks::Processes, Tasks::Threads] {
@@ -90,12 +92,7 @@ fn tagged_tlbs_make_the_idle_modes_equal() {
             idle: Idle::Kernel,
             ..lazy
         };
-        for peer in [
-            Peer::NoBatching,
-            Peer::Linux61,
-            Peer::TlbBatch,
-            Peer::TlbBatchPool,
-        ] {
+        for peer in [Peer::NoBatching, Peer::Linux61, Peer::TlbBatch] {
             let (a, b) = (
                 run_seed::<X86Like>(lazy, peer, SEEDS[1]),
                 run_seed::<X86Like>(kernel, peer, SEEDS[1]),
