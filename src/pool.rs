@@ -137,9 +137,33 @@ pub enum PoolRefusal {
     OtherMachine,
 }
 
+/// How a [`FramePool`]'s frames went back, in frames, since the pool was
+/// made ([`FramePool::releases`]): what a kernel tunes its flush points by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PoolReleases {
+    /// Released with no IPI, their generation passed before it was even
+    /// pooled: every CPU it had to reach had flushed everything after the
+    /// frames' aging epoch ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch)).
+    pub aged: u64,
+    /// Released with no IPI once every CPU it had to reach had dropped its
+    /// whole TLB since: [`quiescent_flush`] (a tick, idle entry), an
+    /// address-space switch on an untagged TLB, a full flush it took.
+    pub passes: u64,
+    /// Released with no IPI while some CPU it had to reach had not flushed
+    /// everything, but could not use its entries: it was lazy, or ran
+    /// another address space (it flushes by generation before it loads the
+    /// frames' again), or had flushed the one it runs.
+    pub generations: u64,
+    /// Released by a shootdown the pool sent ([`FramePool::flush`],
+    /// [`FramePool::flush_oldest`]).
+    pub forced: u64,
+}
+
 /// One batch's worth of pooled frames: the epoch opened after their PTEs
 /// were cleared, the CPUs that could cache them, how many there are, and
 /// the ASIDs of their mappings (`many`: more than it tells apart).
+/// `aged`: every CPU it had to reach had passed its epoch when it was
+/// pooled (for [`PoolReleases`]).
 #[derive(Clone, Copy, Debug)]
 struct Generation {
     epoch: u64,
@@ -148,6 +172,7 @@ struct Generation {
     asids: [Asid; MAX_FLUSH_ASIDS],
     nr_asids: usize,
     many: bool,
+    aged: bool,
 }
 
 impl Generation {
@@ -264,6 +289,7 @@ pub struct FramePool<const N: usize> {
     request: FlushRequest,
     /// The address of the owning machine's `TlbShootdown` (0: none yet).
     machine: usize,
+    releases: PoolReleases,
 }
 
 impl<const N: usize> Default for FramePool<N> {
@@ -290,7 +316,19 @@ impl<const N: usize> FramePool<N> {
             gens: heapless::Vec::new(),
             request: FlushRequest::new(),
             machine: 0,
+            releases: PoolReleases {
+                aged: 0,
+                passes: 0,
+                generations: 0,
+                forced: 0,
+            },
         }
+    }
+
+    /// How the frames this pool handed back so far went out: see
+    /// [`PoolReleases`].
+    pub fn releases(&self) -> PoolReleases {
+        self.releases
     }
 
     /// Frames pooled.
@@ -420,6 +458,12 @@ impl<const N: usize> FramePool<N> {
         for cpu in &targets {
             state.owe(cpu, epoch);
         }
+        let me = arch.current_cpu();
+        let aged = targets
+            .intersection(&arch.online_cpus())
+            .difference(&CpuSet::single(me))
+            .iter()
+            .all(|c| state.passed_epoch(c) >= epoch);
         self.request.merge(tlb.request(), A::FULL_FLUSH_CEILING);
         let frames = batch.len();
         let named = tlb.request().asids();
@@ -432,6 +476,7 @@ impl<const N: usize> FramePool<N> {
             asids,
             nr_asids: named.len(),
             many: tlb.request().has_too_many_asids(),
+            aged,
         };
         if let Err(generation) = self.gens.push(generation) {
             // Every slot in use: join the newest generation, which then
@@ -441,6 +486,7 @@ impl<const N: usize> FramePool<N> {
                 newest.epoch = newest.epoch.max(generation.epoch);
                 newest.targets = newest.targets.union(&generation.targets);
                 newest.frames += generation.frames;
+                newest.aged &= generation.aged;
                 newest.merge_asids(&generation);
             }
         }
@@ -508,6 +554,22 @@ impl<const N: usize> FramePool<N> {
         let gens = core::mem::take(&mut self.gens);
         // `gens` held at most POOL_GENERATIONS: the zip takes every one.
         for (g, &release) in gens.into_iter().zip(verdicts.iter()) {
+            if release {
+                let n = g.frames as u64;
+                let passed = g
+                    .targets
+                    .intersection(&online)
+                    .difference(&CpuSet::single(me))
+                    .iter()
+                    .all(|c| state.passed_epoch(c) >= g.epoch);
+                if g.aged {
+                    self.releases.aged += n;
+                } else if passed {
+                    self.releases.passes += n;
+                } else {
+                    self.releases.generations += n;
+                }
+            }
             for frame in frames.by_ref().take(g.frames) {
                 // SAFETY: the pool holds at most N frames, so either list
                 // (each of capacity N) has room for all of them.
@@ -609,6 +671,9 @@ impl<const N: usize> FramePool<N> {
         let mut frames_left = core::mem::take(&mut self.frames).into_iter();
         let gens = core::mem::take(&mut self.gens);
         for (i, g) in gens.into_iter().enumerate() {
+            if chosen[i] {
+                self.releases.forced += g.frames as u64;
+            }
             for frame in frames_left.by_ref().take(g.frames) {
                 // SAFETY: at most N frames in all, each list of capacity N.
                 unsafe {

@@ -10,8 +10,25 @@
 //!   times over; the files total three times memory (768 MB of files for
 //!   256 MB in the measured guest), so reclaim never stops.
 //! - **Time.** The machine advances in ticks; in one tick a CPU running a
-//!   worker reads one page, and a CPU running kswapd makes one reclaim
-//!   call. Reading is the unit of CPU work.
+//!   worker reads one page (and touches its working set, below), and a CPU
+//!   running kswapd makes one reclaim call. A tick stands for
+//!   [`CYCLES_PER_TICK`] cycles, one page read with its share of the
+//!   faulting and page-cache work. Time also advances with the cycles the
+//!   mock's cost model charges on each CPU's path: IPIs sent, the wait for
+//!   their handlers (one interrupt's time per round of IPIs, the targets
+//!   run theirs in parallel), interrupts taken, invalidations, full
+//!   flushes and TLB refills. A CPU owing [`CYCLES_PER_TICK`] of them
+//!   spends its next tick paying instead of running its task, so *elapsed
+//!   time*, the ticks until the last task finished, is an output: no
+//!   batching, which interrupts every CPU of the space for every page,
+//!   takes longer than batching, as the seed series measured.
+//! - **Working set.** Every task keeps touching [`HOT_PAGES`] hot pages
+//!   (stack, heap, text) between its file pages, in [`TLB_ENTRIES`]-entry
+//!   LRU TLBs, so a full flush costs the refills of all of them where a
+//!   single-page invalidation costs none: the trade Linux's 33-page
+//!   ceiling is about. A full flush that lands between two of a task's
+//!   page reads after another one costs its refills again
+//!   (`Model::touch_hot`).
 //! - **Page-cache misses.** A read that finds no mapping starts a
 //!   readahead of [`READAHEAD`] pages (Linux's 128 KB window): their frames
 //!   are allocated, mapped and added to the LRU, and the task sleeps
@@ -33,52 +50,60 @@
 //!   idle, else to any idle CPU (the task moves), else to the run queue;
 //!   idle CPUs take tasks from the run queue, and a task preempted by
 //!   kswapd goes to its head.
-//! - **Lazy CPUs.** A CPU that goes idle, or runs kswapd, keeps the
-//!   address space it ran last loaded: it is *lazy* on it, as Linux's
-//!   kernel threads borrow the previous address space. Every policy but
-//!   Linux's and the pooled one counts such CPUs among an address space's
-//!   CPUs and interrupts them. The pooled policy has no lazy CPUs: an idle
-//!   CPU, or kswapd's, switches to the kernel's address space, which flushes
-//!   its TLB (untagged) and takes it out of the user space's CPU set.
-//!   For Linux's, the CPU carries the mock's lazy mark
-//!   (`MockCpu::enter_lazy` when it stops running a worker,
-//!   `MockCpu::leave_lazy` when it runs one again): it stays online, in
-//!   the space's CPU set and with its TLB, and runs no user code
-//!   meanwhile. Linux's policy leaves the CPUs marked lazy out of the
-//!   flush it sends (`policies.rs`); the crate's `flush_targets` still
-//!   counts them, and the other policies interrupt them. Linux's lazy CPU
-//!   must catch up before it uses the space again: each address space has
-//!   a flush generation, bumped by every flush that covered it, and a lazy
-//!   CPU that resumes the same space flushes its TLB if the generation
-//!   moved while it was lazy (a CPU switching to another space flushes
-//!   anyway: the TLB is untagged, as x86 without PCID). The oracle checks
-//!   exactly that: a frame freed while a lazy CPU still caches it is no
-//!   violation at the free, but an entry for it still cached when the CPU
-//!   leaves lazy mode is (`LazyResumedWithStale`), whether or not the CPU
-//!   then reads through it. In this workload the pages reclaimed are long
-//!   gone from the 64-entry TLBs (without the catch-up the runs record no
-//!   violation either), so the unit test
-//!   `a_lazy_cpu_catches_up_before_it_uses_the_space` drives that case
-//!   directly and shows the oracle catching a missing catch-up at the
-//!   resume.
-//!
-//! - **Timer ticks.** Every [`TIMER_TICKS`] ticks of the model each busy
-//!   CPU takes its timer tick (the CPUs' ticks spread over the period);
-//!   only the pooled policy does anything there: `quiescent_flush`, then
-//!   it hands back what every CPU has flushed past. With a pool, kswapd's
-//!   watermarks are raised by the pool's size (pooled frames are not free
-//!   memory), and an allocation that finds no free frame takes what has
-//!   passed, or else flushes the pool's oldest generations.
+//! - **Idle CPUs** (and kswapd's, a kernel thread), one of two ways, the
+//!   same for every policy ([`Idle`]): *lazy*, as Linux does, the CPU
+//!   keeps the user space it ran last loaded and is marked lazy
+//!   (`MockCpu::enter_lazy`: the crate's `enter_lazy_tlb` and the mock's
+//!   mark); flushes of the space skip it (the crate's `flush_targets`, and
+//!   Linux 6.1's policy), and when it runs a task of that space again
+//!   (`MockCpu::switch_to` the same space, the crate's `switch_mm`) it
+//!   catches up by generation, flushing the ASID if a flush skipped it; or
+//!   *kernel mm*, the CPU switches to the kernel's address space, which
+//!   takes it out of the user space's CPU set (and, untagged, flushes its
+//!   TLB). The oracle judges a lazy CPU's entries for frames freed
+//!   meanwhile when it leaves lazy mode (`LazyResumedWithStale`); the unit
+//!   test `a_lazy_cpu_catches_up_before_it_uses_the_space` shows it
+//!   catching a CPU that resumes without the crate's catch-up
+//!   (`MockCpu::leave_lazy` alone) and the crate's path clean.
+//! - **Tagged TLBs** (PCID, ASIDs; `MockConfig::tagged_tlb`): a switch
+//!   keeps the previous space's entries, tagged. The crate takes the CPU
+//!   out of the space's CPU set at the switch all the same, and flushes
+//!   that ASID when the CPU loads it again behind its generation (a
+//!   catch-up); the oracle judges such entries when the ASID is loaded
+//!   (`LoadedWithStale`). On a tagged TLB the two idle modes come to the
+//!   same flushes in this model for every policy but the pooled one
+//!   (switching to the kernel's space flushes nothing, and resuming either
+//!   way catches up by generation), so those figures are equal; the pooled
+//!   policy's timer ticks flush a CPU on the kernel's space but not a lazy
+//!   one, which counts as clear of every generation without flushing.
+//! - **Timer ticks.** Every busy CPU takes a timer tick once per period,
+//!   the CPUs' ticks spread over it: [`TIMER_TICKS`] ticks of the model
+//!   (the period the model used before the matrix), [`REALISTIC_TIMER`]
+//!   (4 ms), or none. Only the pooled policy does anything there:
+//!   `quiescent_flush`, then it hands back what every CPU has flushed
+//!   past. With a pool, kswapd counts pooled frames as free for its
+//!   watermarks (they are reclaimed, only their flush is owed), and an
+//!   allocation that finds no free frame takes what has passed, or else
+//!   flushes the pool's oldest generations.
+//! - **The matrix** (`report.rs`): TLBs {untagged, tagged} x idle {lazy,
+//!   kernel mm} x timer {16, 400, none} x CPUs {8, 16, 48} x {processes,
+//!   threads}, each with the working set, for no batching, Linux 6.1's
+//!   policy, the crate's `shrink_page_list` and `shrink_page_list_pooled`
+//!   (`policies.rs`). The calibration table runs Linux 6.1's policy in the
+//!   cell nearest the measured guest ([`Cell::measured`]: untagged, lazy).
 //!
 //! The constants were fitted once against the whole of the measured
 //! table, not per cell; what each stands for is written beside it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use tlb_batch::arch::mock::{
     Fault, MockConfig, MockCpu, MockKernel, MockMachine, MockRmap, Model as Hardware, X86Invlpgb, X86Like,
 };
-use tlb_batch::{quiescent_flush, Arch, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE};
+use tlb_batch::pool::PoolReleases;
+use tlb_batch::{
+    quiescent_flush, FlushExtent, FlushReason, Flushed, Frame, FreeFrames, MappingFlags, PageTable, PAGE_SIZE,
+};
 
 use crate::policies::{install_hook, reclaim, Peer, Pool, Shared, BROADCAST_MIN_REMOTE, POOL_FRAMES, SCAN};
 
@@ -113,10 +138,43 @@ pub const DEF_PRIORITY: u32 = 7;
 pub const TIMER_TICKS: u64 = 16;
 /// Pages a direct reclaimer frees before it returns (SWAP_CLUSTER_MAX).
 pub const DIRECT_TARGET: u64 = 32;
+/// The cycles one tick of the model stands for: one page read, with its
+/// share of the fault, readahead, page-cache and reclaim work. Once reclaim
+/// runs, lru-file-mmap-read streams a file through a mapping at a few
+/// hundred MB/s per CPU, about 100,000 pages a second: 10 us a page, 30,000
+/// cycles at 3 GHz. A CPU whose path was charged cycles (IPIs sent and the
+/// wait for their handlers, interrupts taken, invalidations, full flushes,
+/// TLB refills) loses one tick for every this many: its worker reads
+/// nothing meanwhile, so those costs lengthen the run.
+pub const CYCLES_PER_TICK: u64 = 30_000;
+/// A realistic timer period in ticks of the model: a 4 ms tick (HZ=250,
+/// Debian's default) at 10 us a page read ([`CYCLES_PER_TICK`]) is 400
+/// page reads.
+pub const REALISTIC_TIMER: u64 = 400;
+/// Pages every task keeps touching between its file pages (its stack, heap,
+/// the binary's text and libc's: 256 KiB), shared frames mapped at the same
+/// address in every address space, never reclaimed. A task re-reads
+/// [`HOT_PER_TICK`] of them, round robin, at every page it reads, so after
+/// a full flush of its TLB all of them are refilled within
+/// `HOT_PAGES / HOT_PER_TICK` ticks. With [`TLB_ENTRIES`] entries and LRU
+/// replacement they stay cached otherwise (between two touches of a hot
+/// page come 63 other hot pages and 16 file pages), so a full flush costs
+/// [`HOT_PAGES`] refills that a single-page flush does not. The figure puts
+/// the cost model's break-even between single-page and full flushes
+/// (`full_flush + HOT_PAGES * tlb_refill` = 4,240 cycles against 150 per
+/// invlpg: 28 pages) near Linux's own ceiling of 33 pages, which Linux
+/// chose by measuring that trade.
+pub const HOT_PAGES: usize = 64;
+/// Hot pages a task touches per page it reads (a smaller figure than
+/// [`HOT_PAGES`] keeps the simulation quick: the refills are the same).
+pub const HOT_PER_TICK: usize = 4;
+/// Entries of each CPU's TLB: 96, enough for the working set and the file
+/// pages read between two touches of a hot page, as a real core's two TLB
+/// levels (64 + 1,536 entries) are.
+pub const TLB_ENTRIES: usize = 96;
+const HOT_BASE: u64 = 0x7000_0000;
 /// CPU counts of the measured table.
 pub const CAL_CPUS: [usize; 3] = [2, 4, 8];
-/// CPU counts of the peers table.
-pub const PEER_CPUS: [usize; 5] = [2, 4, 8, 16, 48];
 const BASE: u64 = 0x1000_0000;
 /// Each task's region starts on its own page table (512 pages).
 const REGION_ALIGN: usize = 512;
@@ -129,6 +187,78 @@ pub const SEEDS: [u64; 4] = [
     0x9e37_79b9_7f4a_7c15,
     0x4242_4242,
 ];
+
+/// What an idle CPU (or kswapd's) does with the user space it ran last.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Idle {
+    /// It keeps it loaded, lazily (`MockCpu::enter_lazy`: the crate's
+    /// `enter_lazy_tlb` and the mock's mark), as Linux does: flushes of the
+    /// space skip it, and it catches up when it resumes the space.
+    Lazy,
+    /// It switches to the kernel's address space: out of the user space's
+    /// CPU set, and (untagged TLB) its TLB flushed.
+    Kernel,
+}
+
+impl Idle {
+    pub fn name(self) -> &'static str {
+        match self {
+            Idle::Lazy => "lazy",
+            Idle::Kernel => "kernel mm",
+        }
+    }
+}
+
+/// One cell of the matrix: the hardware and the kernel's choices a run
+/// is made on.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Cell {
+    pub cpus: usize,
+    pub tasks: Tasks,
+    /// PCID / ASID-tagged TLBs (entries survive a switch, tagged).
+    pub tagged: bool,
+    pub idle: Idle,
+    /// The CPUs' timer period in ticks of the model; `None`: no tick (a
+    /// tickless kernel whose busy CPUs run one task each).
+    pub timer: Option<u64>,
+    /// Hot pages each task keeps touching ([`HOT_PAGES`], or 0).
+    pub hot: usize,
+}
+
+impl Cell {
+    /// The cell closest to what the model ran before the matrix (and to
+    /// the measured guest: TCG has no PCID, Linux idles lazily).
+    pub fn measured(cpus: usize, tasks: Tasks) -> Self {
+        Cell {
+            cpus,
+            tasks,
+            tagged: false,
+            idle: Idle::Lazy,
+            timer: Some(TIMER_TICKS),
+            hot: HOT_PAGES,
+        }
+    }
+
+    pub fn timer_name(&self) -> String {
+        match self.timer {
+            Some(t) if t == TIMER_TICKS => format!("tick {t}"),
+            Some(t) => format!("tick {t}"),
+            None => "no tick".to_string(),
+        }
+    }
+
+    /// "16 threads, tagged, lazy, no tick".
+    pub fn name(&self) -> String {
+        format!(
+            "{} {}, {}, {}, {}",
+            self.cpus,
+            self.tasks.name(),
+            if self.tagged { "tagged" } else { "untagged" },
+            self.idle.name(),
+            self.timer_name()
+        )
+    }
+}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Tasks {
@@ -174,11 +304,16 @@ pub struct Figures {
     pub ipis: u64,
     pub interrupts: u64,
     pub cycles: u64,
-    /// Lazy CPUs that flushed on coming back (Linux's policy only).
+    /// CPUs that flushed an ASID locally as they loaded it, because a
+    /// flush had skipped them (lazy, or switched away: the crate's
+    /// generation catch-up).
     pub catch_ups: u64,
     /// Tasks that woke on another CPU than they last ran on.
     pub moves: u64,
+    /// Elapsed time: ticks of the model until the last task finished.
     pub ticks: u64,
+    /// Ticks the CPUs lost to charged cycles ([`CYCLES_PER_TICK`]).
+    pub stalls: u64,
     /// Reclaim calls made, freeing or not.
     pub all_calls: u64,
     /// Sum over reclaim calls of the other CPUs running a worker then.
@@ -193,6 +328,29 @@ pub struct Figures {
     pub pooled: u64,
     pub released_by_passes: u64,
     pub quiescent_flushes: u64,
+    /// Where the pool's frames went out, by the call that handed them back:
+    /// `release_passed` at a CPU's timer tick (after its
+    /// `quiescent_flush`), when an allocation found no free frame, and in
+    /// a reclaim call (the rest of `released_by_passes`); the forced ones
+    /// (`flush_oldest` when the pool is full or memory ran out, and the
+    /// final `flush`: `pooled - released_by_passes`), of which the final
+    /// flush.
+    pub released_at_ticks: u64,
+    pub released_at_alloc: u64,
+    pub released_at_end: u64,
+    /// Why they went back, as the pool tells (`FramePool::releases`):
+    /// aged (passed before they were pooled), passes (every CPU dropped
+    /// its whole TLB since), generations (some CPU lazy or on another
+    /// space), forced (a shootdown the pool sent).
+    pub releases: PoolReleases,
+    /// Frames pooled: the most at once, and the sum over ticks (the mean
+    /// is that over `ticks`).
+    pub pool_peak: u64,
+    pub pool_sum: u64,
+    /// Refills of hot pages after full flushes beyond the first between
+    /// two of a worker's page reads (charged by the model, not the mock:
+    /// see `Model::touch_hot`); included in `cycles`.
+    pub extra_refill_cycles: u64,
 }
 
 impl Figures {
@@ -208,6 +366,44 @@ impl Figures {
     /// CPUs interrupted per call that interrupted any.
     pub fn reach(&self) -> f64 {
         self.ipis as f64 / self.calls_with_ipis.max(1) as f64
+    }
+
+    /// Mean frames pooled over the run.
+    pub fn pool_mean(&self) -> f64 {
+        self.pool_sum as f64 / self.ticks.max(1) as f64
+    }
+
+    /// Adds `f`'s counts to these (the peak is the larger one).
+    pub fn add(&mut self, f: &Figures) {
+        self.reclaimed += f.reclaimed;
+        self.calls += f.calls;
+        self.direct_calls += f.direct_calls;
+        self.calls_with_ipis += f.calls_with_ipis;
+        self.ipis += f.ipis;
+        self.interrupts += f.interrupts;
+        self.cycles += f.cycles;
+        self.catch_ups += f.catch_ups;
+        self.moves += f.moves;
+        self.ticks += f.ticks;
+        self.stalls += f.stalls;
+        self.all_calls += f.all_calls;
+        self.busy_others += f.busy_others;
+        self.violations += f.violations;
+        self.broadcasts += f.broadcasts;
+        self.shootdowns += f.shootdowns;
+        self.pooled += f.pooled;
+        self.released_by_passes += f.released_by_passes;
+        self.quiescent_flushes += f.quiescent_flushes;
+        self.released_at_ticks += f.released_at_ticks;
+        self.released_at_alloc += f.released_at_alloc;
+        self.released_at_end += f.released_at_end;
+        self.pool_peak = self.pool_peak.max(f.pool_peak);
+        self.pool_sum += f.pool_sum;
+        self.extra_refill_cycles += f.extra_refill_cycles;
+        self.releases.aged += f.releases.aged;
+        self.releases.passes += f.releases.passes;
+        self.releases.generations += f.releases.generations;
+        self.releases.forced += f.releases.forced;
     }
 }
 
@@ -259,9 +455,16 @@ struct Task {
 
 struct Cpu {
     run: Run,
-    /// The generation of the loaded space when this CPU went lazy.
-    lazy_gen: Option<u64>,
     add_batch: Vec<Frame>,
+    /// Cycles charged to this CPU that it has not yet paid in ticks.
+    debt: u64,
+    /// The CPU's charged cycles when last looked at.
+    seen: u64,
+    /// The next hot page it touches.
+    hot_next: usize,
+    /// Flushes that dropped its whole TLB (of the loaded space) while it
+    /// ran a worker, since the worker last touched its hot pages.
+    full_flushes: u64,
 }
 
 struct Model<'m, H: Hardware = X86Like> {
@@ -273,17 +476,12 @@ struct Model<'m, H: Hardware = X86Like> {
     cpus: Vec<Cpu>,
     runq: VecDeque<usize>,
     lru: VecDeque<Frame>,
-    gens: BTreeMap<u16, u64>,
     kswapd: Option<Scan>,
     rng: u64,
     now: u64,
-    /// Whether a lazy CPU catches up on skipped flushes (off only in the
-    /// test that shows the oracle catching the omission).
-    catch_up: bool,
+    cell: Cell,
     /// The pooled policy's frame pool.
     pool: Pool,
-    /// Ticks of the model between two timer ticks of a CPU.
-    timer: u64,
     fig: Figures,
 }
 
@@ -304,51 +502,35 @@ impl<'m, H: Hardware> Model<'m, H> {
         self.m.cpu(c).expect("a CPU")
     }
 
-    /// CPU `c` stops running a worker: it stays on the space it had, lazily.
+    /// CPU `c` stops running a worker (it goes idle, or runs kswapd): it
+    /// keeps the user space lazily, or switches to the kernel's, as the
+    /// cell says, whatever the policy.
     fn go_lazy(&mut self, c: usize, run: Run) {
         self.cpus[c].run = run;
-        if self.peer == Peer::TlbBatchPool {
-            // Not lazily: an idle CPU (or kswapd) leaves the user address
-            // space for the kernel's, which drops its TLB (untagged) and
-            // takes it out of the space's CPU set, so no pooled generation
-            // waits for it.
-            let cpu = self.cpu(c);
-            if cpu.current_mm().is_some_and(|mm| !mm.is_kernel()) {
-                cpu.switch_to(self.m.kernel_mm()).expect("switch");
-            }
+        let cpu = self.cpu(c);
+        let Some(mm) = cpu.current_mm().filter(|mm| !mm.is_kernel()) else {
             return;
-        }
-        if self.peer.skips_lazy() && self.cpus[c].lazy_gen.is_none() {
-            let cpu = self.cpu(c);
-            if let Some(mm) = cpu.current_mm() {
-                self.cpus[c].lazy_gen = Some(self.gens.get(&mm.asid().value()).copied().unwrap_or(0));
-                cpu.enter_lazy().expect("a user address space loaded");
+        };
+        match self.cell.idle {
+            // The crate's `enter_lazy_tlb` and the mock's mark: flushes of
+            // the space skip this CPU until it resumes (`place`).
+            Idle::Lazy => cpu.enter_lazy().expect("a user address space loaded"),
+            Idle::Kernel => {
+                let _ = mm;
+                cpu.switch_to(self.m.kernel_mm()).expect("switch");
             }
         }
     }
 
-    /// Task `t` starts running on CPU `c`.
+    /// Task `t` starts running on CPU `c`. A lazy CPU that resumes the
+    /// space it is lazy on catches up through the crate (`switch_mm` to
+    /// the loaded space leaves lazy mode, flushing the ASID if a flush
+    /// skipped it), and the mock's lazy mark ends there; one that loads
+    /// another space leaves lazy mode by the switch.
     fn place(&mut self, t: usize, c: usize) {
         let cpu = self.cpu(c);
         let next = self.rmap.spaces()[self.tasks[t].space].mm().clone();
-        let lazy = self.cpus[c].lazy_gen.take();
-        if let Some(seen) = lazy {
-            let same = cpu.current_mm().is_some_and(|mm| mm.asid() == next.asid());
-            if same && self.catch_up && self.gens.get(&next.asid().value()).copied().unwrap_or(0) != seen {
-                // A flush skipped this CPU while it was lazy: catch up
-                // before the space is used again.
-                cpu.flush_local_all(false);
-                self.fig.catch_ups += 1;
-            }
-        }
         cpu.switch_to(&next).expect("switch");
-        if lazy.is_some() {
-            // Back to user code, after the catch-up and the switch (which
-            // flushes the untagged TLB when the space changes): the oracle
-            // records every entry of a frame freed meanwhile that is still
-            // cached.
-            cpu.leave_lazy();
-        }
         if self.tasks[t].last_cpu.is_some_and(|l| l != c) {
             self.fig.moves += 1;
         }
@@ -378,6 +560,7 @@ impl<'m, H: Hardware> Model<'m, H> {
     }
 
     fn schedule(&mut self) {
+        self.collect_flushes();
         for t in 0..self.tasks.len() {
             if self.tasks[t].asleep_until.is_some_and(|u| u <= self.now) {
                 self.wake(t);
@@ -447,9 +630,7 @@ impl<'m, H: Hardware> Model<'m, H> {
         for f in kept {
             self.add_to_lru(c, f);
         }
-        for a in call.flushed {
-            *self.gens.entry(a.value()).or_default() += 1;
-        }
+        self.wait(c, call.rounds);
         if call.freed > 0 {
             self.fig.calls += 1;
             self.fig.direct_calls += u64::from(direct);
@@ -461,10 +642,17 @@ impl<'m, H: Hardware> Model<'m, H> {
         call.freed
     }
 
+    /// CPU `c` sent `rounds` rounds of flush IPIs: it waits for each
+    /// round's handlers (one interrupt's time, the targets run theirs in
+    /// parallel) before it goes on; its sends are charged by the mock.
+    fn wait(&mut self, c: usize, rounds: u64) {
+        self.cpus[c].debt += rounds * self.m.config().cost.ipi_receive;
+    }
+
     fn alloc(&mut self, c: usize) -> Frame {
         loop {
             if let Ok(f) = self.m.alloc_frame() {
-                if self.m.free_frames() < self.low() && self.kswapd.is_none() {
+                if self.free() < self.low() && self.kswapd.is_none() {
                     self.kswapd = Some(Scan::new());
                 }
                 return f;
@@ -478,8 +666,11 @@ impl<'m, H: Hardware> Model<'m, H> {
                 // cannot wait for the CPUs' own flushes.
                 let cpu = self.cpu(c);
                 let mut released = self.pool.release_passed(&cpu);
+                self.fig.released_at_alloc += released.len() as u64;
                 if released.is_empty() {
+                    let ipis = self.m.ipis_sent();
                     released = self.pool.flush_oldest(&cpu, READAHEAD).expect("not nested");
+                    self.wait(c, u64::from(self.m.ipis_sent() > ipis));
                 }
                 self.free_released(released);
                 continue;
@@ -506,6 +697,7 @@ impl<'m, H: Hardware> Model<'m, H> {
             return self.go_lazy(c, Run::Idle);
         }
         let page = pos % pages;
+        self.touch_hot(c);
         match cpu.read(va(first + page)) {
             Ok(_) => {
                 self.tasks[t].pos += 1;
@@ -545,24 +737,85 @@ impl<'m, H: Hardware> Model<'m, H> {
         }
     }
 
-    /// The free-frame count below which kswapd wakes: with a pool, raised
-    /// by what the pool may hold, so that allocations do not run out
-    /// while pooled frames wait for the CPUs' ticks.
+    /// The task on CPU `c` touches its working set between two file pages.
+    /// A real task touches all of it within a page read's time; the model
+    /// reads the first hot page, and all of them only if that one missed
+    /// (a full flush dropped them all: the task refills them now, each
+    /// refill charged), else [`HOT_PER_TICK`] of the others round robin,
+    /// which keeps them recent in the TLB's LRU order. Single-page flushes
+    /// never drop hot pages, so this charges exactly the refills a full
+    /// flush causes, at a fraction of the simulation's cost.
+    ///
+    /// The model's tick (a page read, 10 us) is longer than the time
+    /// between two flushes a CPU takes when 48 threads reclaim (more than
+    /// one a tick): a real task refills its working set after each full
+    /// flush, not once a tick. So each full flush beyond the first since
+    /// the task's last page read costs the working set's refills too,
+    /// charged here (`Figures::extra_refill_cycles`) in cycles and time.
+    fn touch_hot(&mut self, c: usize) {
+        self.collect_flushes();
+        let hot = self.cell.hot;
+        let flushes = std::mem::take(&mut self.cpus[c].full_flushes);
+        if hot == 0 {
+            return;
+        }
+        let cpu = self.cpu(c);
+        let id = cpu.id();
+        let read = |h: usize| {
+            cpu.read(HOT_BASE + h as u64 * PAGE_SIZE)
+                .expect("hot pages stay mapped")
+        };
+        let before = self.m.cpu_cycles(id).expect("a CPU");
+        read(0);
+        let missed = self.m.cpu_cycles(id).expect("a CPU") > before;
+        if missed && flushes > 1 {
+            let extra = (flushes - 1) * hot as u64 * self.m.config().cost.tlb_refill;
+            self.cpus[c].debt += extra;
+            self.fig.extra_refill_cycles += extra;
+        }
+        let n = if missed {
+            hot - 1
+        } else {
+            HOT_PER_TICK.min(hot - 1)
+        };
+        for _ in 0..n {
+            let h = 1 + self.cpus[c].hot_next % (hot - 1);
+            self.cpus[c].hot_next = h;
+            read(h);
+        }
+    }
+
+    /// Counts, from the mock's trace, the flushes of whole address spaces
+    /// (or everything) that each CPU running a worker took or made.
+    fn collect_flushes(&mut self) {
+        for e in self.m.take_trace() {
+            let i = e.cpu.index();
+            if e.extent == FlushExtent::All
+                && e.reason != FlushReason::RemoteSendIpi
+                && matches!(self.cpus[i].run, Run::Worker(_))
+            {
+                self.cpus[i].full_flushes += 1;
+            }
+        }
+    }
+
+    /// The free-frame count below which kswapd wakes.
     fn low(&self) -> usize {
-        KSWAPD_LOW + self.reserve()
+        KSWAPD_LOW
     }
 
     /// The free-frame count at which kswapd sleeps again.
     fn high(&self) -> usize {
-        KSWAPD_HIGH + self.reserve()
+        KSWAPD_HIGH
     }
 
-    fn reserve(&self) -> usize {
-        if self.peer == Peer::TlbBatchPool {
-            POOL_FRAMES
-        } else {
-            0
-        }
+    /// Free frames as kswapd's watermarks count them: with a pool, its
+    /// frames too. They are reclaimed already (unmapped, clean, waiting
+    /// only for CPUs' own flushes, or one shootdown when an allocation
+    /// finds no free frame), so kswapd need not reclaim more page cache to
+    /// make up for them: the page cache stays the size Linux's is.
+    fn free(&self) -> usize {
+        self.m.free_frames() + self.pool.len()
     }
 
     /// Frees what the pool handed back, and counts it as reclaimed.
@@ -578,33 +831,57 @@ impl<'m, H: Hardware> Model<'m, H> {
     /// what every CPU has flushed past.
     fn timer_ticks(&mut self) {
         let n = self.cpus.len() as u64;
+        let Some(timer) = self.cell.timer else { return };
         for c in 0..self.cpus.len() {
-            let turn = (self.now + c as u64 * self.timer / n) % self.timer == 0;
+            let turn = (self.now + c as u64 * timer / n) % timer == 0;
             if !turn || self.cpus[c].run == Run::Idle {
                 continue;
             }
             let cpu = self.cpu(c);
             quiescent_flush(&cpu);
             let released = self.pool.release_passed(&cpu);
+            self.fig.released_at_ticks += released.len() as u64;
             self.free_released(released);
+        }
+    }
+
+    /// Whether CPU `c` spends this tick paying for cycles charged to it
+    /// (handlers, flushes, refills, IPIs and the wait for them).
+    fn stalled(&mut self, c: usize) -> bool {
+        let cycles = self.m.cpu_cycles(self.cpu(c).id()).expect("a CPU");
+        let cpu = &mut self.cpus[c];
+        cpu.debt += cycles - cpu.seen;
+        cpu.seen = cycles;
+        if cpu.debt >= CYCLES_PER_TICK {
+            cpu.debt -= CYCLES_PER_TICK;
+            self.fig.stalls += 1;
+            true
+        } else {
+            false
         }
     }
 
     fn tick(&mut self) {
         self.schedule();
-        if self.peer == Peer::TlbBatchPool {
+        if self.peer == Peer::TlbBatchPool && self.cell.timer.is_some() {
             self.timer_ticks();
         }
+        let pooled = self.pool.len() as u64;
+        self.fig.pool_peak = self.fig.pool_peak.max(pooled);
+        self.fig.pool_sum += pooled;
         let n = self.cpus.len();
         let start = self.random(n);
         for i in 0..n {
             let c = (start + i) % n;
+            if self.stalled(c) {
+                continue;
+            }
             match self.cpus[c].run {
                 Run::Idle => {}
                 Run::Worker(t) => self.step_worker(c, t),
                 Run::Kswapd => {
                     let mut scan = self.kswapd.unwrap_or_else(Scan::new);
-                    if self.m.free_frames() >= self.high() || self.lru.is_empty() {
+                    if self.free() >= self.high() || self.lru.is_empty() {
                         self.kswapd = None;
                         self.cpus[c].run = Run::Idle;
                     } else {
@@ -623,58 +900,30 @@ impl<'m, H: Hardware> Model<'m, H> {
     }
 }
 
-/// The calibrated workload on `cpus` CPUs with `peer`'s policy, pooled
-/// over [`SEEDS`].
+/// The calibrated workload on `cpus` CPUs with `peer`'s policy in the
+/// measured cell ([`Cell::measured`]), pooled over [`SEEDS`].
 pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
-    run_timer(cpus, tasks, peer, TIMER_TICKS)
+    run_cell(Cell::measured(cpus, tasks), peer, &SEEDS)
 }
 
-/// [`run`] with a timer tick every `timer` ticks of the model (what the
-/// pooled policy's releases depend on).
-pub fn run_timer(cpus: usize, tasks: Tasks, peer: Peer, timer: u64) -> Figures {
+/// The workload in `cell` with `peer`'s policy, pooled over `seeds`.
+pub fn run_cell(cell: Cell, peer: Peer, seeds: &[u64]) -> Figures {
     let mut total = Figures::default();
-    for seed in SEEDS {
+    for &seed in seeds {
         let f = match peer {
-            Peer::BroadcastAlways | Peer::BroadcastWide => {
-                run_seed::<X86Invlpgb>(cpus, tasks, peer, seed, true, timer)
-            }
-            _ => run_seed::<X86Like>(cpus, tasks, peer, seed, true, timer),
+            Peer::BroadcastAlways | Peer::BroadcastWide => run_seed::<X86Invlpgb>(cell, peer, seed),
+            _ => run_seed::<X86Like>(cell, peer, seed),
         };
-        total.reclaimed += f.reclaimed;
-        total.calls += f.calls;
-        total.direct_calls += f.direct_calls;
-        total.calls_with_ipis += f.calls_with_ipis;
-        total.ipis += f.ipis;
-        total.interrupts += f.interrupts;
-        total.cycles += f.cycles;
-        total.catch_ups += f.catch_ups;
-        total.moves += f.moves;
-        total.ticks += f.ticks;
-        total.all_calls += f.all_calls;
-        total.busy_others += f.busy_others;
-        total.violations += f.violations;
-        total.broadcasts += f.broadcasts;
-        total.shootdowns += f.shootdowns;
-        total.pooled += f.pooled;
-        total.released_by_passes += f.released_by_passes;
-        total.quiescent_flushes += f.quiescent_flushes;
+        total.add(&f);
     }
     total
 }
 
 /// One run with one seed.
-fn run_seed<H: Hardware>(
-    cpus: usize,
-    tasks: Tasks,
-    peer: Peer,
-    seed: u64,
-    catch_up: bool,
-    timer: u64,
-) -> Figures {
-    let m = machine::<H>(cpus, peer);
-    let mut model = Model::new(&m, tasks, peer, seed, catch_up);
-    model.timer = timer.max(1);
-    for t in 0..cpus {
+pub fn run_seed<H: Hardware>(cell: Cell, peer: Peer, seed: u64) -> Figures {
+    let m = machine::<H>(cell, peer);
+    let mut model = Model::new(&m, cell, peer, seed);
+    for t in 0..cell.cpus {
         model.place(t, t);
     }
     while !model.done() {
@@ -682,13 +931,15 @@ fn run_seed<H: Hardware>(
     }
     if !model.pool.is_empty() {
         let released = model.pool.flush(&m.cpu(0).expect("a CPU")).expect("not nested");
+        model.fig.released_at_end += released.len() as u64;
         model.free_released(released);
     }
     let mut fig = model.fig;
+    fig.releases = model.pool.releases();
     fig.ticks = model.now;
     fig.ipis = m.ipis_sent();
     fig.interrupts = m.cpus().map(|c| m.interrupts_taken(c.id()).expect("a CPU")).sum();
-    fig.cycles = m.costs().total();
+    fig.cycles = m.costs().total() + fig.extra_refill_cycles;
     fig.violations = m.violations().len();
     let stats = m.stats();
     fig.broadcasts = stats.broadcasts;
@@ -696,38 +947,50 @@ fn run_seed<H: Hardware>(
     fig.pooled = stats.frames_pooled;
     fig.released_by_passes = stats.frames_released_by_passes;
     fig.quiescent_flushes = stats.quiescent_flushes;
+    fig.catch_ups = stats.catch_ups;
     fig
 }
 
 /// The machine: x86-like, or with broadcast invalidation for the
 /// broadcast policies (whose threshold `peer` sets).
-fn machine<H: Hardware>(cpus: usize, peer: Peer) -> MockMachine<H> {
+fn machine<H: Hardware>(cell: Cell, peer: Peer) -> MockMachine<H> {
     MockMachine::with_model(MockConfig {
-        frames: MEMORY,
-        tlb_entries: 64,
+        // The hot pages' frames come on top of the workload's memory.
+        frames: MEMORY + cell.hot,
+        tlb_entries: TLB_ENTRIES,
+        tagged_tlb: cell.tagged,
         broadcast_min_remote: if peer == Peer::BroadcastWide {
             BROADCAST_MIN_REMOTE
         } else {
             0
         },
-        ..MockConfig::x86_like(cpus)
+        ..MockConfig::x86_like(cell.cpus)
     })
     .expect("a valid machine")
 }
 
 impl<'m, H: Hardware> Model<'m, H> {
     /// The model on machine `m`, one task per CPU, nothing mapped yet.
-    fn new(m: &'m MockMachine<H>, tasks: Tasks, peer: Peer, seed: u64, catch_up: bool) -> Self {
+    fn new(m: &'m MockMachine<H>, cell: Cell, peer: Peer, seed: u64) -> Self {
         let cpus = m.nr_cpus();
-        let nspaces = match tasks {
+        let nspaces = match cell.tasks {
             Tasks::Processes => cpus,
             Tasks::Threads => 1,
         };
         let spaces = crate::address_spaces(m, nspaces);
+        // The hot pages: the same frames, read-only, in every space.
+        for h in 0..cell.hot {
+            let f = m.alloc_frame().expect("memory for the hot pages");
+            for s in &spaces {
+                m.map(s.mm(), HOT_BASE + h as u64 * PAGE_SIZE, f, false)
+                    .expect("a hot page");
+            }
+        }
         let pages = FILE_PAGES / cpus;
         let stride = pages.div_ceil(REGION_ALIGN) * REGION_ALIGN;
         let shared = Shared::default();
         install_hook(m, &shared);
+        m.set_tracing(true);
         let model = Model {
             m,
             rmap: MockRmap::new(m, spaces),
@@ -746,19 +1009,20 @@ impl<'m, H: Hardware> Model<'m, H> {
             cpus: (0..cpus)
                 .map(|_| Cpu {
                     run: Run::Idle,
-                    lazy_gen: None,
                     add_batch: Vec::new(),
+                    debt: 0,
+                    seen: 0,
+                    hot_next: 0,
+                    full_flushes: 0,
                 })
                 .collect(),
             runq: VecDeque::new(),
             lru: VecDeque::new(),
-            gens: BTreeMap::new(),
             kswapd: None,
             rng: seed,
             now: 0,
-            catch_up,
+            cell,
             pool: Pool::new(),
-            timer: TIMER_TICKS,
             fig: Figures::default(),
         };
         model

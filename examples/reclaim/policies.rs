@@ -8,11 +8,15 @@
 //!   spaces' CPU sets with one IPI each, and every target invalidates every
 //!   listed page.
 //! - **Linux 6.1**: deferral into one batch per call, then one *full*
-//!   flush to the union of the CPUs that have one of the batch's address
-//!   spaces loaded, less the lazy ones (the mock's lazy mark, read from
-//!   `MockMachine::lazy_cpus` when the flush is sent). A skipped lazy CPU
-//!   catches up when it next uses the address space (the model keeps a
-//!   per-address-space generation for that; see `calibrated.rs`).
+//!   flush (`arch_tlbbatch_flush`), on the crate's primitives, which carry
+//!   Linux 6.1's mechanism. At each PTE clear the batch adds the space's
+//!   CPU set as it is then (`mm_cpumask`: the CPUs that run the space,
+//!   lazy ones included; a CPU leaves it at switch-out, with or without
+//!   PCID); at the flush point it advances the generation of each space
+//!   (`tlb_gen`, through `flush_targets`) and sends one shootdown of those
+//!   spaces to that union less the CPUs lazy now (`tlb_is_not_lazy`). A
+//!   lazy CPU, or one that switched away, catches up by generation when
+//!   it loads the space again (the crate's `switch_mm`).
 //! - **Asterinas**: flush operations are queued per address space, up to
 //!   32 (more turn into one full flush); each address space's queue is
 //!   dispatched with its own round of IPIs to the CPUs that have it
@@ -22,10 +26,11 @@
 //! - **tlb-batch pool**: the crate's `shrink_page_list_pooled`: a call
 //!   whose frames are all clean moves them into a `FramePool` of
 //!   [`POOL_FRAMES`] instead of flushing; CPUs flush themselves at their
-//!   timer ticks (`quiescent_flush`) and on switches, idle CPUs leave the
-//!   user address spaces, and the pool hands frames back without IPIs once
-//!   every CPU that could cache them has flushed, or with one shootdown
-//!   when it is full or memory runs out (`calibrated.rs` drives it).
+//!   timer ticks (`quiescent_flush`) and on untagged switches, and the pool
+//!   hands frames back without IPIs once every CPU that could cache them
+//!   has flushed, is lazy, or runs another address space (it catches up by
+//!   generation first), or with one shootdown when it is full or memory
+//!   runs out (`calibrated.rs` drives it).
 //!
 //! The by-hand policies reach their targets through the machine's IPI
 //! hook: the initiator leaves its request in [`Shared`], each target reads
@@ -37,8 +42,9 @@ use std::sync::{Arc, Mutex};
 
 use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Model};
 use tlb_batch::{
-    page_referenced, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet, Frame,
-    FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch, PAGE_SIZE,
+    page_referenced, shootdown, shrink_page_list, shrink_page_list_pooled, try_to_unmap, Arch, Asid, CpuSet,
+    FlushRequest, Frame, FramePool, OwnedFrame, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, UnmapBatch,
+    PAGE_SIZE,
 };
 
 /// The seed's list: what fits in a page beside its CPU mask and count.
@@ -80,6 +86,7 @@ pub enum Peer {
 pub const BROADCAST_MIN_REMOTE: usize = 2;
 
 impl Peer {
+    #[allow(dead_code)] // the tests run every policy
     pub const ALL: [Peer; 6] = [
         Peer::NoBatching,
         Peer::Seed,
@@ -88,9 +95,6 @@ impl Peer {
         Peer::TlbBatch,
         Peer::TlbBatchPool,
     ];
-
-    /// The policies on broadcast hardware, reported beside the others.
-    pub const BROADCAST: [Peer; 2] = [Peer::BroadcastAlways, Peer::BroadcastWide];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -103,11 +107,6 @@ impl Peer {
             Peer::BroadcastAlways => "bcast always",
             Peer::BroadcastWide => "bcast >=2",
         }
-    }
-
-    /// Whether flushes leave lazy CPUs out (only Linux's).
-    pub fn skips_lazy(self) -> bool {
-        self == Peer::Linux61
     }
 }
 
@@ -181,9 +180,8 @@ pub fn handle(frame: Frame) -> OwnedFrame {
 #[derive(Default)]
 pub struct Call {
     pub freed: u64,
-    /// The ASIDs whose mappings were flushed (the model bumps their
-    /// generation: a lazy CPU skipped must catch up).
-    pub flushed: Vec<Asid>,
+    /// Rounds of flush IPIs the initiator sent and waited for.
+    pub rounds: u64,
 }
 
 /// One reclaim call of `peer` on `cpu` over `candidates` (taken from the
@@ -200,6 +198,7 @@ pub fn reclaim<H: Model>(
 ) -> Call {
     match peer {
         Peer::TlbBatch | Peer::TlbBatchPool | Peer::BroadcastAlways | Peer::BroadcastWide => {
+            let ipis = cpu.machine().ipis_sent();
             let mut kernel = MockKernel::new(rmap);
             let mut batch = UnmapBatch::<SCAN>::new();
             let frames = candidates.into_iter().map(handle);
@@ -212,7 +211,9 @@ pub fn reclaim<H: Model>(
             .expect("not nested");
             Call {
                 freed: s.freed as u64,
-                flushed: Vec::new(),
+                // One flush per call (a batch of SCAN pages is never full
+                // before the flush point), or the pool's `flush_oldest`.
+                rounds: u64::from(cpu.machine().ipis_sent() > ipis),
             }
         }
         Peer::NoBatching => {
@@ -223,11 +224,14 @@ pub fn reclaim<H: Model>(
                     .expect("aligned")
                     .referenced
                     > 0;
-                if !hot
+                let ipis = cpu.machine().ipis_sent();
+                let gone = !hot
                     && try_to_unmap(cpu, rmap, f, TtuFlags::empty(), &mut aging)
                         .expect("not nested")
-                        .is_unmapped()
-                {
+                        .is_unmapped();
+                // Every page's flush is a round the initiator waits for.
+                call.rounds += u64::from(cpu.machine().ipis_sent() > ipis);
+                if gone {
                     rmap.remove_frame(f);
                     cpu.machine().free_frame(f).expect("unmapped and flushed");
                     call.freed += 1;
@@ -259,16 +263,18 @@ fn deferred<H: Model>(
     let mut aging = TlbFlushUnmapBatch::new();
     let mut unmapped = Vec::new();
     let mut pending: Pending = BTreeMap::new();
-    let mut flushed: Vec<Asid> = Vec::new();
-    let seed_flush = |pending: &mut Pending, flushed: &mut Vec<Asid>| {
+    let ipis = cpu.machine().ipis_sent();
+    let mut rounds = 0;
+    let seed_flush = |pending: &mut Pending, rounds: &mut u64| {
         let mut pages = Vec::new();
         let mut targets = CpuSet::new();
         for (_, (p, t)) in std::mem::take(pending) {
-            flushed.extend(p.first().map(|&(a, _)| a));
             pages.extend(p);
             targets = targets.union(&t);
         }
+        let before = cpu.machine().ipis_sent();
         round(cpu, shared, &pages, false, &targets);
+        *rounds += u64::from(cpu.machine().ipis_sent() > before);
     };
     for f in candidates {
         let hot = page_referenced(cpu, rmap, f, &mut aging)
@@ -287,14 +293,20 @@ fn deferred<H: Model>(
                 }
                 let e = pending.entry(mm.asid().value()).or_default();
                 e.0.push((mm.asid(), m.va));
-                // The CPUs that have the space loaded now, lazy ones
-                // included (Linux's policy leaves those out when it sends).
-                e.1 = e.1.union(&mm.flush_targets(cpu));
+                // The CPUs that run the space now, lazy ones left out (this
+                // advances the space's generation: they catch up); for
+                // Linux's, `mm_cpumask` as it is now, lazy ones included
+                // (`set_tlb_ubc_flush_pending`).
+                e.1 = e.1.union(&if peer == Peer::Linux61 {
+                    mm.cpus()
+                } else {
+                    mm.flush_targets(cpu)
+                });
             }
             ControlFlow::Continue(())
         });
         if peer == Peer::Seed && pending.values().map(|(p, _)| p.len()).sum::<usize>() >= SEED_LIST {
-            seed_flush(&mut pending, &mut flushed);
+            seed_flush(&mut pending, &mut rounds);
         }
         if rmap.mapcount(f) == 0 {
             unmapped.push(f);
@@ -304,26 +316,36 @@ fn deferred<H: Model>(
     }
     // The flush point, before any frame is freed.
     match peer {
-        Peer::Seed => seed_flush(&mut pending, &mut flushed),
+        Peer::Seed => seed_flush(&mut pending, &mut rounds),
         Peer::Linux61 => {
-            let mut pages = Vec::new();
+            // `arch_tlbbatch_flush`: every PTE is cleared, so each space's
+            // generation advances now (its lazy and switched-away CPUs
+            // catch up when they load it); then one full flush of the
+            // batch's spaces to the CPUs gathered at the clears that are
+            // not lazy now (`native_flush_tlb_multi`).
+            let mut request = FlushRequest::new();
             let mut targets = CpuSet::new();
-            for (_, (p, t)) in std::mem::take(&mut pending) {
-                flushed.extend(p.first().map(|&(a, _)| a));
-                pages.extend(p);
+            for (asid, (_, t)) in std::mem::take(&mut pending) {
+                let space = rmap
+                    .spaces()
+                    .iter()
+                    .find(|s| s.mm().asid().value() == asid)
+                    .expect("a known space");
+                let _ = space.mm().flush_targets(cpu);
+                request.add_asid(space.mm().asid());
                 targets = targets.union(&t);
             }
-            // As Linux 6.1's `native_flush_tlb_multi` (`tlb_is_not_lazy`):
-            // lazy CPUs are not interrupted, they catch up when they
-            // resume (`calibrated.rs`). The crate's `flush_targets` knows
-            // nothing of lazy CPUs; the policy filters them itself.
             let targets = targets.difference(&cpu.machine().lazy_cpus());
-            round(cpu, shared, &pages, true, &targets);
+            if !request.is_empty() {
+                shootdown(cpu, &targets, &request).expect("not nested");
+            }
+            rounds = u64::from(cpu.machine().ipis_sent() > ipis);
         }
         _ => {
             for (_, (p, t)) in std::mem::take(&mut pending) {
-                flushed.extend(p.first().map(|&(a, _)| a));
+                let before = cpu.machine().ipis_sent();
                 round(cpu, shared, &p, p.len() > ASTERINAS_OPS, &t);
+                rounds += u64::from(cpu.machine().ipis_sent() > before);
             }
         }
     }
@@ -333,5 +355,5 @@ fn deferred<H: Model>(
         rmap.remove_frame(f);
         cpu.machine().free_frame(f).expect("unmapped and flushed");
     }
-    Call { freed, flushed }
+    Call { freed, rounds }
 }
