@@ -209,7 +209,7 @@ pub use mm::{
 };
 pub use mprotect::change_protection;
 pub use percpu::TlbShootdown;
-pub use pool::{quiescent_flush, FramePool, PoolRefusal, POOL_GENERATIONS};
+pub use pool::{quiescent_flush, FramePool, PoolRefusal, PoolReleases, POOL_GENERATIONS};
 pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 pub use range::{is_canonical, PageRange, TABLE_PAGES, TABLE_SPAN};
 pub use reclaim::{
