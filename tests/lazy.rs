@@ -286,3 +286,23 @@ fn lazy_mode_refuses_a_space_the_cpu_does_not_run() {
         "the flush it skipped is caught up"
     );
 }
+
+/// A CPU that went offline and came back still counts in the set of the
+/// space it ran before (nothing takes it out), but no longer has it
+/// loaded (`prepare_cpu_online` forgot it): lazy mode on that space is
+/// refused until it switches to it again. Refusing on either sign alone
+/// would let flushes skip a CPU that runs nothing it thinks it does.
+#[test]
+fn lazy_mode_needs_the_space_loaded_not_only_the_cpu_in_its_set() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.go_offline();
+    cpu1.come_online();
+    assert!(mm.cpus().contains(cpu1.id()), "still in the set");
+    assert_eq!(cpu1.shootdown_state().loaded_asid(cpu1.id()), None);
+    assert_eq!(enter_lazy_tlb(&cpu1, &mm), Err(Error::NotLoaded { cpu: 1 }));
+    cpu1.switch_to(&mm).unwrap();
+    assert_eq!(enter_lazy_tlb(&cpu1, &mm), Ok(()));
+}
