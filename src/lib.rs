@@ -163,6 +163,7 @@ mod cpuset;
 mod error;
 mod gather;
 pub mod generation;
+mod lifecycle;
 #[cfg(feature = "x86_64-mapper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
 pub mod mapper;
@@ -195,6 +196,7 @@ pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
 pub use batch::TlbFlushUnmapBatch;
 pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
 pub use error::Error;
+pub use lifecycle::take_cpu_offline;
 pub use gather::{
     DetachedTable, FrameKind, MmuGather, PageGather, TableFreePolicy, TableTeardown, TeardownBacking,
     TeardownSummary, PAGE_BATCH,
