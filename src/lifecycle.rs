@@ -27,8 +27,8 @@ use crate::Error;
 /// `leave` removes `cpu` (the running CPU) from the set
 /// [`Arch::online_cpus`] reads, and returns whether it was in it: an
 /// `Arch`'s own offline path passes its removal here (the hardware
-/// `Arch`s' `take_offline` methods and the mock's
-/// [`MockCpu::take_offline`](crate::arch::mock::MockCpu::take_offline) do).
+/// `Arch`s' `take_offline` methods and the mock machine's
+/// `MockCpu::take_offline` do).
 /// Call it on the CPU that goes offline, with interrupts off, from its
 /// offline path, not from an interrupt handler.
 ///
