@@ -169,7 +169,10 @@ impl fmt::Display for Error {
             }
             Error::CpuNotOnline { cpu } => write!(f, "CPU {cpu} is not online"),
             Error::CpuStillOnline { cpu } => {
-                write!(f, "CPU {cpu} left a set that is not the online set shootdowns read")
+                write!(
+                    f,
+                    "CPU {cpu} left a set that is not the online set shootdowns read"
+                )
             }
         }
     }

@@ -196,11 +196,11 @@ pub use arch::{Arch, Asid, DEFAULT_FULL_FLUSH_CEILING};
 pub use batch::TlbFlushUnmapBatch;
 pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
 pub use error::Error;
-pub use lifecycle::take_cpu_offline;
 pub use gather::{
     DetachedTable, FrameKind, MmuGather, PageGather, TableFreePolicy, TableTeardown, TeardownBacking,
     TeardownSummary, PAGE_BATCH,
 };
+pub use lifecycle::take_cpu_offline;
 pub use migrate::{
     migrate_pages, MigrateBacking, MigrateFailure, MigrateOutcome, MigrateRetry, MigrateSummary,
     MIGRATE_PASSES,

@@ -81,7 +81,7 @@ pub fn take_cpu_offline<A: Arch>(arch: &A, leave: impl FnOnce(CpuId) -> bool) ->
     // after this one, so the initiator's online read sees this CPU gone
     // and it never publishes here, or it comes before, so the reads of
     // the marks below see that initiator's mark up (or a later value)
-    // (loom: model (j) fails without either fence).
+    // (loom: model (offline) hangs without either fence).
     fence(Ordering::SeqCst);
     if arch.online_cpus().contains(me) {
         return Err(Error::CpuStillOnline { cpu: me.index() });
@@ -93,8 +93,8 @@ pub fn take_cpu_offline<A: Arch>(arch: &A, leave: impl FnOnce(CpuId) -> bool) ->
         }
         // Acquire: reading zero after a mark that was up synchronizes with
         // the release that lowered it, so the initiator's inbox insertions
-        // are visible to the serve below and the last one (loom: model (j)
-        // fails when this is Relaxed). A mark is up only from an
+        // are visible to the serve below and the last one (beyond loom,
+        // like the release: see `Choosing`'s drop). A mark is up only from an
         // initiator's online read to its last inbox insertion, a short
         // stretch with no waiting in it, and down while the initiator
         // waits for its acknowledgements, so reading it down once comes

@@ -130,7 +130,7 @@ pub(crate) struct PerCpu {
     /// and having published to every target they read there (more than
     /// one when an interrupt handler's shootdown nests in another). A CPU
     /// going offline waits until it reads zero here on every other CPU
-    /// (see [`complete_cpu_offline`](crate::complete_cpu_offline)).
+    /// (see [`take_cpu_offline`](crate::take_cpu_offline)).
     pub(crate) choosing: AtomicU32,
     loaded_asid: AtomicU32,
     /// The user ASID a switch in progress is leaving ([`switch_mm`](crate::switch_mm)):

@@ -146,7 +146,7 @@ pub fn ipi_sync<A: Arch>(arch: &A) -> Result<ShootdownReport, Error> {
 /// This is what lets a CPU leave the online set without stranding a
 /// request: an initiator that read the set while the CPU was still in it
 /// has its mark up until it published, and
-/// [`complete_cpu_offline`](crate::complete_cpu_offline) on the leaving CPU
+/// [`take_cpu_offline`](crate::take_cpu_offline) on the leaving CPU
 /// serves its inbox until it has seen every other CPU's mark down. The
 /// mark is a count, not a flag, because an interrupt handler may start a
 /// shootdown of its own while the interrupted code holds the mark; it
@@ -163,14 +163,14 @@ impl<'a> Choosing<'a> {
         // in program order; the fence below puts it before the online
         // read for the CPUs that look at it.
         count.fetch_add(1, Ordering::Relaxed);
-        // Store-buffering pair with the fence in `complete_cpu_offline`
+        // Store-buffering pair with the fence in `take_cpu_offline`
         // (whose CPU removed itself from the online set before it): in the
         // fences' single total order either this one comes first, and the
         // leaving CPU's read of the count sees it up, or that one does,
         // and the online read below sees the removal. A SeqCst increment
         // and online read would say the same on paper, but the caller's
         // `Arch` chooses the online read's ordering, and loom models only
-        // SeqCst fences as such (loom: model (j) fails without either
+        // SeqCst fences as such (loom: model (offline) hangs without either
         // fence).
         fence(Ordering::SeqCst);
         Choosing { count }
@@ -179,10 +179,14 @@ impl<'a> Choosing<'a> {
 
 impl Drop for Choosing<'_> {
     fn drop(&mut self) {
-        // Release: a leaving CPU that reads the count at zero (acquire)
-        // sees every inbox insertion made under the mark, so its last
-        // serve of its inbox finds them (loom: model (j) fails when this
-        // is Relaxed).
+        // Lowered only after the last inbox insertion (loom: model (offline)
+        // fails when the mark comes down before `publish`). Release: a
+        // leaving CPU that reads the count at zero (acquire) then sees
+        // every insertion made under the mark, so its last serve of its
+        // inbox finds them. Without it that serve's take could come
+        // before an insertion in the inbox's modification order; loom,
+        // whose read-modify-writes always read the newest value, cannot
+        // show that (model (offline) passes with this Relaxed).
         self.count.fetch_sub(1, Ordering::Release);
     }
 }

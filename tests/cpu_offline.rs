@@ -78,7 +78,10 @@ fn offline_storm(cycles: u64) {
         }
     });
     let done: u64 = completed.iter().map(|c| c.load(Ordering::SeqCst)).sum();
-    assert!(done >= cycles * LEAVER as u64, "{done} shootdowns in {cycles} cycles");
+    assert!(
+        done >= cycles * LEAVER as u64,
+        "{done} shootdowns in {cycles} cycles"
+    );
     assert_eq!(m.stats().shootdowns, done);
     // No frame was freed while a CPU could still use an entry for it: the
     // leaver kept its entries while away and dropped them on its way back.
@@ -117,7 +120,10 @@ fn going_offline_is_refused_when_it_would_strand_something() {
     assert_eq!(cpu1.take_offline(), Err(Error::CpuNotOnline { cpu: 1 }));
     // go_offline swallows that: the CPU stays offline.
     cpu1.go_offline();
-    assert_eq!(m.online(), CpuSet::first(3).unwrap().difference(&CpuSet::single(cpu1.id())));
+    assert_eq!(
+        m.online(),
+        CpuSet::first(3).unwrap().difference(&CpuSet::single(cpu1.id()))
+    );
     cpu1.come_online();
     // A `leave` that takes the CPU out of some other set: shootdowns would
     // still target it, so it must not park.

@@ -340,8 +340,9 @@ impl Aarch64 {
     /// [`MmTlbState`](crate::MmTlbState)). It leaves the set, then serves
     /// every request that reaches it (with this `Arch`, those of
     /// [`ipi_sync`](crate::ipi_sync)) until no initiator that saw it online
-    /// can still send one ([`take_cpu_offline`](crate::take_cpu_offline)).
-    /// When it returns `Ok`, no [`ipi_sync`](crate::ipi_sync) and no
+    /// can still send one ([`take_cpu_offline`](crate::take_cpu_offline)),
+    /// and returns how many it served on its way out. When it returns
+    /// `Ok`, no [`ipi_sync`](crate::ipi_sync) and no
     /// [`FramePool`](crate::FramePool) generation waits for this CPU, and a
     /// flush whose only online target is the caller is done locally even
     /// when this CPU still caches the pages.
@@ -363,14 +364,13 @@ impl Aarch64 {
     /// [`Error::ShootdownReentered`] when the call comes from an interrupt
     /// that interrupted a shootdown or IPI sync of this CPU's own, which
     /// would stay unfinished.
-    pub fn take_offline(&self) -> Result<(), Error> {
+    pub fn take_offline(&self) -> Result<usize, Error> {
         // SAFETY: EL1 (constructor contract).
         let mpidr = unsafe { read_mpidr_el1() };
         let cpu = self.cpus.cpu_of(mpidr).ok_or(Error::UnregisteredCpu {
             hw_id: mpidr_affinity(mpidr),
         })?;
-        crate::take_cpu_offline(self, |me| me == cpu && self.cpus.leave(cpu))?;
-        Ok(())
+        crate::take_cpu_offline(self, |me| me == cpu && self.cpus.leave(cpu))
     }
 
     /// The flush-IPI entry point: call it from the handler of the

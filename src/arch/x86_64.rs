@@ -235,10 +235,11 @@ impl X86_64 {
     /// kernel's [`MmTlbState`](crate::MmTlbState)). It leaves the set, then
     /// serves and acknowledges every flush request that reaches it until no
     /// initiator that saw it online can still send one
-    /// ([`take_cpu_offline`](crate::take_cpu_offline)). When it returns
-    /// `Ok`, no shootdown and no [`FramePool`](crate::FramePool) generation
-    /// waits for this CPU, and every later all-but-self IPI names its
-    /// destinations instead (not every present CPU is online).
+    /// ([`take_cpu_offline`](crate::take_cpu_offline)), and returns how
+    /// many it served on its way out. When it returns `Ok`, no shootdown
+    /// and no [`FramePool`](crate::FramePool) generation waits for this
+    /// CPU, and every later all-but-self IPI names its destinations
+    /// instead (not every present CPU is online).
     ///
     /// After `Ok` the CPU gets no flush requests, so its TLB may keep
     /// entries for pages that are unmapped and freed while it is away. The
@@ -256,14 +257,13 @@ impl X86_64 {
     /// up, or already left); [`Error::ShootdownReentered`] when the call
     /// comes from an interrupt that interrupted a shootdown of this CPU's
     /// own, which would stay unfinished.
-    pub fn take_offline(&self) -> Result<(), Error> {
+    pub fn take_offline(&self) -> Result<usize, Error> {
         let apic_id = self.apic.id();
         let cpu = self
             .cpus
             .cpu_of(apic_id)
             .ok_or(Error::UnregisteredCpu { hw_id: apic_id })?;
-        crate::take_cpu_offline(self, |me| me == cpu && self.cpus.leave(cpu))?;
-        Ok(())
+        crate::take_cpu_offline(self, |me| me == cpu && self.cpus.leave(cpu))
     }
 
     /// The flush-IPI entry point: call it from the interrupt handler of the

@@ -243,21 +243,46 @@ mod tests {
         }
         t.set_present(4);
         let others = set(&[1, 2, 3]);
-        assert!(shorthand_reaches_exactly(&others, &t.online(), cpu(0), t.present()));
+        assert!(shorthand_reaches_exactly(
+            &others,
+            &t.online(),
+            cpu(0),
+            t.present()
+        ));
         // CPU 3 goes offline: the others now online are 1 and 2, and an
         // all-but-self IPI would interrupt CPU 3 too.
         assert!(t.leave(cpu(3)));
         assert!(!t.leave(cpu(3)));
         let online = t.online();
         assert_eq!(online, set(&[0, 1, 2]));
-        assert!(!shorthand_reaches_exactly(&set(&[1, 2]), &online, cpu(0), t.present()));
+        assert!(!shorthand_reaches_exactly(
+            &set(&[1, 2]),
+            &online,
+            cpu(0),
+            t.present()
+        ));
         // Targets read before CPU 3 left still name it: directed IPIs.
         assert!(!shorthand_reaches_exactly(&others, &online, cpu(0), t.present()));
         // Sent by CPU 3 itself while it leaves (it is no longer online).
-        assert!(!shorthand_reaches_exactly(&set(&[0, 1, 2]), &online, cpu(3), t.present()));
+        assert!(!shorthand_reaches_exactly(
+            &set(&[0, 1, 2]),
+            &online,
+            cpu(3),
+            t.present()
+        ));
         // Back online: every present CPU is, and the shorthand returns.
         t.join(cpu(3));
-        assert!(shorthand_reaches_exactly(&others, &t.online(), cpu(0), t.present()));
-        assert!(shorthand_reaches_exactly(&set(&[0, 1, 2]), &t.online(), cpu(3), t.present()));
+        assert!(shorthand_reaches_exactly(
+            &others,
+            &t.online(),
+            cpu(0),
+            t.present()
+        ));
+        assert!(shorthand_reaches_exactly(
+            &set(&[0, 1, 2]),
+            &t.online(),
+            cpu(3),
+            t.present()
+        ));
     }
 }
