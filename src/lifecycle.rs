@@ -43,10 +43,11 @@ use crate::Error;
 /// that may be unmapped while it is away, no crate function but
 /// [`prepare_cpu_online`], and no interrupt handler that does any of this
 /// (in practice it parks: `cli; hlt` in a loop, or the firmware's CPU_OFF).
-/// Before calling this it loads the kernel's address space
-/// ([`switch_mm`](crate::switch_mm) to the kernel's [`MmTlbState`]), so
-/// that it leaves the user address spaces' CPU sets and keeps no user page
-/// table loaded that may be freed while it is away. A flush IPI sent to it
+/// Before calling this it loads an address space whose page tables are
+/// not freed while it is away, normally the kernel's
+/// ([`switch_mm`](crate::switch_mm) to the kernel's [`MmTlbState`]): no
+/// shootdown or [`ipi_sync`](crate::ipi_sync) reaches it to say that a
+/// table it could walk is gone. A flush IPI sent to it
 /// in the last moments may still be latched at its interrupt controller
 /// when it comes back; the handler then finds nothing to do.
 ///

@@ -22,10 +22,11 @@
 //!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
 //!    rather than act as another CPU;
 //! 3. a CPU that goes offline calls [`Aarch64::take_offline`] on itself,
-//!    with interrupts masked and the kernel's address space loaded: it
-//!    leaves the online set once no IPI sync can still wait for it, and
-//!    then parks (or calls PSCI CPU_OFF), running nothing that uses its
-//!    TLB, until it comes back through [`Aarch64::bring_online`].
+//!    with interrupts masked and an address space loaded whose tables stay
+//!    (the kernel's): it leaves the online set once no IPI sync can still
+//!    wait for it, and then parks (or calls PSCI CPU_OFF), running nothing
+//!    that uses its TLB, until it comes back through
+//!    [`Aarch64::bring_online`].
 //!
 //! What the kernel sets up, on every CPU, before the first crate call:
 //!
@@ -335,8 +336,9 @@ impl Aarch64 {
     /// Takes the running CPU out of the online set, the way back from
     /// [`bring_online`](Self::bring_online): call it on the CPU that goes
     /// offline, from the kernel's offline path (not from an interrupt
-    /// handler), with interrupts masked, after the CPU loaded the kernel's
-    /// address space ([`switch_mm`](crate::switch_mm) to the kernel's
+    /// handler), with interrupts masked, after the CPU loaded an address
+    /// space whose page tables stay while it is away, normally the
+    /// kernel's ([`switch_mm`](crate::switch_mm) to the kernel's
     /// [`MmTlbState`](crate::MmTlbState)). It leaves the set, then serves
     /// every request that reaches it (with this `Arch`, those of
     /// [`ipi_sync`](crate::ipi_sync)) until no initiator that saw it online

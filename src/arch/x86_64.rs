@@ -17,10 +17,10 @@
 //!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
 //!    rather than act as another CPU;
 //! 3. a CPU that goes offline calls [`X86_64::take_offline`] on itself,
-//!    with interrupts off and the kernel's address space loaded: it leaves
-//!    the online set once no shootdown can still wait for it, and then
-//!    parks, running nothing that uses its TLB, until it comes back through
-//!    [`X86_64::bring_online`].
+//!    with interrupts off and an address space loaded whose tables stay
+//!    (the kernel's): it leaves the online set once no shootdown can still
+//!    wait for it, and then parks, running nothing that uses its TLB,
+//!    until it comes back through [`X86_64::bring_online`].
 //!
 //! Flush IPIs name each destination, except when the targets are every
 //! other CPU and every present CPU is online: then one all-but-self IPI
@@ -230,9 +230,10 @@ impl X86_64 {
     /// Takes the running CPU out of the online set, the way back from
     /// [`bring_online`](Self::bring_online): call it on the CPU that goes
     /// offline, from the kernel's offline path (not from an interrupt
-    /// handler), with interrupts disabled, after the CPU loaded the
-    /// kernel's address space ([`switch_mm`](crate::switch_mm) to the
-    /// kernel's [`MmTlbState`](crate::MmTlbState)). It leaves the set, then
+    /// handler), with interrupts disabled, after the CPU loaded an address
+    /// space whose page tables stay while it is away, normally the
+    /// kernel's ([`switch_mm`](crate::switch_mm) to the kernel's
+    /// [`MmTlbState`](crate::MmTlbState)). It leaves the set, then
     /// serves and acknowledges every flush request that reaches it until no
     /// initiator that saw it online can still send one
     /// ([`take_cpu_offline`](crate::take_cpu_offline)), and returns how
