@@ -28,9 +28,9 @@ use crate::Error;
 /// [`Arch::online_cpus`] reads, and returns whether it was in it: an
 /// `Arch`'s own offline path passes its removal here (the hardware
 /// `Arch`s' `take_offline` methods and the mock machine's
-/// `MockCpu::take_offline` do).
-/// Call it on the CPU that goes offline, with interrupts off, from its
-/// offline path, not from an interrupt handler.
+/// `MockCpu::take_offline` do). Call it on the CPU that goes offline,
+/// with interrupts off, from its offline path, not from an interrupt
+/// handler.
 ///
 /// When it returns `Ok`, no initiator waits for this CPU, none will (every
 /// initiator that could still see it online has published its request and
@@ -47,9 +47,9 @@ use crate::Error;
 /// not freed while it is away, normally the kernel's
 /// ([`switch_mm`](crate::switch_mm) to the kernel's [`MmTlbState`]): no
 /// shootdown or [`ipi_sync`](crate::ipi_sync) reaches it to say that a
-/// table it could walk is gone. A flush IPI sent to it
-/// in the last moments may still be latched at its interrupt controller
-/// when it comes back; the handler then finds nothing to do.
+/// table it could walk is gone. A flush IPI sent to it in the last
+/// moments may still be latched at its interrupt controller when it comes
+/// back; the handler then finds nothing to do.
 ///
 /// Errors, with nothing changed (the CPU stays online):
 /// [`Error::ShootdownReentered`] when this CPU is inside a shootdown or
@@ -94,14 +94,14 @@ pub fn take_cpu_offline<A: Arch>(arch: &A, leave: impl FnOnce(CpuId) -> bool) ->
         }
         // Acquire: reading zero after a mark that was up synchronizes with
         // the release that lowered it, so the initiator's inbox insertions
-        // are visible to the serve below and the last one (beyond loom,
-        // like the release: see `Choosing`'s drop). A mark is up only from an
-        // initiator's online read to its last inbox insertion, a short
-        // stretch with no waiting in it, and down while the initiator
-        // waits for its acknowledgements, so reading it down once comes
-        // soon even on a CPU that shoots back to back. Meanwhile this CPU
-        // serves what arrives: those acknowledgements may be what the
-        // initiator waits for.
+        // are visible to the serve below and to the last one (beyond loom,
+        // like that release: see `Choosing`'s drop). A mark is up only
+        // from an initiator's online read to its last inbox insertion, a
+        // short stretch with no waiting in it, and down while the
+        // initiator waits for its acknowledgements, so reading it down
+        // once comes soon even on a CPU that shoots back to back.
+        // Meanwhile this CPU serves what arrives: those acknowledgements
+        // may be what the initiator waits for.
         while cpu.choosing.load(Ordering::Acquire) != 0 {
             served += service_inbox(arch, state, me);
             arch.relax();

@@ -152,12 +152,12 @@ pub fn ipi_sync<A: Arch>(arch: &A) -> Result<ShootdownReport, Error> {
 /// shootdown of its own while the interrupted code holds the mark; it
 /// takes no request slot, so a shootdown that needs none (local-only, or
 /// broadcast) still works from such a handler.
-pub(crate) struct Choosing<'a> {
+struct Choosing<'a> {
     count: &'a AtomicU32,
 }
 
 impl<'a> Choosing<'a> {
-    pub(crate) fn enter(state: &'a TlbShootdown, me: CpuId) -> Self {
+    fn enter(state: &'a TlbShootdown, me: CpuId) -> Self {
         let count = &state.cpus[me.index()].choosing;
         // Only this CPU, and handlers nested on it, change its own count,
         // in program order; the fence below puts it before the online
@@ -170,8 +170,8 @@ impl<'a> Choosing<'a> {
         // and the online read below sees the removal. A SeqCst increment
         // and online read would say the same on paper, but the caller's
         // `Arch` chooses the online read's ordering, and loom models only
-        // SeqCst fences as such (loom: model (offline) hangs without either
-        // fence).
+        // SeqCst fences as such (loom: model (offline) hangs without
+        // either fence).
         fence(Ordering::SeqCst);
         Choosing { count }
     }
@@ -179,14 +179,15 @@ impl<'a> Choosing<'a> {
 
 impl Drop for Choosing<'_> {
     fn drop(&mut self) {
-        // Lowered only after the last inbox insertion (loom: model (offline)
-        // fails when the mark comes down before `publish`). Release: a
-        // leaving CPU that reads the count at zero (acquire) then sees
-        // every insertion made under the mark, so its last serve of its
-        // inbox finds them. Without it that serve's take could come
-        // before an insertion in the inbox's modification order; loom,
-        // whose read-modify-writes always read the newest value, cannot
-        // show that (model (offline) passes with this Relaxed).
+        // Lowered only after the last inbox insertion (loom: model
+        // (offline) hangs when the mark comes down before `publish`).
+        // Release: a leaving CPU that reads the count at zero (acquire)
+        // then sees every insertion made under the mark, so its last
+        // serve of its inbox finds them. Without it that serve's take
+        // could come before an insertion in the inbox's modification
+        // order; loom, whose read-modify-writes always read the newest
+        // value, cannot show that (model (offline) passes with this
+        // Relaxed).
         self.count.fetch_sub(1, Ordering::Release);
     }
 }
