@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the cross-CPU shootdown protocol with loom:
-# tests/loom_shootdown.rs (models (a) to (d)), tests/loom_mm.rs ((e) to
-# (g), (j), (k)) and tests/loom_pool.rs ((h) to (i), (l)), over the model machine of
+# tests/loom_shootdown.rs (models (a) to (d), (offline)), tests/loom_mm.rs
+# ((e) to (g), (j), (k)) and tests/loom_pool.rs ((h) to (i), (l)), over the model machine of
 # tests/common/loom_model.rs.
 #
 # Under `--cfg loom` the crate's atomics come from loom (src/sync.rs), with
@@ -23,6 +23,9 @@
 #       while a CPU is still inside an interrupts-off lockless walk that
 #       began before it;
 #   (d) back-to-back shootdowns reuse the request slot safely;
+#   (offline) a shootdown whose target goes offline (`take_cpu_offline`,
+#       interrupts off) and parks returns, with the request carried out
+#       whenever the initiator read the online set before the target left;
 #   (e) a CPU switching to an address space (`switch_mm`) while another
 #       clears a PTE and computes the flush targets is either a target or
 #       walks the cleared PTE (the fence pair of `switch_mm` and

@@ -43,6 +43,11 @@
 #   left to wait for and the control passes; only hardware can show it. If
 #   a QEMU ever fails it on stale reads, the script says so and counts that
 #   as the control working; any other failure counts as a failure.
+# Every run, negative controls included, ends with the offline scenario,
+#   whose flushes are the real ones and which must pass: the last CPU goes
+#   offline (take_offline) and comes back (bring_online) again and again
+#   while the others run ipi_sync, every sync completes, and the CPU reads
+#   no stale page after.
 # Prints each run's boot-to-exit wall time. About a minute on a 2-core
 # machine.
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
@@ -98,6 +103,17 @@ EITHER=-1 # a run whose verdict is read from its output, not its status
 TEARDOWN="teardown with batched table free"
 DIRTY="clean writes after unmap"
 
+# offline_counted: the last run's offline scenario passed, its CPU went
+# offline and came back at least once without an error, and every sync
+# completed (one stranded by the CPU leaving would hang the run instead,
+# which the timeout catches).
+offline_counted() {
+    if ! grep -qE '^scenario cpu offline: PASS \([0-9]+ CPUs: CPU [0-9]+ went offline and came back [1-9][0-9]* times, serving [0-9]+ requests on its way out, 0 errors; .* ([0-9]+)/\1 completed,' "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 cpu offline: the scenario did not report its CPU back and every sync completed"
+    fi
+}
+
 # teardown_passed: the last run's teardown line must say PASS.
 teardown_passed() {
     if ! grep -q "^scenario $TEARDOWN: PASS" "$log"; then
@@ -128,6 +144,7 @@ generations_counted() {
 # catch-up at a switch cannot be caught here.
 NO_KEEP="generations: ASID-tagged entries kept across a TTBR0_EL1 change: no (AP 1 cached P in ASID 0x11, switched to ASID 0x12, P remapped with no TLBI, back on ASID 0x11 with 0 catch-ups it read the new frame): a skipped catch-up at a switch cannot be observed under this TCG, so it has no negative control"
 run "cortex-a72, 4 cpus" $PASS 4 cortex-a72 ""
+offline_counted
 teardown_passed
 generations_counted 4
 if ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
@@ -135,6 +152,7 @@ if ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
     echo "qemu-aarch64 cortex-a72: the clean writes were not skipped for want of hardware dirty state"
 fi
 run "max, 2 cpus" $PASS 2 max ""
+offline_counted
 teardown_passed
 generations_counted 2
 if ! grep -q "^scenario reclaim flow: PASS" "$log"; then
@@ -146,10 +164,12 @@ if ! grep -q "^scenario $DIRTY: PASS" "$log"; then
     echo "qemu-aarch64 max: the clean writes after unmap did not run and pass"
 fi
 run "negative control: no TLBI (must fail)" $FAIL 4 cortex-a72 "negative"
+offline_counted
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
     failed_for_stale "$s"
 done
 run "negative control: local TLBI (must fail)" $FAIL 4 cortex-a72 "negative-local"
+offline_counted
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
     failed_for_stale "$s"
 done
@@ -167,11 +187,13 @@ dirty_failed_late() {
 # The reclaim flow and the clean writes need the hardware access flag
 # and dirty state of "max".
 run "max negative control: no TLBI (must fail)" $FAIL 2 max "negative"
+offline_counted
 failed_for_stale "reclaim flow"
 failed_for_stale "mprotect with a pending batch"
 failed_for_stale "$TEARDOWN"
 dirty_failed_late
 run "max negative control: local TLBI (must fail)" $FAIL 2 max "negative-local"
+offline_counted
 failed_for_stale "reclaim flow"
 failed_for_stale "mprotect with a pending batch"
 failed_for_stale "$TEARDOWN"
@@ -181,8 +203,9 @@ dirty_failed_late
 # fail, on stores that landed after the unmap (in the frames too), with
 # the flushes themselves intact (nothing landed after flush_dirty).
 run "max negative control: clean pages writable (must fail)" $FAIL 2 max "negative-dirty"
+offline_counted
 if ! grep -qE "^scenario $DIRTY: FAIL .*stores landed after unmap: [1-9][0-9]* \([1-9][0-9]* words of clean frames changed .*stores landed after flush_dirty: 0," "$log" ||
-    ! grep -q "^8 passed, 1 failed" "$log"; then
+    ! grep -q "^9 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-dirty' did not fail on stores landed after the unmap alone"
 fi
@@ -190,8 +213,9 @@ fi
 # Tables freed right after the flush: the teardown alone fails, its walker
 # having read a freed table, with no stale read and no timeout.
 run "negative control: AfterFlush (must fail)" $FAIL 4 cortex-a72 "negative-teardown"
+offline_counted
 if ! grep -qE "^scenario $TEARDOWN: FAIL .*walker read [1-9][0-9]* freed tables; .*stale: 0 reads of the old frame, 0 other, 0 timeouts" "$log" ||
-    ! grep -q "^8 passed, 1 failed" "$log"; then
+    ! grep -q "^9 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-teardown' did not fail on the walker reading a freed table alone"
 fi
@@ -203,18 +227,20 @@ fi
 # ASIDE1 skipped and must read the old frame through the entry it kept (a
 # lazy CPU writes no TTBR0_EL1, so TCG keeps it). Only that scenario fails.
 run "negative control: no catch-up (must fail)" $FAIL 2 max "negative-catchup"
+offline_counted
 if ! tr -d '\r' <"$log" | grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; stale: 1 reads of an old frame\)$" ||
-    ! grep -q "^8 passed, 1 failed" "$log"; then
+    ! grep -q "^9 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-catchup' did not fail on the lazy CPU's stale read alone"
 fi
 
 run "negative control: no DSB ISH (reported)" $EITHER 4 cortex-a72 "negative-nodsb"
-if grep -q "^scenario $TEARDOWN: PASS" "$log" && grep -q "^9 passed, 0 failed" "$log"; then
+offline_counted
+if grep -q "^scenario $TEARDOWN: PASS" "$log" && grep -q "^10 passed, 0 failed" "$log"; then
     echo "qemu-aarch64 negative-nodsb: PASSED, as expected under TCG, which cannot show a missing DSB ISH: it completes" \
         "a TLBI ...IS on every vCPU before the issuing vCPU goes on; only hardware can (not counted either way)"
 elif grep -qE "^scenario $TEARDOWN: FAIL .*stale: [1-9][0-9]* reads of the old frame, 0 other, 0 timeouts" "$log" &&
-    grep -q "^8 passed, 1 failed" "$log"; then
+    grep -q "^9 passed, 1 failed" "$log"; then
     echo "qemu-aarch64 negative-nodsb: failed on stale reads: this QEMU shows a missing DSB ISH (the control works)"
 else
     failed=$((failed + 1))

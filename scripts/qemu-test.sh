@@ -6,10 +6,14 @@
 #   the reclaim, migration, teardown and mprotect flows, the x86_64-crate
 #   mapper, the scenario set shared with the aarch64 kernel, the pooled
 #   reclaim flow and the flush generations with their exact counts, the
-#   CR3 window, the storm); then
+#   CR3 window, the storm, an AP going offline and coming back while the
+#   others shoot); then
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
-#   run; and the storm alone at 16 and 64 CPUs. Prints each run's
+#   run; and the storm and the offline scenario alone at 16 and 64 CPUs.
+#   Every run that must pass is also checked for the offline scenario's
+#   counts (the AP came back at least once, every shootdown completed).
+#   Prints each run's
 #   boot-to-exit wall time. About 3 to 4 minutes on a 2-core machine.
 # Needs: the x86_64-unknown-none target, objcopy, qemu-system-x86_64 (10.x
 # for x2APIC under TCG); scripts/setup.sh installs what is missing.
@@ -49,6 +53,17 @@ run() {
     fi
 }
 
+# offline_counted: the last run's offline scenario passed, its AP went
+# offline and came back at least once without an error, and every one of
+# the others' shootdowns completed (a shootdown stranded by the AP leaving
+# would hang the run instead, which the timeout catches).
+offline_counted() {
+    if ! grep -qE '^scenario cpu offline: PASS \([0-9]+ CPUs: CPU [0-9]+ went offline and came back [1-9][0-9]* times, serving [0-9]+ requests on its way out, 0 errors; .* ([0-9]+)/\1 completed,' "$log"; then
+        failed=$((failed + 1))
+        echo "qemu cpu offline: the scenario did not report its AP back and every shootdown completed"
+    fi
+}
+
 PASS=33 # (0x10 << 1) | 1
 FAIL=35 # (0x11 << 1) | 1
 # generations_counted CPUS: the last run's pooled reclaim flow and
@@ -80,15 +95,19 @@ window_ok="PASS (8 rounds: AP 1 read P in T 8, in S inside switch_mm after its C
 run "xapic, 4 cpus" $PASS 4 qemu64 ""
 generations_counted 4
 window_is "$window_ok"
+offline_counted
 run "xapic, 2 cpus" $PASS 2 qemu64 ""
 generations_counted 2
 window_is "$window_ok"
+offline_counted
 run "x2apic, 4 cpus" $PASS 4 qemu64,+x2apic "x2apic"
 generations_counted 4
 window_is "$window_ok"
+offline_counted
 run "x2apic, 2 cpus" $PASS 2 qemu64,+x2apic "x2apic"
 generations_counted 2
 window_is "$window_ok"
+offline_counted
 # failed_for_stale SCENARIO: the last run's line for SCENARIO must say FAIL
 # and its "stale:" part must count at least one stale access (a negative
 # control that failed for any other reason does not count).
@@ -168,6 +187,7 @@ run "negative window only (must fail)" $FAIL 2 qemu64 "negative-window"
 window_control
 [ "$(grep -c ': FAIL' "$log")" -eq 1 ] || { failed=$((failed + 1)); echo "qemu negative window: not the window alone failing"; }
 run "timed, xapic, 4 cpus" $PASS 4 qemu64 "timing"
+offline_counted
 # A CPU started without being registered must stop the run when it comes
 # up (Error::UnregisteredCpu), not act as another CPU.
 run "unregistered CPU (must stop)" $FAIL 4 qemu64 "unregistered"
@@ -175,10 +195,13 @@ if ! grep -q 'refused to come online: the running CPU (hardware id 0x3) was neve
     failed=$((failed + 1))
     echo "qemu unregistered CPU: not stopped by bring_online's error"
 fi
-# The storm alone with many CPUs (its length per CPU shrinks as the count
-# grows; boot alone takes most of the 64-CPU run under TCG).
+# The storm alone with many CPUs, and the offline scenario after it (their
+# length per CPU shrinks as the count grows; boot alone takes most of the
+# 64-CPU run under TCG).
 run "storm, xapic, 16 cpus" $PASS 16 qemu64 "storm-only" 180
+offline_counted
 run "storm, x2apic, 64 cpus" $PASS 64 qemu64,+x2apic "x2apic storm-only" 300
+offline_counted
 # The storm's negative control: every CPU skips the flushes it is asked
 # for, in its interrupt handler and while it waits.
 run "negative storm, 16 cpus (must fail)" $FAIL 16 qemu64 "negative storm-only" 180

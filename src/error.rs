@@ -110,6 +110,20 @@ pub enum Error {
         /// The running CPU.
         cpu: usize,
     },
+    /// A CPU asked to go offline is not in the online set (it never came
+    /// online, or already left). Nothing changed.
+    CpuNotOnline {
+        /// The CPU index.
+        cpu: usize,
+    },
+    /// A CPU's removal from the online set did not take it out of the set
+    /// [`Arch::online_cpus`](crate::Arch::online_cpus) reads: shootdowns
+    /// still target it, so it must keep serving them, not park. Nothing
+    /// was served.
+    CpuStillOnline {
+        /// The CPU index.
+        cpu: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -152,6 +166,13 @@ impl fmt::Display for Error {
             }
             Error::NotLoaded { cpu } => {
                 write!(f, "CPU {cpu} does not have that user address space loaded")
+            }
+            Error::CpuNotOnline { cpu } => write!(f, "CPU {cpu} is not online"),
+            Error::CpuStillOnline { cpu } => {
+                write!(
+                    f,
+                    "CPU {cpu} left a set that is not the online set shootdowns read"
+                )
             }
         }
     }

@@ -40,6 +40,19 @@
 //!   timer tick, idle, an untagged switch), then come back with no IPI;
 //!   one shootdown only when the kernel cannot wait ([`pool`]).
 //!
+//! # CPUs coming and going
+//!
+//! Shootdowns reach the CPUs of [`Arch::online_cpus`], and nothing else
+//! waits for a CPU outside that set. A CPU joins it only after dropping
+//! every TLB entry it may hold ([`prepare_cpu_online`], which the hardware
+//! `Arch`s' `bring_online` runs), and leaves it only through
+//! [`take_cpu_offline`] (their `take_offline`): it serves and acknowledges
+//! every request that reaches it until no initiator that read the set with
+//! it still in can publish to it, so no shootdown and no [`FramePool`]
+//! generation waits for a CPU that is gone. In between it runs nothing that
+//! uses its TLB (no flush reaches it there) and keeps no page table loaded
+//! that may be freed while it is away.
+//!
 //! # Cargo features
 //!
 //! None is on by default.
@@ -163,6 +176,7 @@ mod cpuset;
 mod error;
 mod gather;
 pub mod generation;
+mod lifecycle;
 #[cfg(feature = "x86_64-mapper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
 pub mod mapper;
@@ -199,6 +213,7 @@ pub use gather::{
     DetachedTable, FrameKind, MmuGather, PageGather, TableFreePolicy, TableTeardown, TeardownBacking,
     TeardownSummary, PAGE_BATCH,
 };
+pub use lifecycle::take_cpu_offline;
 pub use migrate::{
     migrate_pages, MigrateBacking, MigrateFailure, MigrateOutcome, MigrateRetry, MigrateSummary,
     MIGRATE_PASSES,

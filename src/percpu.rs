@@ -126,6 +126,12 @@ impl RequestSlot {
 pub(crate) struct PerCpu {
     pub(crate) inbox: AtomicCpuSet,
     pub(crate) ipi_pending: AtomicBool,
+    /// How many initiators on this CPU are between reading the online set
+    /// and having published to every target they read there (more than
+    /// one when an interrupt handler's shootdown nests in another). A CPU
+    /// going offline waits until it reads zero here on every other CPU
+    /// (see [`take_cpu_offline`](crate::take_cpu_offline)).
+    pub(crate) choosing: AtomicU32,
     loaded_asid: AtomicU32,
     /// The user ASID a switch in progress is leaving ([`switch_mm`](crate::switch_mm)):
     /// the CPU still has its root loaded until the switch loads the next
@@ -149,6 +155,7 @@ impl PerCpu {
             PerCpu {
                 inbox: AtomicCpuSet::new(),
                 ipi_pending: AtomicBool::new(false),
+                choosing: AtomicU32::new(0),
                 loaded_asid: AtomicU32::new(NO_ASID),
                 leaving_asid: AtomicU32::new(NO_ASID),
                 passed: AtomicU64::new(0),
@@ -214,6 +221,7 @@ impl TlbShootdown {
         for cpu in self.cpus.iter().take(cpus) {
             cpu.inbox.take(Ordering::SeqCst);
             cpu.ipi_pending.store(false, Ordering::SeqCst);
+            cpu.choosing.store(0, Ordering::SeqCst);
             cpu.loaded_asid.store(NO_ASID, Ordering::SeqCst);
             cpu.leaving_asid.store(NO_ASID, Ordering::SeqCst);
             cpu.slot.busy.store(false, Ordering::SeqCst);

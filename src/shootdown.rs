@@ -21,7 +21,7 @@ use crate::percpu::{Payload, TlbShootdown};
 use crate::pte::PAGE_SIZE;
 use crate::request::{FlushRequest, FlushScope};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
-use crate::sync::Ordering;
+use crate::sync::{fence, AtomicU32, Ordering};
 use crate::validate::check_request;
 use crate::Error;
 
@@ -60,17 +60,27 @@ pub fn shootdown<A: Arch>(
 ) -> Result<ShootdownReport, Error> {
     check_request(arch, request)?;
     let mut report = ShootdownReport::default();
-    let targets = targets.intersection(&arch.online_cpus());
-    if request.is_empty() || targets.is_empty() {
+    if request.is_empty() {
         return Ok(report);
     }
     let state = arch.shootdown_state();
     let me = arch.current_cpu();
+    // Held from before the online set is read until every target read in
+    // it has the request in its inbox, so that a CPU leaving the online
+    // set meanwhile waits for this publication ([`Choosing`]).
+    let choosing = Choosing::enter(state, me);
+    let targets = targets.intersection(&arch.online_cpus());
+    if targets.is_empty() {
+        return Ok(report);
+    }
     let remote = targets.difference(&CpuSet::single(me));
 
     // A flush that reaches no other CPU is a local one, whatever the
     // hardware offers.
     if A::BROADCAST_INVALIDATE && !remote.is_empty() && arch.prefer_broadcast(remote.len(), request) {
+        // Publishes to no inbox: the hardware reaches every CPU, online or
+        // not.
+        drop(choosing);
         issue_broadcast(arch, state, request);
         return Ok(complete_broadcast(arch, request));
     }
@@ -79,6 +89,7 @@ pub fn shootdown<A: Arch>(
         report.ipis_sent = publish(arch, state, me, &remote, Payload::Flush(request))?;
         report.remote_cpus = remote.len();
     }
+    drop(choosing);
     state.count(Counter::Shootdowns, 1);
 
     if targets.contains(me) {
@@ -109,11 +120,15 @@ pub fn shootdown<A: Arch>(
 pub fn ipi_sync<A: Arch>(arch: &A) -> Result<ShootdownReport, Error> {
     let state = arch.shootdown_state();
     let me = arch.current_cpu();
+    // As in `shootdown`: a CPU leaving the online set waits for this
+    // publication if the read below still sees it.
+    let choosing = Choosing::enter(state, me);
     let remote = arch.online_cpus().difference(&CpuSet::single(me));
     if remote.is_empty() {
         return Ok(ShootdownReport::default());
     }
     let ipis_sent = publish(arch, state, me, &remote, Payload::Sync)?;
+    drop(choosing);
     wait_for_acks(arch, state, me);
     Ok(ShootdownReport {
         remote_cpus: remote.len(),
@@ -121,6 +136,60 @@ pub fn ipi_sync<A: Arch>(arch: &A) -> Result<ShootdownReport, Error> {
         flushed_locally: false,
         broadcast: false,
     })
+}
+
+/// The calling CPU's mark that it is choosing targets from the online set:
+/// taken before the read ([`enter`](Self::enter)), dropped once every
+/// target it read there has the request in its inbox, or once it knows it
+/// publishes nothing (each early return drops it too).
+///
+/// This is what lets a CPU leave the online set without stranding a
+/// request: an initiator that read the set while the CPU was still in it
+/// has its mark up until it published, and
+/// [`take_cpu_offline`](crate::take_cpu_offline) on the leaving CPU
+/// serves its inbox until it has seen every other CPU's mark down. The
+/// mark is a count, not a flag, because an interrupt handler may start a
+/// shootdown of its own while the interrupted code holds the mark; it
+/// takes no request slot, so a shootdown that needs none (local-only, or
+/// broadcast) still works from such a handler.
+struct Choosing<'a> {
+    count: &'a AtomicU32,
+}
+
+impl<'a> Choosing<'a> {
+    fn enter(state: &'a TlbShootdown, me: CpuId) -> Self {
+        let count = &state.cpus[me.index()].choosing;
+        // Only this CPU, and handlers nested on it, change its own count,
+        // in program order; the fence below puts it before the online
+        // read for the CPUs that look at it.
+        count.fetch_add(1, Ordering::Relaxed);
+        // Store-buffering pair with the fence in `take_cpu_offline`
+        // (whose CPU removed itself from the online set before it): in the
+        // fences' single total order either this one comes first, and the
+        // leaving CPU's read of the count sees it up, or that one does,
+        // and the online read below sees the removal. A SeqCst increment
+        // and online read would say the same on paper, but the caller's
+        // `Arch` chooses the online read's ordering, and loom models only
+        // SeqCst fences as such (loom: model (offline) hangs without
+        // either fence).
+        fence(Ordering::SeqCst);
+        Choosing { count }
+    }
+}
+
+impl Drop for Choosing<'_> {
+    fn drop(&mut self) {
+        // Lowered only after the last inbox insertion (loom: model
+        // (offline) hangs when the mark comes down before `publish`).
+        // Release: a leaving CPU that reads the count at zero (acquire)
+        // then sees every insertion made under the mark, so its last
+        // serve of its inbox finds them. Without it that serve's take
+        // could come before an insertion in the inbox's modification
+        // order; loom, whose read-modify-writes always read the newest
+        // value, cannot show that (model (offline) passes with this
+        // Relaxed).
+        self.count.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// Puts `payload` in this CPU's slot and in the inbox of every CPU of
@@ -218,7 +287,7 @@ pub fn handle_flush_ipi<A: Arch>(arch: &A) -> usize {
     service_inbox(arch, arch.shootdown_state(), arch.current_cpu())
 }
 
-fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
+pub(crate) fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
     let cpu = &state.cpus[me.index()];
     // Clear first: a request published after this store sends a new IPI or
     // is found by the take below.

@@ -16,7 +16,10 @@
 //!   runs `ipi_sync`, which must return, and not while CPU 1 is inside an
 //!   interrupts-off lockless page-table walk that began before it;
 //! - (d) one CPU shoots at another twice in a row, reusing its request
-//!   slot at once.
+//!   slot at once;
+//! - (offline) one CPU shoots at another while that one goes offline
+//!   (`take_cpu_offline`, interrupts off) and stays away: the shootdown
+//!   returns, with the request carried out if it was made at all.
 //!
 //! Models (a) to (d) end by checking that nothing was lost: every
 //! shootdown and sync returned, each target carried out each request
@@ -32,10 +35,10 @@ mod common;
 
 use std::sync::atomic::Ordering as StdOrdering;
 
-use common::loom_model::{check, nothing_lost, spawn_cpu, Cpu, Machine};
+use common::loom_model::{check, cpu_id, cpu_set, nothing_lost, request_of, spawn_cpu, Cpu, Machine};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
-use tlb_batch::ipi_sync;
+use tlb_batch::{ipi_sync, shootdown, take_cpu_offline};
 
 /// (a) CPU 0 and CPU 1 shoot at each other at the same time, both with
 /// interrupts disabled. Neither can take the other's IPI; each must serve
@@ -160,4 +163,66 @@ fn d_back_to_back_shootdowns_reuse_the_slot() {
         let irqs = [h0.join().unwrap(), h1.join().unwrap()];
         nothing_lost(&m, &[&[1], &[1]], 0, &irqs);
     });
+}
+
+/// (offline) CPU 0 shoots page 0 down on CPU 1 while CPU 1, interrupts off,
+/// leaves the online set (`take_cpu_offline`) and then stays away, taking
+/// no interrupt. If CPU 0 read the online set before CPU 1 left, its
+/// request may reach CPU 1's inbox at any moment of CPU 1's way out, and
+/// only CPU 1's own wait there can serve it: the shootdown must still
+/// return, with the request carried out. If CPU 0 read it after, CPU 1 is
+/// no target at all.
+#[test]
+fn offline_a_shootdown_racing_a_cpu_going_offline_completes() {
+    let seen = check("(offline) shootdown while the target goes offline", 4, |seen| {
+        let m = Machine::new(2);
+        let h0 = spawn_cpu(&m, seen, 0, |cpu| {
+            let report = shootdown(&cpu, &cpu_set(&[1]), &request_of(0)).unwrap();
+            assert!(!report.flushed_locally);
+            // Returned: so CPU 1 carried the request out, if it was one.
+            assert_eq!(
+                cpu.m.flushed(1, 0),
+                report.remote_cpus,
+                "the shootdown returned before its offline target flushed"
+            );
+            cpu.seen.outcome(report.remote_cpus == 1);
+            cpu.finish()
+        });
+        let h1 = spawn_cpu(&m, seen, 1, |cpu| {
+            // The kernel's offline path: interrupts off, leave, park.
+            cpu.disable_interrupts();
+            let leave = |me| cpu.m.online.remove(me, Ordering::Relaxed);
+            let served = take_cpu_offline(&cpu, leave).unwrap();
+            assert!(!cpu.m.online.contains(cpu_id(1), Ordering::Relaxed));
+            assert_eq!(served, cpu.m.flushed(1, 0));
+            cpu.park_offline()
+        });
+        let irqs = [h0.join().unwrap(), h1.join().unwrap()];
+        // Nothing lost or done twice: no inbox keeps a request, CPU 1
+        // flushed at most once, and the counters agree. CPU 1 may leave an
+        // IPI latched (it parked with interrupts off): nothing is behind it.
+        let asked = m.flushed(1, 0) as u64;
+        assert!(asked <= 1);
+        for cpu in 0..2 {
+            assert_eq!(
+                m.tlb.pending_requests(cpu_id(cpu)),
+                0,
+                "cpu{cpu}'s inbox still holds a request"
+            );
+        }
+        let stats = m.tlb.stats();
+        // A shootdown that found no target online counts as none.
+        assert_eq!(stats.shootdowns, asked);
+        assert_eq!(stats.flushes_received, asked);
+        assert_eq!(stats.ipis_sent, m.ipis_sent.load(Ordering::Relaxed) as u64);
+        assert!(stats.ipis_sent <= asked);
+        assert_eq!(irqs, [0, 0], "nobody took an interrupt");
+    });
+    seen.both_outcomes([
+        "CPU 0 found CPU 1 already offline",
+        "CPU 0's request reached CPU 1 on its way out",
+    ]);
+    // Some of those requests arrived while CPU 1 was waiting on its way out
+    // (interrupts off, outside any handler), not before it left.
+    assert!(seen.served_while_waiting.load(StdOrdering::Relaxed) > 0);
 }

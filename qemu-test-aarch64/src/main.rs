@@ -31,6 +31,9 @@
 //! its clean pages writable while reporting them clean, and it must fail
 //! on stores that landed after the unmap. Under `negative` and
 //! `negative-local` its batch is flushed the weakened way too.
+//! After it, in every run, the offline scenario ([`offline`]): the last
+//! CPU goes offline (`take_offline`) and comes back (`bring_online`) again
+//! and again while the others run `ipi_sync`.
 //!
 //! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
 //! in its `CpuTable` by MPIDR, comes online through `bring_online`, and
@@ -59,6 +62,7 @@ mod dirty;
 mod fdt;
 mod generations;
 mod mmu;
+mod offline;
 mod psci;
 mod semihost;
 mod space;
@@ -443,6 +447,7 @@ impl Platform for Virt {
         teardown::serve();
         dirty::serve();
         generations::serve();
+        offline::serve();
     }
     fn now_us(&self) -> u64 {
         now_us()
@@ -560,6 +565,9 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let teardown_passed = teardown::run(info.bootargs);
     let dirty_passed = dirty::run(info.bootargs);
     let generations_passed = generations::run(info.bootargs);
+    // Whatever the flush under test, the CPU going offline runs with the
+    // real one.
+    let offline_passed = offline::run();
     let s = tlb::TLB.stats();
     say!(
         "crate counters: {} shootdowns, {} broadcasts, {} IPIs sent, {} pages deferred, {} batches flushed; \
@@ -575,8 +583,9 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let passed = outcomes.iter().filter(|o| o.passed()).count()
         + usize::from(teardown_passed)
         + usize::from(dirty_passed)
-        + usize::from(generations_passed);
-    let total = outcomes.len() + 3;
+        + usize::from(generations_passed)
+        + usize::from(offline_passed);
+    let total = outcomes.len() + 4;
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }

@@ -21,7 +21,8 @@
 //! control: [`window`] leaves the switching CPU out of its flush; `negative`
 //! does so too), `timing` (also time N
 //! single-page shootdowns against one batched shootdown of N pages),
-//! `storm-only` (run the storm scenario alone, for the many-CPU runs),
+//! `storm-only` (run the storm and offline scenarios alone, for the
+//! many-CPU runs),
 //! `unregistered` (the last AP is started without being registered in the
 //! CPU table: it must stop the run when it tries to come online, never run
 //! as another CPU).
@@ -30,7 +31,9 @@
 //! [`reclaim`], [`teardown`], [`mprotect`]) run the crate's drivers over
 //! address spaces with page tables this kernel owns ([`paging`]), while the
 //! APs store into the pages ([`flow`]); the storm ([`storm`]) has every CPU
-//! shoot at every other at once; [`mapper`] builds an address space with
+//! shoot at every other at once; [`offline`] has the last AP go offline
+//! (`take_offline`) and come back (`bring_online`) again and again while
+//! the other CPUs shoot at every CPU; [`mapper`] builds an address space with
 //! the `x86_64` crate's `OffsetPageTable` and runs `change_protection` and a
 //! teardown through the crate's `x86_64-mapper` adapter; [`shared`] runs
 //! the scenario set the aarch64 kernel runs too (`qemu-scenarios/`), with
@@ -49,6 +52,7 @@ mod generations;
 mod hw;
 mod mapper;
 mod mprotect;
+mod offline;
 mod paging;
 mod pcid;
 mod pool_flow;
@@ -354,6 +358,15 @@ extern "C" fn ap_main(cpu: u32) -> ! {
                 RESULT[cpu].store(ok, Ordering::SeqCst);
                 COMMAND[cpu].store(IDLE, Ordering::SeqCst);
             }
+            offline::LEAVE => {
+                offline::leave(cpu);
+                COMMAND[cpu].store(IDLE, Ordering::SeqCst);
+            }
+            offline::SHOOT => {
+                let ok = offline::shoot(ARG[cpu].load(Ordering::SeqCst));
+                RESULT[cpu].store(ok, Ordering::SeqCst);
+                COMMAND[cpu].store(IDLE, Ordering::SeqCst);
+            }
             pcid::AP_STEP => pcid::ap_step(cpu),
             generations::AP_STEP => generations::ap_step(cpu),
             shared::OBSERVE => shared::observe(cpu),
@@ -634,6 +647,12 @@ extern "C" fn kernel_main(info: u32) -> ! {
         let _ = results.push(generations::run(line));
     }
     let _ = results.push(storm::scenario_storm());
+    // The negative controls' flushes are skipped in interrupt handlers
+    // only, which this scenario's leaver never takes on its way out: it
+    // would pass or fail by chance there.
+    if !negative {
+        let _ = results.push(offline::scenario_offline());
+    }
     say!(
         "frame pool: {} frames in use, {} free frames found written since boot\n",
         paging::in_use(),

@@ -15,7 +15,7 @@ use crate::flow::{self, STORM_GO, STORM_READY};
 use crate::{aps, report, IPIS_TAKEN, ONLINE, RESULT, TLB};
 
 /// Pages the storm flushes.
-const STORM_PAGES: usize = 8;
+pub const STORM_PAGES: usize = 8;
 
 /// Shootdowns per CPU: a few hundred in all whatever the CPU count (the
 /// work per shootdown grows with it), and at least one per page, so that
@@ -25,7 +25,7 @@ pub fn rounds_per_cpu(cpus: usize) -> u64 {
 }
 
 /// CPUs (the boot CPU included) that can read `n` of the storm's pages.
-fn readers() -> u64 {
+pub fn readers() -> u64 {
     crate::command(aps(), crate::PROBE, STORM_PAGES as u64);
     let own = (0..STORM_PAGES)
         .filter(|&i| crate::probe(crate::test_va(i)) == Some(crate::pattern(i)))

@@ -20,7 +20,13 @@
 //!    flushes the CPU's whole TLB, joins the set of CPUs that shootdowns
 //!    reach, and flushes again. An unregistered CPU is refused there
 //!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
-//!    rather than act as another CPU.
+//!    rather than act as another CPU;
+//! 3. a CPU that goes offline calls [`Aarch64::take_offline`] on itself,
+//!    with interrupts masked and an address space loaded whose tables stay
+//!    (the kernel's): it leaves the online set once no IPI sync can still
+//!    wait for it, and then parks (or calls PSCI CPU_OFF), running nothing
+//!    that uses its TLB, until it comes back through
+//!    [`Aarch64::bring_online`].
 //!
 //! What the kernel sets up, on every CPU, before the first crate call:
 //!
@@ -325,6 +331,48 @@ impl Aarch64 {
         self.flush_local_all(true);
         self.state.count(crate::stats::Counter::LocalFullFlushes, 1);
         Ok(cpu)
+    }
+
+    /// Takes the running CPU out of the online set, the way back from
+    /// [`bring_online`](Self::bring_online): call it on the CPU that goes
+    /// offline, from the kernel's offline path (not from an interrupt
+    /// handler), with interrupts masked, after the CPU loaded an address
+    /// space whose page tables stay while it is away, normally the
+    /// kernel's ([`switch_mm`](crate::switch_mm) to the kernel's
+    /// [`MmTlbState`](crate::MmTlbState)). It leaves the set, then serves
+    /// every request that reaches it (with this `Arch`, those of
+    /// [`ipi_sync`](crate::ipi_sync)) until no initiator that saw it online
+    /// can still send one ([`take_cpu_offline`](crate::take_cpu_offline)),
+    /// and returns how many it served on its way out. When it returns
+    /// `Ok`, no [`ipi_sync`](crate::ipi_sync) and no
+    /// [`FramePool`](crate::FramePool) generation waits for this CPU, and a
+    /// flush whose only online target is the caller is done locally even
+    /// when this CPU still caches the pages.
+    ///
+    /// So after `Ok` the CPU's TLB may keep entries for pages that are
+    /// unmapped and freed while it is away (broadcast `TLBI`s still reach
+    /// it while it is powered, local flushes do not). The kernel runs
+    /// nothing on it that could use them: no user code, no crate function,
+    /// no access to memory that may be unmapped, no interrupt handler (it
+    /// parks with interrupts masked, or calls PSCI CPU_OFF). It comes back
+    /// only through [`bring_online`](Self::bring_online), which flushes
+    /// everything before it rejoins; an IPI still pending at its interrupt
+    /// controller then finds nothing to do.
+    ///
+    /// Errors, with nothing changed (the CPU stays as it was):
+    /// [`Error::UnregisteredCpu`] (with the packed affinity) when this
+    /// CPU's MPIDR is not in the table; [`Error::CpuNotOnline`] when it is
+    /// not online (it never came up, or already left);
+    /// [`Error::ShootdownReentered`] when the call comes from an interrupt
+    /// that interrupted a shootdown or IPI sync of this CPU's own, which
+    /// would stay unfinished.
+    pub fn take_offline(&self) -> Result<usize, Error> {
+        // SAFETY: EL1 (constructor contract).
+        let mpidr = unsafe { read_mpidr_el1() };
+        let cpu = self.cpus.cpu_of(mpidr).ok_or(Error::UnregisteredCpu {
+            hw_id: mpidr_affinity(mpidr),
+        })?;
+        crate::take_cpu_offline(self, |me| me == cpu && self.cpus.leave(cpu))
     }
 
     /// The flush-IPI entry point: call it from the handler of the

@@ -100,6 +100,13 @@ impl CpuTable {
     pub(crate) fn join(&self, cpu: CpuId) {
         self.table.join(cpu);
     }
+
+    /// Takes `cpu` out of the online set; returns whether it was in it.
+    /// Only `Aarch64::take_offline` calls it, on the CPU itself, through
+    /// [`take_cpu_offline`](crate::take_cpu_offline).
+    pub(crate) fn leave(&self, cpu: CpuId) -> bool {
+        self.table.leave(cpu)
+    }
 }
 
 #[cfg(test)]
@@ -162,6 +169,11 @@ mod tests {
         assert!(t.online().is_empty());
         t.join(cpu(1));
         assert_eq!(t.online(), CpuSet::single(cpu(1)));
+        // Leaving takes it out again, once.
+        assert!(t.leave(cpu(1)));
+        assert!(!t.leave(cpu(1)));
+        assert!(t.online().is_empty());
+        assert_eq!(t.cpu_of(0x100), Some(cpu(1)));
     }
 
     #[test]

@@ -114,6 +114,16 @@ impl<S: DirectSlots> HwIdTable<S> {
     pub(crate) fn join(&self, cpu: CpuId) {
         self.online.insert(cpu, Ordering::SeqCst);
     }
+
+    /// Takes `cpu` out of the online set and returns whether it was in it;
+    /// only an `Arch`'s offline path calls it, through
+    /// [`take_cpu_offline`](crate::take_cpu_offline), which then serves the
+    /// CPU's inbox until no initiator can still be waiting for it.
+    pub(crate) fn leave(&self, cpu: CpuId) -> bool {
+        // SeqCst like `join`; what orders the removal before the marks'
+        // reads is the fence in `take_cpu_offline`.
+        self.online.remove(cpu, Ordering::SeqCst)
+    }
 }
 
 #[cfg(test)]
@@ -167,5 +177,30 @@ mod tests {
         assert!(t.online().is_empty());
         t.join(cpu(40));
         assert_eq!(t.online(), CpuSet::single(cpu(40)));
+    }
+
+    #[test]
+    fn leaving_takes_one_cpu_out_of_the_online_set_and_says_whether_it_was_in() {
+        let t = HwIdTable::<Low>::new();
+        for (i, id) in [(0, 0), (1, 1), (70, 500)] {
+            t.register(i, id).unwrap();
+            t.join(cpu(i));
+        }
+        let all: CpuSet = [cpu(0), cpu(1), cpu(70)].into_iter().collect();
+        assert_eq!(t.online(), all);
+        assert!(t.leave(cpu(1)));
+        assert_eq!(t.online(), all.difference(&CpuSet::single(cpu(1))));
+        // Leaving twice, or a CPU that never joined: nothing to take out.
+        assert!(!t.leave(cpu(1)));
+        assert!(!t.leave(cpu(2)));
+        // A CPU past the first word of the set.
+        assert!(t.leave(cpu(70)));
+        assert_eq!(t.online(), CpuSet::single(cpu(0)));
+        // Registration is untouched: the CPU is still found, and can join
+        // again.
+        assert_eq!(t.cpu_of(1), Some(cpu(1)));
+        assert_eq!(t.cpu_of(500), Some(cpu(70)));
+        t.join(cpu(1));
+        assert_eq!(t.online(), [cpu(0), cpu(1)].into_iter().collect());
     }
 }

@@ -126,8 +126,9 @@ use crate::stats::TraceEvent;
 // SAFETY: each MockCpu reports its own id; the online CPUs are the ones in
 // the machine's online set, all of which answer IPIs (synchronously or from
 // their threads), and a CPU joins it through `come_online`, which runs
-// `prepare_cpu_online` first (the raw `set_online` is the documented way to
-// model a kernel that does not); local flushes edit this CPU's modelled TLB before returning;
+// `prepare_cpu_online` first, and leaves it through `take_offline`, which
+// runs `take_cpu_offline` (the raw `set_online` is the documented way to
+// model a kernel that does neither); local flushes edit this CPU's modelled TLB before returning;
 // `send_flush_ipi` runs or queues `handle_flush_ipi` for each target; every
 // CPU of one machine returns the machine's single `TlbShootdown`; the
 // constants come from the model, which the simulated hardware obeys; the

@@ -74,7 +74,9 @@ pub const DEFAULT_FULL_FLUSH_CEILING: usize = 33;
 ///   (kernels call the crate with preemption disabled).
 /// - [`online_cpus`](Arch::online_cpus) contains every CPU that may hold a
 ///   TLB entry and that will answer an IPI; a CPU joins it only after
-///   [`prepare_cpu_online`](crate::prepare_cpu_online) ran on it, and an
+///   [`prepare_cpu_online`](crate::prepare_cpu_online) ran on it, leaves
+///   it only through [`take_cpu_offline`](crate::take_cpu_offline) (whose
+///   `leave` removes it from the atomics `online_cpus` reads), and an
 ///   offline CPU runs no code that uses its TLB.
 /// - Each `flush_local_*` method has removed the named entries from this
 ///   CPU's TLB by the time it returns, including entries of an ASID that is

@@ -15,7 +15,12 @@
 //!    [`X86_64::bring_online`]: it flushes its whole TLB and joins the set
 //!    of CPUs that shootdowns reach. An unregistered CPU is refused there
 //!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
-//!    rather than act as another CPU.
+//!    rather than act as another CPU;
+//! 3. a CPU that goes offline calls [`X86_64::take_offline`] on itself,
+//!    with interrupts off and an address space loaded whose tables stay
+//!    (the kernel's): it leaves the online set once no shootdown can still
+//!    wait for it, and then parks, running nothing that uses its TLB,
+//!    until it comes back through [`X86_64::bring_online`].
 //!
 //! Flush IPIs name each destination, except when the targets are every
 //! other CPU and every present CPU is online: then one all-but-self IPI
@@ -220,6 +225,46 @@ impl X86_64 {
         self.flush_local_all(true);
         self.state.count(crate::stats::Counter::LocalFullFlushes, 1);
         Ok(cpu)
+    }
+
+    /// Takes the running CPU out of the online set, the way back from
+    /// [`bring_online`](Self::bring_online): call it on the CPU that goes
+    /// offline, from the kernel's offline path (not from an interrupt
+    /// handler), with interrupts disabled, after the CPU loaded an address
+    /// space whose page tables stay while it is away, normally the
+    /// kernel's ([`switch_mm`](crate::switch_mm) to the kernel's
+    /// [`MmTlbState`](crate::MmTlbState)). It leaves the set, then
+    /// serves and acknowledges every flush request that reaches it until no
+    /// initiator that saw it online can still send one
+    /// ([`take_cpu_offline`](crate::take_cpu_offline)), and returns how
+    /// many it served on its way out. When it returns `Ok`, no shootdown
+    /// and no [`FramePool`](crate::FramePool) generation waits for this
+    /// CPU, and every later all-but-self IPI names its destinations
+    /// instead (not every present CPU is online).
+    ///
+    /// After `Ok` the CPU gets no flush requests, so its TLB may keep
+    /// entries for pages that are unmapped and freed while it is away. The
+    /// kernel runs nothing on it that could use them: no user code, no
+    /// crate function, no access to memory that may be unmapped, no
+    /// interrupt handler (it parks, e.g. `cli; hlt` in a loop, until the
+    /// kernel wakes it). It comes back only through
+    /// [`bring_online`](Self::bring_online), which flushes everything,
+    /// global entries included, before it rejoins; a flush IPI still
+    /// latched at its local APIC then finds nothing to do.
+    ///
+    /// Errors, with nothing changed (the CPU stays as it was):
+    /// [`Error::UnregisteredCpu`] when this CPU's APIC ID is not in the
+    /// table; [`Error::CpuNotOnline`] when it is not online (it never came
+    /// up, or already left); [`Error::ShootdownReentered`] when the call
+    /// comes from an interrupt that interrupted a shootdown of this CPU's
+    /// own, which would stay unfinished.
+    pub fn take_offline(&self) -> Result<usize, Error> {
+        let apic_id = self.apic.id();
+        let cpu = self
+            .cpus
+            .cpu_of(apic_id)
+            .ok_or(Error::UnregisteredCpu { hw_id: apic_id })?;
+        crate::take_cpu_offline(self, |me| me == cpu && self.cpus.leave(cpu))
     }
 
     /// The flush-IPI entry point: call it from the interrupt handler of the

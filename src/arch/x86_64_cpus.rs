@@ -104,6 +104,14 @@ impl CpuTable {
     pub(super) fn join(&self, cpu: CpuId) {
         self.table.join(cpu);
     }
+
+    /// Takes `cpu` out of the online set; returns whether it was in it.
+    /// Only [`X86_64::take_offline`](super::x86_64::X86_64::take_offline)
+    /// calls it, on the CPU itself, through
+    /// [`take_cpu_offline`](crate::take_cpu_offline).
+    pub(super) fn leave(&self, cpu: CpuId) -> bool {
+        self.table.leave(cpu)
+    }
 }
 
 /// Whether one all-but-self IPI reaches exactly `targets`: they are every
@@ -111,6 +119,16 @@ impl CpuTable {
 /// online, so no offline, unregistered or not-yet-started processor takes
 /// an interrupt it has no business with. A single target gets a directed
 /// IPI either way.
+///
+/// A CPU that went offline ([`X86_64::take_offline`]) is out of `online`,
+/// so while it is away the count falls short of `present` and every IPI
+/// names its destination. A sender whose targets came from an older read
+/// of the online set that still held it gets a directed IPI too (its
+/// targets then hold a CPU the current set lacks); the offline CPU serves
+/// that request before it parks, and finds the latched IPI empty when it
+/// comes back.
+///
+/// [`X86_64::take_offline`]: super::x86_64::X86_64::take_offline
 pub(super) fn shorthand_reaches_exactly(
     targets: &CpuSet,
     online: &CpuSet,
@@ -214,5 +232,57 @@ mod tests {
         ));
         // One target: a directed IPI costs the same.
         assert!(!shorthand_reaches_exactly(&set(&[1]), &set(&[0, 1]), cpu(0), 2));
+    }
+
+    #[test]
+    fn the_shorthand_is_not_used_while_a_cpu_is_offline() {
+        let t = CpuTable::new();
+        for i in 0..4 {
+            t.register(i, 10 + i as u32).unwrap();
+            t.join(cpu(i));
+        }
+        t.set_present(4);
+        let others = set(&[1, 2, 3]);
+        assert!(shorthand_reaches_exactly(
+            &others,
+            &t.online(),
+            cpu(0),
+            t.present()
+        ));
+        // CPU 3 goes offline: the others now online are 1 and 2, and an
+        // all-but-self IPI would interrupt CPU 3 too.
+        assert!(t.leave(cpu(3)));
+        assert!(!t.leave(cpu(3)));
+        let online = t.online();
+        assert_eq!(online, set(&[0, 1, 2]));
+        assert!(!shorthand_reaches_exactly(
+            &set(&[1, 2]),
+            &online,
+            cpu(0),
+            t.present()
+        ));
+        // Targets read before CPU 3 left still name it: directed IPIs.
+        assert!(!shorthand_reaches_exactly(&others, &online, cpu(0), t.present()));
+        // Sent by CPU 3 itself while it leaves (it is no longer online).
+        assert!(!shorthand_reaches_exactly(
+            &set(&[0, 1, 2]),
+            &online,
+            cpu(3),
+            t.present()
+        ));
+        // Back online: every present CPU is, and the shorthand returns.
+        t.join(cpu(3));
+        assert!(shorthand_reaches_exactly(
+            &others,
+            &t.online(),
+            cpu(0),
+            t.present()
+        ));
+        assert!(shorthand_reaches_exactly(
+            &set(&[0, 1, 2]),
+            &t.online(),
+            cpu(3),
+            t.present()
+        ));
     }
 }

@@ -80,14 +80,35 @@ impl<'m, M: Model> MockCpu<'m, M> {
         Ok(())
     }
 
-    /// Takes this CPU offline, the way a kernel's CPU-offline path does:
-    /// it first serves every request waiting in its inbox (an initiator may
-    /// be waiting for it), then leaves the online set. It keeps whatever its
-    /// TLB holds, takes no further IPIs, and runs nothing until
-    /// [`come_online`](Self::come_online).
+    /// Takes this CPU offline the way a kernel's CPU-offline path does,
+    /// through the crate's [`take_cpu_offline`]: it leaves the online set,
+    /// then serves and acknowledges every request that reaches its inbox
+    /// until no initiator that saw it online can still publish one, and
+    /// returns how many it served. It keeps whatever its TLB holds, takes
+    /// no further IPIs (those sent to it are dropped), and runs nothing
+    /// until [`come_online`](Self::come_online); call it from the thread
+    /// that runs the CPU. Its interrupt mask is left as it is: with
+    /// interrupts on, a pending IPI may be taken while it waits, which
+    /// serves the same inbox.
+    ///
+    /// Errors, with nothing changed: [`Error::CpuNotOnline`] when the CPU
+    /// is already offline; [`Error::ShootdownReentered`] inside
+    /// [`in_shootdown`](Self::in_shootdown) (as from an interrupt handler
+    /// that interrupted a shootdown of this CPU).
+    ///
+    /// [`take_cpu_offline`]: crate::take_cpu_offline
+    pub fn take_offline(&self) -> Result<usize, Error> {
+        crate::lifecycle::take_cpu_offline(self, |me| self.machine.online.remove(me, Ordering::SeqCst))
+    }
+
+    /// [`take_offline`](Self::take_offline), for a test that knows the CPU
+    /// is online and outside a shootdown: on an error (it was offline
+    /// already, or inside [`in_shootdown`](Self::in_shootdown)) nothing
+    /// changes.
     pub fn go_offline(&self) {
-        self.machine.online.remove(self.id, Ordering::SeqCst);
-        handle_flush_ipi(self);
+        // Either error leaves the CPU as it was, which is all a caller of
+        // this form asks for.
+        let _ = self.take_offline();
     }
 
     /// Brings this CPU back online the way a kernel must: it runs

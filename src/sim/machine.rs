@@ -254,12 +254,19 @@ impl<M: Model> MockMachine<M> {
         self.online.contains(cpu, Ordering::SeqCst)
     }
 
-    /// The raw switch behind [`MockCpu::go_offline`] and
+    /// The raw switch behind [`MockCpu::take_offline`] and
     /// [`MockCpu::come_online`]: puts `cpu` in or out of the online set and
     /// nothing else. A kernel's online path runs
     /// [`prepare_cpu_online`](crate::prepare_cpu_online) first; calling this
     /// instead models a kernel that forgets to, and the oracle sees what
-    /// the CPU's old entries then reach. Errors: [`Error::CpuOutOfRange`].
+    /// the CPU's old entries then reach. A kernel's offline path serves the
+    /// CPU's inbox until no initiator can still publish to it
+    /// ([`take_cpu_offline`](crate::take_cpu_offline)); taking a CPU out
+    /// with this instead models one that does not: with
+    /// [`Delivery::Threaded`](super::Delivery::Threaded), a shootdown that
+    /// read the online set just before may then wait forever for the CPU
+    /// (with synchronous delivery no shootdown is in flight between calls,
+    /// so nothing is stranded). Errors: [`Error::CpuOutOfRange`].
     pub fn set_online(&self, cpu: usize, online: bool) -> Result<(), Error> {
         let id = self.cpu(cpu)?.id();
         if online {

@@ -36,8 +36,8 @@ use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use tlb_batch::{
-    handle_flush_ipi, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet, FlushRequest, MmTlbState,
-    ShootdownReport, TlbShootdown, PAGE_SIZE,
+    handle_flush_ipi, shootdown, switch_mm, Arch, Asid, AtomicCpuSet, CpuId, CpuSet, FlushRequest,
+    MmTlbState, ShootdownReport, TlbShootdown, PAGE_SIZE,
 };
 
 /// The most CPUs a model runs (loom allows 5 threads, the main one included).
@@ -114,6 +114,8 @@ pub struct Machine {
     /// leave it alone, so that those models have no more states than
     /// before; those of (h'') clear it: see [`Cpu::refill_after_flush`]).
     pub cached: Vec<AtomicBool>,
+    /// The online CPUs: all of them, until one leaves (model (offline)).
+    pub online: AtomicCpuSet,
     /// CPUs done with their part of the model.
     pub done: AtomicUsize,
     /// Whether the TLBs keep other ASIDs' entries across a switch.
@@ -148,6 +150,11 @@ impl Machine {
             ipis_sent: AtomicUsize::new(0),
             pte: AtomicU64::new(MAPPED),
             cached: (0..cpus).map(|_| AtomicBool::new(false)).collect(),
+            online: {
+                let online = AtomicCpuSet::new();
+                online.insert_all(&CpuSet::first(cpus).unwrap(), Ordering::Relaxed);
+                online
+            },
             done: AtomicUsize::new(0),
             threads: std::sync::Mutex::new(vec![None; cpus]),
         })
@@ -367,6 +374,29 @@ impl Cpu {
     }
 }
 
+impl Cpu {
+    /// The end of a CPU that went offline (model (offline)): marks it done, then
+    /// halts with interrupts still off, taking nothing, until every CPU is
+    /// done; returns how many interrupts it took before it left. An IPI
+    /// sent to it meanwhile stays latched: only its own wait on the way
+    /// out could have served the request behind it.
+    pub fn park_offline(self) -> usize {
+        assert!(
+            !self.irqs_enabled.get(),
+            "an offline CPU parks with interrupts off"
+        );
+        self.m.done.fetch_add(1, Ordering::SeqCst);
+        for cpu in (0..self.m.cpus).filter(|&c| c != self.index) {
+            self.m.wake(cpu);
+        }
+        while self.m.done.load(Ordering::SeqCst) != self.m.cpus {
+            // `cli; hlt`: only the last CPU finishing wakes it.
+            thread::park();
+        }
+        self.irqs_taken.get()
+    }
+}
+
 // SAFETY: a model machine: each `Cpu` is used only on its own loom thread,
 // the local flushes are recorded before they return, and every IPI reaches
 // its target's latch, which the target polls while it runs or idles.
@@ -382,7 +412,10 @@ unsafe impl Arch for Cpu {
     }
 
     fn online_cpus(&self) -> CpuSet {
-        CpuSet::first(self.m.cpus).unwrap()
+        // Relaxed: the crate's own fences order this read against a CPU
+        // leaving the set (model (offline)); every other model keeps all CPUs
+        // online throughout.
+        self.m.online.load(Ordering::Relaxed)
     }
 
     fn shootdown_state(&self) -> &TlbShootdown {
