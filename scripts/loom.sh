@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the cross-CPU shootdown protocol with loom:
 # tests/loom_shootdown.rs (models (a) to (d), (offline)), tests/loom_mm.rs
-# ((e) to (g), (j), (k)) and tests/loom_pool.rs ((h) to (i), (l)), over the model machine of
+# ((e) to (g), (j), (k), (m)) and tests/loom_pool.rs ((h) to (i), (l)), over the model machine of
 # tests/common/loom_model.rs.
 #
 # Under `--cfg loom` the crate's atomics come from loom (src/sync.rs), with
@@ -54,6 +54,10 @@
 #       skipping lazy CPUs, is either a target or catches up;
 #   (l) on a tagged TLB, a pooled frame may come back while the CPU that
 #       cached it runs another space, never while it can use the entry;
+#   (m) a batch's flush may skip a recorded target that switched away,
+#       never one that still caches the page;
+#   (offline) a shootdown whose target goes offline (`take_cpu_offline`)
+#       and parks still returns;
 #
 # and, in every execution of (a) to (d): every shootdown returns only
 # after every target has carried its request out, each request is carried
