@@ -322,6 +322,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "CPUID is inline assembly, which Miri cannot run")]
     fn detect_follows_the_vendor_of_this_cpu() {
         let id = vendor_id();
         let f = Features::detect();
