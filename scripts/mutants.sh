@@ -26,7 +26,7 @@ if [ "${MUTANTS_TEST_TOOL:-nextest}" = nextest ]; then
     command -v cargo-nextest >/dev/null 2>&1 || cargo install --locked cargo-nextest
 fi
 
-files=(batch shootdown mm request rmap rmap/unmap rmap/aging rmap/visit rmap/bounded unmap gather reclaim migrate mprotect percpu pool validate range walk)
+files=(batch shootdown mm request rmap rmap/unmap rmap/aging rmap/visit rmap/bounded unmap gather reclaim migrate mprotect percpu pool pool/generations pool/quiescent generation lifecycle validate range walk)
 args=()
 if [ "$#" -eq 0 ]; then
     for f in "${files[@]}"; do

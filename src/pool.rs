@@ -21,7 +21,7 @@
 //!
 //! # How a CPU is known to have flushed
 //!
-//! The machine's [`TlbShootdown`] keeps a flush *epoch*. Each batch moved
+//! The machine's [`TlbShootdown`](crate::TlbShootdown) keeps a flush *epoch*. Each batch moved
 //! into a pool becomes a generation: the pool opens a new epoch *after*
 //! the batch's PTEs were cleared, and marks each CPU the batch had to reach
 //! as owing a flush. A CPU records the epoch it read just *before* it
@@ -100,14 +100,19 @@
 
 use crate::arch::{Arch, Asid};
 use crate::batch::machine_id;
-use crate::cpuset::{CpuId, CpuSet};
-use crate::generation::running;
-use crate::percpu::TlbShootdown;
+use crate::cpuset::CpuSet;
 use crate::request::{FlushRequest, MAX_FLUSH_ASIDS};
 use crate::shootdown::{complete_broadcast, shootdown, ShootdownReport};
-use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
+use crate::stats::Counter;
 use crate::unmap::{Flushed, OwnedFrame, UnmapBatch};
 use crate::Error;
+
+mod generations;
+mod quiescent;
+
+use generations::Generation;
+use quiescent::local_pass;
+pub use quiescent::quiescent_flush;
 
 /// How many generations a pool tells apart. A batch deferred into a pool
 /// whose generations are all in use joins the newest one (which then waits
@@ -157,72 +162,6 @@ pub struct PoolReleases {
     /// Released by a shootdown the pool sent ([`FramePool::flush`],
     /// [`FramePool::flush_oldest`]).
     pub forced: u64,
-}
-
-/// One batch's worth of pooled frames: the epoch opened after their PTEs
-/// were cleared, the CPUs that could cache them, how many there are, and
-/// the ASIDs of their mappings (`many`: more than it tells apart).
-/// `aged`: every CPU it had to reach had passed its epoch when it was
-/// pooled (for [`PoolReleases`]).
-#[derive(Clone, Copy, Debug)]
-struct Generation {
-    epoch: u64,
-    targets: CpuSet,
-    frames: usize,
-    asids: [Asid; MAX_FLUSH_ASIDS],
-    nr_asids: usize,
-    many: bool,
-    aged: bool,
-}
-
-impl Generation {
-    fn names(&self, asid: Asid) -> bool {
-        self.many || self.asids[..self.nr_asids].contains(&asid)
-    }
-
-    /// Adds `other`'s ASIDs to this generation's.
-    fn merge_asids(&mut self, other: &Generation) {
-        self.many |= other.many;
-        for &a in &other.asids[..other.nr_asids] {
-            if self.names(a) {
-                continue;
-            }
-            match self.asids.get_mut(self.nr_asids) {
-                Some(slot) => {
-                    *slot = a;
-                    self.nr_asids += 1;
-                }
-                None => self.many = true,
-            }
-        }
-    }
-
-    /// Whether `cpu` holds no entry for this generation's frames that it
-    /// could use before flushing it: it flushed everything past the
-    /// generation's epoch, or it runs none of the generation's address
-    /// spaces now (a lazy CPU runs none; a CPU in the middle of a switch
-    /// runs both the space it leaves and the one it loads), so that it
-    /// flushes any of them by generation before it loads it again
-    /// (contract rule 2's exact form), or it flushed the one it runs past
-    /// the epoch.
-    ///
-    /// Sound against a CPU switching concurrently: the batch advanced its
-    /// spaces' generations when it recorded the pages, before this is
-    /// asked; a CPU records the ASID it loads, and clears its lazy mark,
-    /// before it reads the generation. So if this reads the old state, the
-    /// CPU's generation check sees the advance and flushes.
-    fn clear_on(&self, state: &TlbShootdown, cpu: CpuId) -> bool {
-        if state.passed_epoch(cpu) >= self.epoch {
-            return true;
-        }
-        match running(state, cpu, |a| self.names(a)) {
-            (None, None) => true,
-            // It runs one of the spaces: clear if it flushed it past the
-            // epoch since.
-            (Some(a), None) => state.flushed_generation(cpu, a) >= self.epoch,
-            _ => false,
-        }
-    }
 }
 
 /// Up to `N` unmapped frames whose TLB flush is still owed, kept allocated
@@ -701,40 +640,4 @@ impl<const N: usize> FramePool<N> {
         }
         Ok(Flushed::unmapped(released, report))
     }
-}
-
-/// Drops every non-global entry of this CPU and records the epoch read
-/// before it: every pooled generation up to that epoch is then flushed
-/// here.
-fn local_pass<A: Arch>(arch: &A) {
-    crate::shootdown::flush_local_all_as_pass(arch, false);
-    arch.trace(&TraceEvent {
-        cpu: arch.current_cpu(),
-        reason: FlushReason::Quiescent,
-        extent: FlushExtent::All,
-    });
-}
-
-/// The hook a kernel calls where a CPU can flush its own TLB cheaply: its
-/// timer tick, idle entry, or exit from idle. If a [`FramePool`] counted
-/// this CPU among those that may cache a generation it has not flushed
-/// past yet, it drops every non-global entry ([`Arch::flush_local_all`])
-/// and records that, so the pool can hand those frames back without an
-/// IPI. Otherwise, and on a CPU in lazy TLB mode (which every pooled
-/// generation counts as clear), it does nothing (a few loads). Returns
-/// whether it flushed.
-///
-/// Safe anywhere the CPU may flush its own TLB, interrupt handlers
-/// included; the caller must not migrate during the call.
-pub fn quiescent_flush<A: Arch>(arch: &A) -> bool {
-    let state = arch.shootdown_state();
-    let me = arch.current_cpu();
-    // A lazy CPU is clear of every generation already (it catches up by
-    // generation before it runs user code): its tick need not flush.
-    if !state.flush_owed(me) || state.is_lazy(me) {
-        return false;
-    }
-    local_pass(arch);
-    state.count(Counter::QuiescentFlushes, 1);
-    true
 }
