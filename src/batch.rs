@@ -3,7 +3,7 @@
 
 use crate::arch::Arch;
 use crate::cpuset::CpuSet;
-use crate::generation::still_running;
+use crate::generation::{still_running, GenStep};
 use crate::mm::MmTlbState;
 use crate::pte::Pte;
 use crate::range::PageRange;
@@ -99,7 +99,8 @@ impl TlbFlushUnmapBatch {
     }
 
     /// Records the flush of `page` in `mm` for `targets` (`mm`'s flush
-    /// targets, read after the PTE changed), checked by
+    /// targets, read after the PTE changed, with the generation step that
+    /// read made: [`MmTlbState::flush_targets_step`]), checked by
     /// [`check_add`](Self::check_add) with the same `arch`. `aged`: an
     /// epoch past which no CPU holds an entry for the page (see the
     /// field), if one is known.
@@ -108,7 +109,7 @@ impl TlbFlushUnmapBatch {
         arch: &A,
         mm: &MmTlbState,
         page: PageRange,
-        targets: &CpuSet,
+        (targets, step): (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
     ) {
         self.machine = machine_id(arch);
@@ -122,7 +123,8 @@ impl TlbFlushUnmapBatch {
         } else {
             self.unissued = true;
         }
-        self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
+        self.request
+            .add_range_step(mm.asid(), page, A::FULL_FLUSH_CEILING, step);
         self.targets = self.targets.union(targets);
         self.aged = self.aged.max(aged.unwrap_or(u64::MAX));
     }
@@ -136,7 +138,7 @@ impl TlbFlushUnmapBatch {
         mm: &MmTlbState,
         page: PageRange,
         old: Pte,
-        targets: &CpuSet,
+        targets: (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
     ) {
         self.record(arch, mm, page, targets, aged);
@@ -175,7 +177,8 @@ impl TlbFlushUnmapBatch {
         old: Pte,
     ) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
-        self.record_pending(arch, mm, page, old, &mm.flush_targets(arch), None);
+        let (targets, step) = mm.flush_targets_step(arch);
+        self.record_pending(arch, mm, page, old, (&targets, step), None);
         Ok(())
     }
 
@@ -186,7 +189,8 @@ impl TlbFlushUnmapBatch {
     /// as for [`add_pending`](Self::add_pending).
     pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
-        self.record(arch, mm, page, &mm.flush_targets(arch), None);
+        let (targets, step) = mm.flush_targets_step(arch);
+        self.record(arch, mm, page, (&targets, step), None);
         Ok(())
     }
 

@@ -397,11 +397,15 @@ impl<const N: usize> MmuGather<N> {
         self.claim(arch, mm)?;
         if !self.request.is_empty() {
             // Lazy CPUs too when page tables go: their MMUs may walk them.
-            let targets = if self.tables.is_empty() {
-                mm.flush_targets(arch)
+            let (targets, step) = if self.tables.is_empty() {
+                mm.flush_targets_step(arch)
             } else {
-                mm.table_flush_targets(arch)
+                mm.table_flush_targets_step(arch)
             };
+            // Every page of the request was cleared before this advance.
+            if let Some(step) = step {
+                self.request.set_step(mm.asid(), step);
+            }
             let report = shootdown(arch, &targets, &self.request)?;
             self.request.clear();
             self.summary.flushes += 1;

@@ -64,12 +64,23 @@
 //! a local flush at the next load, never an IPI. A switch always takes the
 //! CPU out of the previous space's set (6.1's choice): the crate's promise
 //! is never more IPIs than Linux on any hardware, and a bit left set is an
-//! IPI later. The flush handler records a generation only for flushes of a
-//! whole ASID, which carry no per-space generation in the request: after
-//! page flushes received while it ran a space, a CPU that went lazy flushes
-//! that space's ASID once more when it resumes, if the space was flushed
-//! meanwhile. That is a local flush where Linux might skip one, not an IPI.
-
+//! IPI later.
+//!
+//! # Page flushes carry their step
+//!
+//! Linux's handler counts a range flush as a catch-up when the request's
+//! `new_tlb_gen` is one past the CPU's. Generations here are epochs, not
+//! consecutive counts, so a flush of single pages carries the step its
+//! advance made instead: the space's generation before and after it. Each
+//! advance stores a value of its own (one overtaken by a concurrent
+//! flush's epoch publishes another), so nothing lies between a step's two
+//! ends, and a CPU caught up to its start that flushes its pages is caught
+//! up to its end ([`TlbShootdown::caught_up_generation`](crate::TlbShootdown::caught_up_generation)). Without that, a CPU that ran a
+//! space through page flushes would flush its ASID again at its next load
+//! after every switch. Such a record speaks for the space's flushes only:
+//! a [`FramePool`](crate::FramePool) generation, whose epoch may be an
+//! aging epoch older than entries the CPU still holds, is judged by the
+//! CPU's whole-ASID flushes and passes alone.
 use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
@@ -89,12 +100,44 @@ static_assertions::const_assert!(ASID_SLOTS <= u8::MAX as usize);
 
 const NO_ASID: u32 = u32::MAX;
 
+/// One advance of an address space's generation, from the value it
+/// replaced to the one it stored: no other flush of that space stored a
+/// value in between (see [`MmTlbState::flush_targets`](crate::MmTlbState::flush_targets)),
+/// so a CPU caught up to `from` that flushes this one flush's pages is
+/// caught up to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GenStep {
+    pub(crate) from: u64,
+    pub(crate) to: u64,
+}
+
+impl GenStep {
+    /// The step covering `self` and then `next`, when `next` starts where
+    /// `self` ends (no other flush of the space came between them).
+    pub(crate) fn then(self, next: GenStep) -> Option<GenStep> {
+        (next.from == self.to).then_some(GenStep {
+            from: self.from,
+            to: next.to,
+        })
+    }
+}
+
 /// One CPU's remembered ASIDs and the generation each is flushed up to.
 /// Only the owning CPU writes it (with interrupts off, or from its own
 /// flush handler); atomics keep the other CPUs' reads race-free.
+///
+/// Two values per ASID. `flushed` is an epoch read just before the CPU
+/// dropped every entry of the ASID: it covers every PTE cleared before
+/// that epoch was published, which is what a [`FramePool`](crate::FramePool)
+/// generation (an epoch of its own, perhaps an aging epoch) is judged by.
+/// `caught`, never below `flushed`, may also have been carried forward by
+/// page flushes ([`AsidSlots::follow`]): it covers every flush of the space
+/// whose generation is at most it, which is what a load compares with
+/// the space's `tlb_gen`, and no more.
 pub(crate) struct AsidSlots {
     asid: [AtomicU32; ASID_SLOTS],
     flushed: [AtomicU64; ASID_SLOTS],
+    caught: [AtomicU64; ASID_SLOTS],
     next_victim: AtomicU8,
 }
 
@@ -104,6 +147,7 @@ impl AsidSlots {
             AsidSlots {
                 asid: atomic_array![AtomicU32::new(NO_ASID); ASID_SLOTS],
                 flushed: atomic_array![AtomicU64::new(0); ASID_SLOTS],
+                caught: atomic_array![AtomicU64::new(0); ASID_SLOTS],
                 next_victim: AtomicU8::new(0),
             }
         }
@@ -121,6 +165,28 @@ impl AsidSlots {
             .map_or(0, |i| self.flushed[i].load(Ordering::Relaxed))
     }
 
+    /// The generation of `asid`'s address space this CPU has carried out
+    /// every flush up to, by flushes of the whole ASID or of the pages
+    /// each flush named (0 when it has no slot).
+    pub(crate) fn caught(&self, asid: Asid) -> u64 {
+        self.find(asid)
+            .map_or(0, |i| self.caught[i].load(Ordering::Relaxed))
+    }
+
+    /// Records that this CPU carried out the page flushes of `step` for
+    /// `asid`, after every flush up to `step.from` (by its slot, or by
+    /// `passed`, its last full flush): it is then caught up to `step.to`.
+    /// Does nothing when the ASID has no slot or the CPU is behind
+    /// `step.from`: a flush it missed may lie in between, and the next
+    /// load then flushes the ASID (a handler takes no slot).
+    pub(crate) fn follow(&self, asid: Asid, step: GenStep, passed: u64) {
+        if let Some(i) = self.find(asid) {
+            if self.caught[i].load(Ordering::Relaxed).max(passed) >= step.from {
+                self.caught[i].fetch_max(step.to, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Records that this CPU dropped every entry of `asid` after reading
     /// epoch `epoch`, taking a slot (the oldest taken one, round robin)
     /// when the ASID has none.
@@ -133,11 +199,13 @@ impl AsidSlots {
                 self.next_victim
                     .store(((i + 1) % ASID_SLOTS) as u8, Ordering::Relaxed);
                 self.flushed[i].store(0, Ordering::Relaxed);
+                self.caught[i].store(0, Ordering::Relaxed);
                 self.asid[i].store(u32::from(asid.value()), Ordering::Relaxed);
                 i
             }
         };
         self.flushed[i].fetch_max(epoch, Ordering::Relaxed);
+        self.caught[i].fetch_max(epoch, Ordering::Relaxed);
     }
 
     /// Raises the record of `asid` to `epoch` if it has a slot (a flush of
@@ -145,6 +213,7 @@ impl AsidSlots {
     pub(crate) fn raise(&self, asid: Asid, epoch: u64) {
         if let Some(i) = self.find(asid) {
             self.flushed[i].fetch_max(epoch, Ordering::Relaxed);
+            self.caught[i].fetch_max(epoch, Ordering::Relaxed);
         }
     }
 

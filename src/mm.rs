@@ -3,6 +3,7 @@
 
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{AtomicCpuSet, CpuSet};
+use crate::generation::GenStep;
 use crate::percpu::TlbShootdown;
 use crate::range::PageRange;
 use crate::request::FlushRequest;
@@ -125,6 +126,14 @@ impl MmTlbState {
     /// new generation and flushes. A flush that frees page tables must use
     /// [`table_flush_targets`](Self::table_flush_targets) instead.
     pub fn flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
+        self.targets(arch, true, false).0
+    }
+
+    /// [`flush_targets`](Self::flush_targets), and the step by which it
+    /// advanced the generation (`None` for the kernel's space): a request
+    /// of single pages that carries it lets each target that was caught up
+    /// to its start count itself caught up to its end.
+    pub(crate) fn flush_targets_step<A: Arch>(&self, arch: &A) -> (CpuSet, Option<GenStep>) {
         self.targets(arch, true, false)
     }
 
@@ -134,29 +143,48 @@ impl MmTlbState {
     /// the tables (speculatively, and through its paging-structure caches)
     /// whatever code it runs (Linux's `freed_tables` rule).
     pub fn table_flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
+        self.targets(arch, true, true).0
+    }
+
+    /// [`table_flush_targets`](Self::table_flush_targets) and its step
+    /// (see [`flush_targets_step`](Self::flush_targets_step)).
+    pub(crate) fn table_flush_targets_step<A: Arch>(&self, arch: &A) -> (CpuSet, Option<GenStep>) {
         self.targets(arch, true, true)
     }
 
-    fn targets<A: Arch>(&self, arch: &A, advance: bool, with_lazy: bool) -> CpuSet {
-        let state = arch.shootdown_state();
-        if advance && !self.is_kernel() {
+    /// Publishes a new epoch and stores it as the generation, and returns
+    /// the step from the value it replaced. Each flush stores a value of
+    /// its own: one whose epoch was overtaken by a concurrent flush's
+    /// before it was stored publishes another, so no stored value lies
+    /// between a step's two ends (a CPU carrying out one flush's pages
+    /// misses no other). Lock-free: a retry means another flush stored.
+    fn advance(&self, state: &TlbShootdown) -> GenStep {
+        loop {
             // After the caller's PTE clears: a CPU that reads this
             // generation and then flushes holds no entry for them.
-            let generation = state.publish_epoch();
-            self.tlb_gen.fetch_max(generation, Ordering::SeqCst);
+            let to = state.publish_epoch();
+            let from = self.tlb_gen.fetch_max(to, Ordering::SeqCst);
+            if from < to {
+                return GenStep { from, to };
+            }
         }
+    }
+
+    fn targets<A: Arch>(&self, arch: &A, advance: bool, with_lazy: bool) -> (CpuSet, Option<GenStep>) {
+        let state = arch.shootdown_state();
+        let step = (advance && !self.is_kernel()).then(|| self.advance(state));
         // Store-buffering pair with `switch_mm`'s fence (loom: model (e)
         // fails without either; (f) needs it to acquire a deferral).
         fence(Ordering::SeqCst);
         let online = arch.online_cpus();
         if self.is_kernel() {
-            return online;
+            return (online, step);
         }
         let set = self.cpus.load(Ordering::SeqCst).intersection(&online);
         if with_lazy {
-            set
+            (set, step)
         } else {
-            set.difference(&state.lazy_cpus())
+            (set.difference(&state.lazy_cpus()), step)
         }
     }
 
@@ -164,7 +192,7 @@ impl MmTlbState {
     /// [`flush_targets`](Self::flush_targets) computes them), without
     /// advancing its generation: for looking, not for flushing.
     pub fn running_cpus<A: Arch>(&self, arch: &A) -> CpuSet {
-        self.targets(arch, false, false)
+        self.targets(arch, false, false).0
     }
 
     /// Whether a CPU other than the caller's runs this address space now,
@@ -172,6 +200,7 @@ impl MmTlbState {
     pub fn cached_elsewhere<A: Arch>(&self, arch: &A) -> bool {
         !self
             .targets(arch, false, false)
+            .0
             .difference(&CpuSet::single(arch.current_cpu()))
             .is_empty()
     }
@@ -299,7 +328,7 @@ pub unsafe fn switch_mm<A: Arch>(
 fn catch_up<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
     let state = arch.shootdown_state();
     let me = arch.current_cpu();
-    if state.flushed_generation(me, mm.asid) >= mm.tlb_gen.load(Ordering::SeqCst) {
+    if state.caught_up_generation(me, mm.asid) >= mm.tlb_gen.load(Ordering::SeqCst) {
         return false;
     }
     // Read before the flush, and after the generation: every flush of `mm`
@@ -437,9 +466,16 @@ pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<b
 /// and those of [`shootdown`] (nothing flushed).
 pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<ShootdownReport, Error> {
     check_va(arch, va)?;
+    flush_pages(arch, mm, PageRange::page(va)?)
+}
+
+/// One shootdown of `pages` of `mm`, carrying the generation step of its
+/// advance (so the targets stay caught up), to the CPUs that run `mm`.
+fn flush_pages<A: Arch>(arch: &A, mm: &MmTlbState, pages: PageRange) -> Result<ShootdownReport, Error> {
+    let (targets, step) = mm.flush_targets_step(arch);
     let mut req = FlushRequest::new();
-    req.add_page(mm.asid, va, A::FULL_FLUSH_CEILING)?;
-    shootdown(arch, &mm.flush_targets(arch), &req)
+    req.add_range_step(mm.asid, pages, A::FULL_FLUSH_CEILING, step);
+    shootdown(arch, &targets, &req)
 }
 
 /// Flushes the pages of `range` in `mm` on every CPU that may cache them,
@@ -454,9 +490,7 @@ pub fn flush_tlb_range<A: Arch>(
     range: PageRange,
 ) -> Result<ShootdownReport, Error> {
     check_range(arch, range)?;
-    let mut req = FlushRequest::new();
-    req.add_range(mm.asid, range, A::FULL_FLUSH_CEILING);
-    shootdown(arch, &mm.flush_targets(arch), &req)
+    flush_pages(arch, mm, range)
 }
 
 /// Flushes every entry of `mm` on every CPU that may cache it, now.

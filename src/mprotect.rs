@@ -81,7 +81,14 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
         }
         Ok(Step::Next)
     });
-    let flushed = walked.and_then(|_| shootdown(arch, &mm.flush_targets(arch), &flush));
+    let flushed = walked.and_then(|_| {
+        let (targets, step) = mm.flush_targets_step(arch);
+        // Every page of the request changed before this advance.
+        if let Some(step) = step {
+            flush.set_step(mm.asid(), step);
+        }
+        shootdown(arch, &targets, &flush)
+    });
     if let Err(e) = flushed {
         if changed > 0 {
             mm.note_flush_owed();

@@ -6,8 +6,8 @@
 
 use crate::asid::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
-use crate::generation::AsidSlots;
-use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ENTRIES};
+use crate::generation::{AsidSlots, GenStep};
+use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 use crate::stats::{Counter, TlbStats, TlbStatsSnapshot};
 use crate::sync::{atomic_array, maybe_const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -35,9 +35,16 @@ pub(crate) struct RequestSlot {
     kind: AtomicU8,
     len: AtomicU8,
     words: [AtomicU64; 2 * MAX_FLUSH_ENTRIES],
+    /// The generation steps of a page request's ASIDs: how many, and for
+    /// each its ASID, start and end.
+    nr_steps: AtomicU8,
+    step_asid: [AtomicU32; MAX_FLUSH_ASIDS],
+    step_from: [AtomicU64; MAX_FLUSH_ASIDS],
+    step_to: [AtomicU64; MAX_FLUSH_ASIDS],
 }
 
 static_assertions::const_assert!(MAX_FLUSH_ENTRIES <= u8::MAX as usize);
+static_assertions::const_assert!(MAX_FLUSH_ASIDS <= u8::MAX as usize);
 
 impl RequestSlot {
     maybe_const_fn! {
@@ -48,6 +55,10 @@ impl RequestSlot {
                 kind: AtomicU8::new(KIND_RANGES),
                 len: AtomicU8::new(0),
                 words: atomic_array![AtomicU64::new(0); 2 * MAX_FLUSH_ENTRIES],
+                nr_steps: AtomicU8::new(0),
+                step_asid: atomic_array![AtomicU32::new(0); MAX_FLUSH_ASIDS],
+                step_from: atomic_array![AtomicU64::new(0); MAX_FLUSH_ASIDS],
+                step_to: atomic_array![AtomicU64::new(0); MAX_FLUSH_ASIDS],
             }
         }
     }
@@ -68,6 +79,15 @@ impl RequestSlot {
                     let meta = (u64::from(r.asid.value()) << 32) | u64::from(r.pages);
                     self.words[2 * i + 1].store(meta, Ordering::Relaxed);
                 }
+                let mut n = 0;
+                for (i, (asid, step)) in req.steps().enumerate() {
+                    self.step_asid[i].store(u32::from(asid.value()), Ordering::Relaxed);
+                    self.step_from[i].store(step.from, Ordering::Relaxed);
+                    self.step_to[i].store(step.to, Ordering::Relaxed);
+                    n = i + 1;
+                }
+                // At most MAX_FLUSH_ASIDS steps, which fits in u8.
+                self.nr_steps.store(n as u8, Ordering::Relaxed);
                 (KIND_RANGES, ranges.len())
             }
             FlushScope::Asids(asids) => {
@@ -106,7 +126,19 @@ impl RequestSlot {
                         pages: meta as u32,
                     };
                 }
-                FlushRequest::from_parts(FlushScope::Ranges(&ranges[..len]))
+                let mut req = FlushRequest::from_parts(FlushScope::Ranges(&ranges[..len]));
+                let steps = usize::from(self.nr_steps.load(Ordering::Relaxed)).min(MAX_FLUSH_ASIDS);
+                for i in 0..steps {
+                    let step = GenStep {
+                        from: self.step_from[i].load(Ordering::Relaxed),
+                        to: self.step_to[i].load(Ordering::Relaxed),
+                    };
+                    req.set_step(
+                        asid_of(u64::from(self.step_asid[i].load(Ordering::Relaxed))),
+                        step,
+                    );
+                }
+                req
             }
             KIND_ASIDS => {
                 let mut asids = [Asid::KERNEL; MAX_FLUSH_ENTRIES];
@@ -341,6 +373,16 @@ impl TlbShootdown {
         c.asids.flushed(asid).max(c.passed.load(Ordering::SeqCst))
     }
 
+    /// The generation of `asid`'s address space up to which `cpu` has
+    /// carried out every flush (see [`generation`](crate::generation)): at
+    /// least [`flushed_generation`](Self::flushed_generation), and more
+    /// after page flushes that followed each other. A CPU loading the ASID
+    /// flushes it first when this is below the space's `tlb_gen`.
+    pub fn caught_up_generation(&self, cpu: CpuId, asid: Asid) -> u64 {
+        let c = &self.cpus[cpu.index()];
+        c.asids.caught(asid).max(c.passed.load(Ordering::SeqCst))
+    }
+
     pub(crate) fn asid_slots(&self, cpu: CpuId) -> &AsidSlots {
         &self.cpus[cpu.index()].asids
     }
@@ -348,5 +390,36 @@ impl TlbShootdown {
     /// How many initiators have a request waiting in `cpu`'s inbox.
     pub fn pending_requests(&self, cpu: CpuId) -> usize {
         self.cpus[cpu.index()].inbox.load(Ordering::Acquire).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::range::PageRange;
+
+    /// A page request read back from a slot keeps its ASIDs' generation
+    /// steps (a target follows them); one written after it without steps
+    /// reads back without, not with the old ones.
+    #[test]
+    fn a_slot_carries_the_steps_of_a_page_request() {
+        let slot = RequestSlot::new();
+        let (a, b) = (Asid::new(1).unwrap(), Asid::new(2).unwrap());
+        let page = |i: u64| PageRange::page(0x4000 + i * 0x1000).unwrap();
+        let mut req = FlushRequest::new();
+        req.add_range_step(a, page(0), 33, Some(GenStep { from: 3, to: 4 }));
+        req.add_range_step(b, page(1), 33, Some(GenStep { from: 7, to: 9 }));
+        slot.write(Payload::Flush(&req));
+        let back = slot.read().unwrap();
+        assert_eq!(back.scope(), req.scope());
+        assert_eq!(
+            back.steps().collect::<std::vec::Vec<_>>(),
+            req.steps().collect::<std::vec::Vec<_>>()
+        );
+        assert_eq!(back.steps().count(), 2);
+        let mut plain = FlushRequest::new();
+        plain.add_range(a, page(0), 33);
+        slot.write(Payload::Flush(&plain));
+        assert_eq!(slot.read().unwrap().steps().count(), 0);
     }
 }

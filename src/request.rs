@@ -1,6 +1,7 @@
 //! What one shootdown asks every target CPU to invalidate.
 
 use crate::asid::Asid;
+use crate::generation::GenStep;
 use crate::pte::PAGE_SIZE;
 use crate::range::PageRange;
 use crate::Error;
@@ -17,7 +18,13 @@ pub const MAX_FLUSH_ENTRIES: usize = 4;
 
 /// The most distinct ASIDs a request names before it degrades to "flush
 /// everything".
+#[cfg(not(loom))]
 pub const MAX_FLUSH_ASIDS: usize = 8;
+
+/// Under `--cfg loom` a request names two ASIDs (the models use at most
+/// two address spaces), which keeps the request slots small.
+#[cfg(loom)]
+pub const MAX_FLUSH_ASIDS: usize = 2;
 
 /// A run of consecutive pages of one address space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,6 +67,10 @@ pub struct FlushRequest {
     nr_ranges: usize,
     pages: usize,
     asids: [Asid; MAX_FLUSH_ASIDS],
+    /// For each of `asids`, the generation step its pages cover, when
+    /// every page of that ASID came from one flush's advance or from
+    /// advances that followed each other with nothing between.
+    steps: [Option<GenStep>; MAX_FLUSH_ASIDS],
     nr_asids: usize,
     too_many_asids: bool,
     has_kernel: bool,
@@ -118,6 +129,7 @@ impl FlushRequest {
             nr_ranges: 0,
             pages: 0,
             asids: [Asid::KERNEL; MAX_FLUSH_ASIDS],
+            steps: [None; MAX_FLUSH_ASIDS],
             nr_asids: 0,
             too_many_asids: false,
             has_kernel: false,
@@ -162,15 +174,48 @@ impl FlushRequest {
     }
 
     fn note_asid(&mut self, asid: Asid) {
+        self.note_asid_step(asid, None);
+    }
+
+    /// Names `asid`, whose pages added now come with `step` (`None`: not
+    /// known). An ASID keeps a step only while each addition's step starts
+    /// where the previous one ended.
+    fn note_asid_step(&mut self, asid: Asid, step: Option<GenStep>) {
         self.has_kernel |= asid.is_kernel();
-        if self.too_many_asids || self.asids[..self.nr_asids].contains(&asid) {
+        if self.too_many_asids {
+            return;
+        }
+        if let Some(i) = self.asids[..self.nr_asids].iter().position(|&a| a == asid) {
+            self.steps[i] = match (self.steps[i], step) {
+                (Some(before), Some(now)) => before.then(now),
+                _ => None,
+            };
             return;
         }
         if self.nr_asids < MAX_FLUSH_ASIDS {
             self.asids[self.nr_asids] = asid;
+            self.steps[self.nr_asids] = step;
             self.nr_asids += 1;
         } else {
             self.too_many_asids = true;
+        }
+    }
+
+    /// The generation steps of the ASIDs whose pages this request covers
+    /// (see [`add_range_step`](Self::add_range_step)); only meaningful
+    /// while the request flushes single pages.
+    pub(crate) fn steps(&self) -> impl Iterator<Item = (Asid, GenStep)> + '_ {
+        self.asids[..self.nr_asids]
+            .iter()
+            .zip(&self.steps)
+            .filter_map(|(&a, s)| s.map(|s| (a, s)))
+    }
+
+    /// Sets the step of `asid`, already named (rebuilding a request from
+    /// a request slot).
+    pub(crate) fn set_step(&mut self, asid: Asid, step: GenStep) {
+        if let Some(i) = self.asids[..self.nr_asids].iter().position(|&a| a == asid) {
+            self.steps[i] = Some(step);
         }
     }
 
@@ -187,11 +232,26 @@ impl FlushRequest {
     /// too: a request that was ever given a range a machine cannot address
     /// is refused by that machine.
     pub fn add_range(&mut self, asid: Asid, range: PageRange, ceiling: usize) {
+        self.add_range_step(asid, range, ceiling, None);
+    }
+
+    /// [`add_range`](Self::add_range) for pages whose PTEs were cleared
+    /// before `step`, the advance of their address space's generation
+    /// made for this flush (`None`: not known). A CPU that carries out the
+    /// request's page flushes then counts as caught up to the step's end
+    /// when it was caught up to its start.
+    pub(crate) fn add_range_step(
+        &mut self,
+        asid: Asid,
+        range: PageRange,
+        ceiling: usize,
+        step: Option<GenStep>,
+    ) {
         let Some(last) = range.last() else {
             return;
         };
         self.extent.note(range.start(), last);
-        self.note_asid(asid);
+        self.note_asid_step(asid, step);
         let count = range.pages();
         self.pages = self
             .pages
@@ -341,6 +401,40 @@ mod tests {
 
     fn asid(v: u16) -> Asid {
         Asid::new(v).unwrap()
+    }
+
+    fn step(from: u64, to: u64) -> Option<GenStep> {
+        Some(GenStep { from, to })
+    }
+
+    /// An ASID keeps a generation step while each addition's step starts
+    /// where the last ended; a gap (another flush of the space came in
+    /// between) or an addition without a step loses it, for that ASID only.
+    #[test]
+    fn steps_join_end_to_end_and_a_gap_or_an_unknown_loses_them() {
+        let mut r = FlushRequest::new();
+        let range = |i: u64| PageRange::page(0x10000 + i * PAGE_SIZE).unwrap();
+        r.add_range_step(asid(1), range(0), 33, step(5, 7));
+        r.add_range_step(asid(1), range(1), 33, step(7, 9));
+        r.add_range_step(asid(2), range(2), 33, step(6, 8));
+        r.add_range_step(asid(3), range(3), 33, step(2, 3));
+        let got: std::vec::Vec<_> = r.steps().collect();
+        assert_eq!(
+            got,
+            [
+                (asid(1), GenStep { from: 5, to: 9 }),
+                (asid(2), GenStep { from: 6, to: 8 }),
+                (asid(3), GenStep { from: 2, to: 3 })
+            ]
+        );
+        r.add_range_step(asid(2), range(4), 33, step(10, 11));
+        r.add_range(asid(3), range(5), 33);
+        let got: std::vec::Vec<_> = r.steps().collect();
+        assert_eq!(got, [(asid(1), GenStep { from: 5, to: 9 })], "a gap, an unknown");
+        let mut merged = FlushRequest::new();
+        merged.add_range_step(asid(1), range(6), 33, step(9, 10));
+        merged.merge(&r, 33);
+        assert_eq!(merged.steps().count(), 0, "a merge carries no step");
     }
 
     #[test]

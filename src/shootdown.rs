@@ -370,6 +370,12 @@ pub(crate) fn execute_local<A: Arch>(
                 }
                 pages += r.pages as usize;
             }
+            // Every page each step's flush cleared is flushed here: a CPU
+            // caught up to a step's start is caught up to its end.
+            let passed = state.passed_epoch(me);
+            for (asid, step) in request.steps().filter(|(a, _)| may_hold(*a)) {
+                state.asid_slots(me).follow(asid, step, passed);
+            }
             state.count(Counter::LocalPageFlushes, pages as u64);
             FlushExtent::Pages(pages)
         }

@@ -27,7 +27,12 @@
 //!   either it is a target or it catches up before it runs user code;
 //! - (m) a batch that recorded a CPU as a target is flushed while that CPU
 //!   switches away: the flush may skip it once it no longer runs the
-//!   space, never while it still caches the page there.
+//!   space, never while it still caches the page there;
+//! - (n) on a tagged TLB, a CPU's own page flush of the space carries it
+//!   forward by generation while another CPU's batched unmap, whose
+//!   generation was published first, advances the space concurrently: the
+//!   page flush must not carry the CPU past the batched one, which skips
+//!   it once it switched away.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
 //! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
@@ -40,8 +45,8 @@ use common::loom_model::{asid, cached_on, check, cpu_id, spawn_cpu, Machine, BAS
 use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
 use tlb_batch::{
-    enter_lazy_tlb, flush_tlb_batched_pending, leave_lazy_tlb, switch_mm, Asid, Frame, MmTlbState, Pte,
-    PteFlags, TlbFlushUnmapBatch,
+    enter_lazy_tlb, flush_tlb_batched_pending, flush_tlb_page, leave_lazy_tlb, switch_mm, Asid, Frame,
+    MmTlbState, Pte, PteFlags, TlbFlushUnmapBatch,
 };
 
 /// (e) CPU 1 switches to an address space (`switch_mm`) and then touches
@@ -285,4 +290,58 @@ fn m_batch_flush_races_with_a_target_switching_away() {
         seen.outcome(interrupted);
     });
     seen.both_outcomes(["cpu1 was left out", "cpu1 was interrupted"]);
+}
+
+/// (n) Tagged TLB. CPU 1 runs the address space with page 0 cached; it
+/// flushes page 1 of the space itself (`flush_tlb_page`, a request of one
+/// page that carries the generation step of its advance, which CPU 1
+/// follows), switches to another space and back, and the model then looks
+/// at its TLB once every CPU is done. CPU 0 meanwhile clears page 0's PTE,
+/// records it in a batch (which advances the generation too) and flushes
+/// the batch, which skips CPU 1 if it has switched away by then. Both
+/// advances publish an epoch and then store it: when CPU 0's epoch, the
+/// older, is stored after CPU 1's, a step that ended at CPU 1's value would
+/// carry CPU 1 past a flush it never did, and its return would load the
+/// ASID with page 0's stale entry. Each advance must store a value of its
+/// own (`MmTlbState::flush_targets`): one that was overtaken publishes
+/// another. Taking the first epoch whatever the store found fails.
+#[test]
+fn n_a_page_flush_step_races_with_a_batched_unmap() {
+    let seen = check("(n) page flush step vs batched unmap", 4, |seen| {
+        let m = Machine::tagged(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
+        cached_on(&m, seen, 1, &mm);
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+            let old = Pte::new(Frame(0x100), PteFlags::PRESENT | PteFlags::USER);
+            let mut batch = TlbFlushUnmapBatch::new();
+            batch.add_pending(&cpu, &mm0, BASE, old).unwrap();
+            let report = batch.flush(&cpu).unwrap();
+            cpu.finish();
+            report.remote_cpus
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // Page flushes of page 0 (the batch's, if it interrupts CPU 1)
+            // drop the entry, and loading the space may walk it again.
+            cpu.refill_after_flush.set(true);
+            flush_tlb_page(&cpu, &mm, BASE + tlb_batch::PAGE_SIZE).unwrap();
+            // SAFETY: a model: the roots are never dereferenced.
+            unsafe {
+                switch_mm(&cpu, Some(&mm), &other).unwrap();
+                switch_mm(&cpu, Some(&other), &mm).unwrap();
+            }
+            cpu.finish()
+        });
+        let interrupted = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        assert!(
+            !m.caches(1),
+            "cpu1 runs the space again with page 0's stale entry: the batch's flush skipped it \
+             and its generation check did not see that flush"
+        );
+        seen.outcome(interrupted);
+    });
+    seen.both_outcomes(["cpu1 caught up by itself", "cpu1 was interrupted"]);
 }

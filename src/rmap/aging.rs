@@ -28,7 +28,8 @@ pub(super) fn clear_young<A: Arch, S: PageTable + ?Sized>(
     let young = space.test_and_clear_accessed(va);
     if let (true, Some(page)) = (young, page) {
         let mm = space.tlb_state();
-        batch.record(arch, mm, page, &mm.flush_targets(arch), None);
+        let (targets, step) = mm.flush_targets_step(arch);
+        batch.record(arch, mm, page, (&targets, step), None);
     }
     Ok(young)
 }

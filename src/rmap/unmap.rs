@@ -110,23 +110,23 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     // Read once, after the exchange (as `flush_targets` requires), for the
     // decision and for the flush alike: what `should_defer` would answer,
     // without reading the CPU set a second time.
-    let targets = mm.flush_targets(arch);
+    let (targets, step) = mm.flush_targets_step(arch);
     let defer = flags.contains(TtuFlags::BATCH_FLUSH)
         && A::CLEAN_WRITE_REWALK
         && !targets.difference(&CpuSet::single(arch.current_cpu())).is_empty();
     if defer {
-        batch.record_pending(arch, mm, page, old, &targets, aged());
+        batch.record_pending(arch, mm, page, old, (&targets, step), aged());
         return Ok(Cleared {
             owed: true,
             writable: old.is_writable() || old.is_dirty(),
         });
     }
     let mut request = FlushRequest::new();
-    request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING);
+    request.add_range_step(mm.asid(), page, A::FULL_FLUSH_CEILING, step);
     if let Err(e) = shootdown(arch, &targets, &request) {
         // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
-        batch.record_pending(arch, mm, page, old, &targets, aged());
+        batch.record_pending(arch, mm, page, old, (&targets, step), aged());
         Err((true, e))
     } else {
         Ok(Cleared::default())

@@ -195,7 +195,7 @@ impl<M: Model> MockMachine<M> {
         let loaded = lock(&self.state(cpu).loaded).map(|(a, _)| a);
         let lazy = self.shootdown.is_lazy(cpu);
         let unusable = lazy || (self.config.tagged_tlb && loaded != Some(e.asid));
-        unusable && self.shootdown.flushed_generation(cpu, mm.asid()) < mm.tlb_gen()
+        unusable && self.shootdown.caught_up_generation(cpu, mm.asid()) < mm.tlb_gen()
     }
 
     /// Every (CPU, entry) pair caching a translation to `frame`, offline

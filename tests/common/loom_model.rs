@@ -429,8 +429,10 @@ unsafe impl Arch for Cpu {
     fn flush_local_page(&self, asid: Asid, va: u64) {
         assert_eq!(asid, self::asid());
         let page = ((va - BASE) / PAGE_SIZE) as usize;
-        // The models never have a CPU target itself, so every flush is
-        // another CPU's request.
+        // Only model (n) has a CPU flush its own page (with interrupts
+        // enabled, so not counted here); a flush with interrupts off
+        // outside the handler is another CPU's request, served while
+        // waiting.
         if !self.irqs_enabled.get() && !self.in_irq.get() {
             self.seen.served_while_waiting.fetch_add(1, StdOrdering::Relaxed);
         }
@@ -552,10 +554,20 @@ pub fn check(
     }
     let bound = builder.preemption_bound;
     let s = seen.clone();
+    let model = StdArc::new(model);
     let start = std::time::Instant::now();
     builder.check(move || {
         s.executions.fetch_add(1, StdOrdering::Relaxed);
-        model(&s);
+        // On a thread with a large stack: loom's main coroutine has 32 KiB,
+        // which a machine's `TlbShootdown` of loom atomics, built on the
+        // stack before it is boxed, no longer fits in.
+        let (s, model) = (s.clone(), model.clone());
+        thread::Builder::new()
+            .stack_size(CPU_STACK)
+            .spawn(move || model(&s))
+            .expect("a loom thread")
+            .join()
+            .expect("the model's thread");
     });
     eprintln!(
         "loom model {name}: {} executions, preemption bound {bound:?}, {:.1?}; \
