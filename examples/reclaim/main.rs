@@ -34,6 +34,7 @@
 mod calibrated;
 mod policies;
 mod report;
+mod report_ops;
 mod runs;
 
 use std::collections::VecDeque;
