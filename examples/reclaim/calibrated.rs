@@ -91,6 +91,12 @@
 //!   policy, the crate's `shrink_page_list` and `shrink_page_list_pooled`
 //!   (`policies.rs`). The calibration table runs Linux 6.1's policy in the
 //!   cell nearest the measured guest ([`Cell::measured`]: untagged, lazy).
+//! - **Migration and teardown** (`calibrated/ops.rs`, whose docs say what
+//!   is modelled and why): the matrix's runs ([`Cell::ops`]) also compact
+//!   memory (`migrate_pages`) and map and unmap task buffers
+//!   (`MmuGather`), each with Linux 6.1's policy for that operation or the
+//!   crate's; their IPIs are counted apart from reclaim's. The calibration
+//!   runs do neither: the measured figures are reclaim's alone.
 //!
 //! The constants were fitted once against the whole of the measured
 //! table, not per cell; what each stands for is written beside it.
