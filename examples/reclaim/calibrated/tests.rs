@@ -157,6 +157,18 @@ fn the_summary_line_round_trips() {
         ..w.clone()
     };
     assert!(!missed.met());
+    // A ratio against a Linux run that sent no IPI is infinite, and reads
+    // back so.
+    let lone = Worst {
+        drivers_ipis: Ratio {
+            value: f64::INFINITY,
+            cell: cell("MmuGather: 16 processes, tagged, lazy, tick 16"),
+        },
+        ..w.clone()
+    };
+    assert!(lone.line().contains("drivers IPIs infx (MmuGather: 16 processes"));
+    assert_eq!(Worst::parse(&lone.line()), Some(lone.clone()));
+    assert!(!lone.met());
     assert_eq!(Worst::parse("worst cell: drivers IPIs 0.93x"), None);
     assert_eq!(Worst::parse(&line.replace("violations 0", "violations x")), None);
     // The worst of a cell's runs is computed, never taken from the first.
