@@ -54,7 +54,7 @@ pub fn ops_text(runs: &[CellRuns]) -> String {
     );
     let _ = writeln!(
         text,
-        "{:<42} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>4}  met",
+        "{:<42} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>5} {:>5} | {:>4}  met",
         "cell",
         "pages",
         "Linux",
@@ -68,11 +68,13 @@ pub fn ops_text(runs: &[CellRuns]) -> String {
         "Linux",
         "drivers",
         "x",
+        "Linux",
+        "drv.",
         "viol"
     );
     let _ = writeln!(
         text,
-        "{:<42} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} |",
+        "{:<42} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>6} {:>6} {:>6} {:>8} {:>8} {:>7} | {:>5} {:>5} |",
         "",
         "migr.",
         "IPIs",
@@ -85,7 +87,9 @@ pub fn ops_text(runs: &[CellRuns]) -> String {
         "IPIs",
         "IPIs/pg",
         "IPIs/pg",
-        "IPIs"
+        "IPIs",
+        "pend.",
+        "pend."
     );
     for r in runs.iter().filter(|r| r.cell.timer == TIMERS[0]) {
         let (l, d) = (&r.linux, &r.drivers);
@@ -107,7 +111,13 @@ pub fn ops_text(runs: &[CellRuns]) -> String {
                 x
             );
         }
-        let _ = writeln!(text, "{row} | {viol:>4}  {}", if met { "yes" } else { "NO" });
+        let _ = writeln!(
+            text,
+            "{row} | {:>5} {:>5} | {viol:>4}  {}",
+            l.munmap.pending,
+            d.munmap.pending,
+            if met { "yes" } else { "NO" }
+        );
     }
     let (mut lp, mut lc, mut dp, mut dc) = (0, 0, 0, 0);
     for r in runs.iter().filter(|r| r.cell.timer == TIMERS[0]) {
@@ -119,7 +129,8 @@ pub fn ops_text(runs: &[CellRuns]) -> String {
     let _ = writeln!(
         text,
         "pages: the drivers' run's (Linux's migrates and unmaps about as many); IPIs: each run's; x: the drivers' IPIs \
-         per page against Linux's (inf: Linux's run sent none); viol: both runs, whole run. MmuGather's teardowns \
+         per page against Linux's (inf: Linux's run sent none); pend.: teardowns that found a deferred flush \
+         outstanding (below); viol: both runs, whole run. MmuGather's teardowns \
          that found a deferred flush of the space outstanding, and so flushed the whole space first (Linux's \
          flush_tlb_batched_pending rule; the crate's migrate_pages defers and leaves that mark, Linux 6.1's \
          migration does not): {} of {} with Linux 6.1, {} of {} with the drivers (every cell, every seed).",
