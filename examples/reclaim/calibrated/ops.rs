@@ -14,7 +14,8 @@
 //! wants free memory above the watermark too), and migrates them. The
 //! period is 1.28 ms of the model's time: a fragmented machine with a
 //! steady demand for huge pages, about 800 calls a second. It is set high
-//! so that each cell migrates some hundreds of pages per run; what is
+//! so that each cell migrates a few hundred pages over its seeds (a few
+//! dozen at 48 CPUs, whose runs are short and have one seed); what is
 //! compared is IPIs per migrated page, not the rate. Compaction rather
 //! than NUMA balancing: NUMA balancing's hinting faults migrate one page
 //! per call (`migrate_misplaced_page`), where no policy can batch, while
