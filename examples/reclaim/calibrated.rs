@@ -91,6 +91,12 @@
 //!   policy, the crate's `shrink_page_list` and `shrink_page_list_pooled`
 //!   (`policies.rs`). The calibration table runs Linux 6.1's policy in the
 //!   cell nearest the measured guest ([`Cell::measured`]: untagged, lazy).
+//! - **Migration and teardown** (`calibrated/ops.rs`, whose docs say what
+//!   is modelled and why): the matrix's runs ([`Cell::ops`]) also compact
+//!   memory (`migrate_pages`) and map and unmap task buffers
+//!   (`MmuGather`), each with Linux 6.1's policy for that operation or the
+//!   crate's; their IPIs are counted apart from reclaim's. The calibration
+//!   runs do neither: the measured figures are reclaim's alone.
 //!
 //! The constants were fitted once against the whole of the measured
 //! table, not per cell; what each stands for is written beside it.
@@ -223,6 +229,10 @@ pub struct Cell {
     pub timer: Option<u64>,
     /// Hot pages each task keeps touching ([`HOT_PAGES`], or 0).
     pub hot: usize,
+    /// Whether the run also migrates pages and unmaps ranges
+    /// (`calibrated/ops.rs`): the matrix's cells do, the calibration's
+    /// do not.
+    pub ops: bool,
 }
 
 impl Cell {
@@ -236,7 +246,14 @@ impl Cell {
             idle: Idle::Lazy,
             timer: Some(TIMER_TICKS),
             hot: HOT_PAGES,
+            ops: false,
         }
+    }
+
+    /// Whether this is the measured cell for its CPUs and tasks, with or
+    /// without the operations.
+    pub fn is_measured(&self) -> bool {
+        Cell { ops: false, ..*self } == Cell::measured(self.cpus, self.tasks)
     }
 
     pub fn timer_name(&self) -> String {
@@ -351,6 +368,11 @@ pub struct Figures {
     /// two of a worker's page reads (charged by the model, not the mock:
     /// see `Model::touch_hot`); included in `cycles`.
     pub extra_refill_cycles: u64,
+    /// The operations beside reclaim (`ops.rs`): page migration and range
+    /// teardown. Their IPIs, interrupts and cycles are counted here and
+    /// not in the reclaim figures above.
+    pub migrate: ops::OpFigures,
+    pub munmap: ops::OpFigures,
 }
 
 impl Figures {
@@ -404,6 +426,8 @@ impl Figures {
         self.releases.passes += f.releases.passes;
         self.releases.generations += f.releases.generations;
         self.releases.forced += f.releases.forced;
+        self.migrate.add(&f.migrate);
+        self.munmap.add(&f.munmap);
     }
 }
 
@@ -482,6 +506,8 @@ struct Model<'m, H: Hardware = X86Like> {
     cell: Cell,
     /// The pooled policy's frame pool.
     pool: Pool,
+    /// The migrations' and teardowns' state (empty without them).
+    ops: ops::Ops,
     fig: Figures,
 }
 
@@ -693,6 +719,8 @@ impl<'m, H: Hardware> Model<'m, H> {
             (k.space, k.first, k.pages, k.pos)
         };
         if pos == pages * PASSES {
+            // The task exits: whatever range it has mapped goes too.
+            self.unmap_buffer(c, t);
             self.cpus[c].run = Run::Idle;
             return self.go_lazy(c, Run::Idle);
         }
@@ -701,6 +729,7 @@ impl<'m, H: Hardware> Model<'m, H> {
         match cpu.read(va(first + page)) {
             Ok(_) => {
                 self.tasks[t].pos += 1;
+                self.buffer_step(c, t);
                 return;
             }
             Err(Fault::NotMapped { .. }) => {}
@@ -892,6 +921,7 @@ impl<'m, H: Hardware> Model<'m, H> {
                 }
             }
         }
+        self.compact_tick();
         self.now += 1;
     }
 
@@ -937,9 +967,17 @@ pub fn run_seed<H: Hardware>(cell: Cell, peer: Peer, seed: u64) -> Figures {
     let mut fig = model.fig;
     fig.releases = model.pool.releases();
     fig.ticks = model.now;
-    fig.ipis = m.ipis_sent();
-    fig.interrupts = m.cpus().map(|c| m.interrupts_taken(c.id()).expect("a CPU")).sum();
-    fig.cycles = m.costs().total() + fig.extra_refill_cycles;
+    // The operations' own IPIs, interrupts and cycles are theirs, not
+    // reclaim's.
+    let (mig, un) = (fig.migrate, fig.munmap);
+    fig.ipis = m.ipis_sent() - mig.ipis - un.ipis;
+    fig.interrupts = m
+        .cpus()
+        .map(|c| m.interrupts_taken(c.id()).expect("a CPU"))
+        .sum::<u64>()
+        - mig.interrupts
+        - un.interrupts;
+    fig.cycles = m.costs().total() + fig.extra_refill_cycles - mig.cycles - un.cycles;
     fig.violations = m.violations().len();
     let stats = m.stats();
     fig.broadcasts = stats.broadcasts;
@@ -978,12 +1016,20 @@ impl<'m, H: Hardware> Model<'m, H> {
             Tasks::Threads => 1,
         };
         let spaces = crate::address_spaces(m, nspaces);
-        // The hot pages: the same frames, read-only, in every space.
+        let rmap = MockRmap::new(m, spaces);
+        // The hot pages: the same frames, read-only, in every space, known
+        // to the reverse map (so that migration can move them).
         for h in 0..cell.hot {
             let f = m.alloc_frame().expect("memory for the hot pages");
-            for s in &spaces {
-                m.map(s.mm(), HOT_BASE + h as u64 * PAGE_SIZE, f, false)
-                    .expect("a hot page");
+            for s in 0..nspaces {
+                rmap.map(
+                    f,
+                    s,
+                    HOT_BASE + h as u64 * PAGE_SIZE,
+                    false,
+                    MappingFlags::empty(),
+                )
+                .expect("a hot page");
             }
         }
         let pages = FILE_PAGES / cpus;
@@ -991,9 +1037,9 @@ impl<'m, H: Hardware> Model<'m, H> {
         let shared = Shared::default();
         install_hook(m, &shared);
         m.set_tracing(true);
-        let model = Model {
+        let mut model = Model {
             m,
-            rmap: MockRmap::new(m, spaces),
+            rmap,
             peer,
             shared,
             tasks: (0..cpus)
@@ -1023,11 +1069,14 @@ impl<'m, H: Hardware> Model<'m, H> {
             now: 0,
             cell,
             pool: Pool::new(),
+            ops: ops::Ops::new(cell.ops, cpus),
             fig: Figures::default(),
         };
+        model.place_neighbours();
         model
     }
 }
 
+pub mod ops;
 #[cfg(test)]
 mod tests;

@@ -25,7 +25,10 @@
 //! page with Linux's policy, and runs a matrix of hardware and kernel
 //! choices (tagged TLBs, idle modes, timer ticks, 8 to 48 CPUs) with the
 //! policies the goals are judged against, and the others beside them
-//! (`policies.rs`, tables in `report.rs`). Migration figures follow.
+//! (`policies.rs`, tables in `report.rs`); its matrix runs also migrate
+//! pages and unmap ranges, the crate's `migrate_pages` and `MmuGather`
+//! against Linux 6.1's policies for them (`calibrated/ops.rs`, table in
+//! `report_ops.rs`). The first model's migration figures follow.
 //!
 //! `cargo run --release --example reclaim` prints tables and ends with one
 //! line, each goal's worst cell of the matrix and the violations of every
@@ -34,6 +37,7 @@
 mod calibrated;
 mod policies;
 mod report;
+mod report_ops;
 mod runs;
 
 use std::collections::VecDeque;

@@ -291,6 +291,13 @@ fn deferred<H: Model>(
                 if m.space.clear(m.va).is_dirty() {
                     rmap.set_dirty(f);
                 }
+                // Linux marks the space for `flush_tlb_batched_pending`
+                // when it defers, which it does when another CPU is in
+                // `mm_cpumask` (`should_defer_flush`); only a range
+                // teardown (`calibrated/ops.rs`) looks at the mark.
+                if peer == Peer::Linux61 && !mm.cpus().difference(&CpuSet::single(cpu.id())).is_empty() {
+                    mm.note_batched_pending();
+                }
                 let e = pending.entry(mm.asid().value()).or_default();
                 e.0.push((mm.asid(), m.va));
                 // The CPUs that run the space now, lazy ones left out (this
