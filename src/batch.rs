@@ -263,15 +263,30 @@ impl TlbFlushUnmapBatch {
             // since, or gone lazy, flushes by generation before it uses the
             // space again (the add advanced it): no IPI for it. Kernel
             // pages are global: every target stays.
+            let state = arch.shootdown_state();
             let targets = if self.request.names_kernel() {
                 self.targets
             } else {
-                still_running(
-                    arch.shootdown_state(),
+                let running = still_running(
+                    state,
                     &self.targets,
                     self.request.asids(),
                     self.request.has_too_many_asids(),
-                )
+                );
+                // Every entry was found unaccessed since its frame's aging,
+                // on hardware whose fills set the bit: a CPU that dropped
+                // its whole TLB after reading the aging epoch holds none of
+                // them (as for a pooled aged generation). No IPI for it.
+                match self.aged_epoch() {
+                    Some(aged) if aged <= state.epoch() => {
+                        let mut left = CpuSet::new();
+                        for cpu in running.iter().filter(|&c| state.passed_epoch(c) < aged) {
+                            left.insert(cpu);
+                        }
+                        left
+                    }
+                    _ => running,
+                }
             };
             shootdown(arch, &targets, &self.request)?
         };
