@@ -143,7 +143,7 @@ impl TlbFlushUnmapBatch {
     ) {
         self.record(arch, mm, page, targets, aged);
         self.writable |= old.is_writable() || old.is_dirty();
-        mm.note_batched_pending();
+        mm.note_deferred();
         arch.shootdown_state().count(Counter::PagesDeferred, 1);
     }
 

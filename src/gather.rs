@@ -264,7 +264,7 @@ impl<const N: usize> MmuGather<N> {
         if result.is_err() && !self.request.is_empty() {
             // Cleared but not flushed: whoever changes this address space
             // next flushes it first, even if the gather is never finished.
-            mm.note_flush_owed();
+            mm.note_flush_owed(arch.shootdown_state());
         }
         result?;
         Ok(core::mem::take(&mut self.summary))

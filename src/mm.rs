@@ -9,7 +9,7 @@ use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
-use crate::sync::{fence, maybe_const_fn, AtomicU64, Ordering};
+use crate::sync::{fence, maybe_const_fn, AtomicBool, AtomicU64, Ordering};
 use crate::validate::{check_asid, check_range, check_va};
 use crate::Error;
 
@@ -45,6 +45,11 @@ pub struct MmTlbState {
     tlb_gen: AtomicU64,
     batch_pending: AtomicU64,
     batch_flushed: AtomicU64,
+    /// Whether a deferral was ever noted from outside the crate
+    /// ([`note_batched_pending`](Self::note_batched_pending)), with no
+    /// generation advance known to follow its PTE clears: then
+    /// [`flush_tlb_batched_pending`] reaches every CPU running the space.
+    untracked: AtomicBool,
 }
 
 impl MmTlbState {
@@ -59,6 +64,7 @@ impl MmTlbState {
                 tlb_gen: AtomicU64::new(0),
                 batch_pending: AtomicU64::new(0),
                 batch_flushed: AtomicU64::new(0),
+                untracked: AtomicBool::new(false),
             }
         }
     }
@@ -206,8 +212,21 @@ impl MmTlbState {
     }
 
     /// Records that a flush of this address space was deferred into a batch
-    /// (called by [`TlbFlushUnmapBatch::add_pending`](crate::TlbFlushUnmapBatch::add_pending)).
+    /// of the kernel's own (the crate's batches record theirs themselves,
+    /// in [`TlbFlushUnmapBatch::add_pending`](crate::TlbFlushUnmapBatch::add_pending)).
+    /// Call it after the PTE clears. The next [`flush_tlb_batched_pending`]
+    /// then flushes the whole address space on every CPU that runs it; from
+    /// then on this space's are never trimmed by generation, since nothing
+    /// tells which generation covers the kernel's clears.
     pub fn note_batched_pending(&self) {
+        self.untracked.store(true, Ordering::SeqCst);
+        self.note_deferred();
+    }
+
+    /// Records a deferral whose PTE clears this space's generation was
+    /// advanced after (by [`flush_targets`](Self::flush_targets) or
+    /// [`advance`](Self::advance)), before this call.
+    pub(crate) fn note_deferred(&self) {
         // Releases the PTE clear to a flusher that reads `pending` (loom:
         // model (f) fails when this is Relaxed).
         self.batch_pending.fetch_add(1, Ordering::SeqCst);
@@ -217,9 +236,14 @@ impl MmTlbState {
     /// (a change whose shootdown failed): the next
     /// [`flush_tlb_batched_pending`] flushes the whole address space, so a
     /// retry of the failed call, or any later change of a mapping, does
-    /// what the failure left undone.
-    pub(crate) fn note_flush_owed(&self) {
-        self.note_batched_pending();
+    /// what the failure left undone. The generation advances first, after
+    /// the changes: only a CPU that flushes the whole ASID afterwards
+    /// counts as caught up past them.
+    pub(crate) fn note_flush_owed(&self, state: &TlbShootdown) {
+        if !self.is_kernel() {
+            self.advance(state);
+        }
+        self.note_deferred();
     }
 
     /// Identity of this state (its address), to tell address spaces apart
@@ -453,7 +477,31 @@ pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<b
     if mm.batch_flushed.load(Ordering::SeqCst) >= pending {
         return Ok(false);
     }
-    shootdown(arch, &mm.flush_targets(arch), &FlushRequest::for_asid(mm.asid))?;
+    // Every deferral counted in `pending` advanced the generation after
+    // its clears and before it was counted, so a CPU caught up to this
+    // value has carried out every deferred page's flush (a whole-ASID
+    // flush read after them, or the deferring batch's own request, whose
+    // step it followed): no IPI for it. Linux 6.1 interrupts it anyway.
+    // Read after `pending`. A slot of another CPU read while that CPU
+    // evicts it (`switch_mm` to another space) may show the new ASID's
+    // value; that CPU runs no user code of this space before its next
+    // load, which then finds the slot gone and flushes.
+    let state = arch.shootdown_state();
+    // The kernel's space has no generation: every online CPU, always.
+    let tracked = !mm.is_kernel() && !mm.untracked.load(Ordering::SeqCst);
+    let covered = tracked.then(|| mm.tlb_gen.load(Ordering::SeqCst));
+    // A kernel's own deferral may have advanced nothing since its clears:
+    // advance here, so that a CPU this misses while it switches in catches
+    // up (the fence pair of `flush_targets` and `switch_mm`).
+    let (mut targets, _) = mm.targets(arch, covered.is_none(), false);
+    if let Some(generation) = covered {
+        for cpu in &targets.clone() {
+            if state.caught_up_generation(cpu, mm.asid) >= generation {
+                targets.remove(cpu);
+            }
+        }
+    }
+    shootdown(arch, &targets, &FlushRequest::for_asid(mm.asid))?;
     // Covers every deferral up to `pending`; a later one keeps the marker
     // set, so it is flushed by the next call. Releases this flush to the
     // callers that skip (loom: model (g) fails when this is Relaxed).

@@ -91,7 +91,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     });
     if let Err(e) = flushed {
         if changed > 0 {
-            mm.note_flush_owed();
+            mm.note_flush_owed(arch.shootdown_state());
         }
         return Err(e);
     }

@@ -144,3 +144,43 @@ fn a_pass_catches_up_every_asid_at_once() {
     assert_eq!(m.stats().catch_ups - before, 0, "the pass covered A");
     assert_eq!(m.violations(), []);
 }
+
+/// `flush_tlb_batched_pending` (contract rule 5) leaves out a CPU already
+/// caught up past every deferral it covers: here the deferring batch's own
+/// flush reached CPU 1, whose generation followed its step. Before that
+/// flush, CPU 1 may still cache the page and is interrupted (its stale
+/// entry gone afterwards); a deferral the kernel noted itself
+/// (`note_batched_pending`, no generation known) interrupts it always.
+#[test]
+fn a_pending_batch_flush_skips_the_cpus_that_carried_out_the_deferrals() {
+    for (batch_flushed_first, kernel_noted) in [(true, false), (false, false), (true, true)] {
+        let m = tagged(2);
+        let a = m.new_mm(asid(1)).unwrap();
+        m.map_new(&a, va(0), true).unwrap();
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        cpu1.switch_to(&a).unwrap();
+        cpu1.write(va(0), 1).unwrap();
+        let mut batch = TlbFlushUnmapBatch::new();
+        let old = m.clear_pte(&a, va(0)).unwrap();
+        batch.add_pending(&cpu0, &a, va(0), old).unwrap();
+        if kernel_noted {
+            a.note_batched_pending();
+        }
+        if batch_flushed_first {
+            assert_eq!(batch.flush(&cpu0).unwrap().ipis_sent, 1);
+        }
+        let before = m.ipis_sent();
+        assert_eq!(tlb_batch::flush_tlb_batched_pending(&cpu0, &a), Ok(true));
+        let expected = u64::from(!batch_flushed_first || kernel_noted);
+        let case = format!("batch flushed first: {batch_flushed_first}, noted by the kernel: {kernel_noted}");
+        assert_eq!(m.ipis_sent() - before, expected, "{case}");
+        assert!(!a.batched_flush_pending(), "{case}");
+        assert_eq!(
+            cpu1.write(va(0), 2),
+            Err(Fault::NotMapped { va: va(0) }),
+            "{case}"
+        );
+        let _ = batch.flush(&cpu0).unwrap();
+        assert_eq!(m.violations(), [], "{case}");
+    }
+}

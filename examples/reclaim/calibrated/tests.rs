@@ -21,9 +21,11 @@ fn broadcast_hardware_broadcasts_what_reaches_other_cpus() {
     assert!(always.broadcasts > 0);
     assert_eq!(always.ipis, 0);
     assert_eq!(always.violations, 0);
-    let processes = Cell::measured(4, Tasks::Processes);
-    let wide = run_seed::<X86Invlpgb>(processes, Peer::BroadcastWide, SEEDS[0]);
-    let ipis_only = run_seed::<X86Like>(processes, Peer::TlbBatch, SEEDS[0]);
+    // Threads: with processes a flush seldom reaches two other CPUs once
+    // the aging has left out those that flushed since.
+    let threads = Cell::measured(4, Tasks::Threads);
+    let wide = run_seed::<X86Invlpgb>(threads, Peer::BroadcastWide, SEEDS[0]);
+    let ipis_only = run_seed::<X86Like>(threads, Peer::TlbBatch, SEEDS[0]);
     assert!(wide.broadcasts > 0 && wide.broadcasts < wide.shootdowns);
     assert!(wide.ipis > 0 && wide.ipis < ipis_only.ipis);
     assert_eq!(wide.violations, 0);
@@ -299,15 +301,18 @@ fn the_calibration_holds() {
     }
 }
 
-/// The drivers interrupt the CPUs Linux 6.1's policy does, flush by flush:
-/// two models run the same seed with Linux's policy up to a point, so
-/// their states are the same; then one makes a reclaim call with Linux's
-/// policy and the other with `shrink_page_list`, and both send the same
-/// IPIs and free the same pages. (Over a whole run the two diverge, since
-/// their flushes cost the targets differently.)
+/// The drivers interrupt no CPU Linux 6.1's policy would not, flush by
+/// flush: two models run the same seed with Linux's policy up to a point,
+/// so their states are the same; then one makes a reclaim call with
+/// Linux's policy and the other with `shrink_page_list`. Both free the
+/// same pages; the drivers send at most Linux's IPIs, and fewer in some
+/// calls (a CPU that flushed its whole TLB since the pages' aging is left
+/// out). (Over a whole run the two diverge, since their flushes cost the
+/// targets differently.)
 #[test]
-fn the_drivers_interrupt_the_cpus_linux_does_at_every_flush() {
+fn the_drivers_interrupt_no_cpu_linux_would_not_at_any_flush() {
     let mut compared = 0;
+    let mut fewer = 0;
     for cell in [
         Cell {
             tagged: true,
@@ -336,18 +341,20 @@ fn the_drivers_interrupt_the_cpus_linux_does_at_every_flush() {
                 let (ia, ib) = (ma.ipis_sent(), mb.ipis_sent());
                 let freed = (a.reclaim_call(c, true, SCAN), b.reclaim_call(c, true, SCAN));
                 assert_eq!(freed.0, freed.1, "{} after {k} ticks, CPU {c}", cell.name());
-                assert_eq!(
-                    ma.ipis_sent() - ia,
-                    mb.ipis_sent() - ib,
-                    "{} after {k} ticks, CPU {c}",
+                let (linux, drivers) = (ma.ipis_sent() - ia, mb.ipis_sent() - ib);
+                assert!(
+                    drivers <= linux,
+                    "{} after {k} ticks, CPU {c}: {drivers} > {linux}",
                     cell.name()
                 );
-                compared += u64::from(ma.ipis_sent() > ia);
+                compared += u64::from(linux > 0);
+                fewer += u64::from(drivers < linux);
             }
             assert_eq!((ma.violations(), mb.violations()), (vec![], vec![]));
         }
     }
     assert!(compared > 10, "{compared} calls sent IPIs");
+    assert!(fewer > 0, "the aging never left a CPU out");
 }
 
 /// The CPUs each CPU of `m` took interrupts on since `before` (counts by
