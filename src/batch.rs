@@ -275,12 +275,24 @@ impl TlbFlushUnmapBatch {
                 );
                 // Every entry was found unaccessed since its frame's aging,
                 // on hardware whose fills set the bit: a CPU that dropped
-                // its whole TLB after reading the aging epoch holds none of
-                // them (as for a pooled aged generation). No IPI for it.
+                // its whole TLB, or every entry of each ASID the batch
+                // names, after reading the aging epoch holds none of them
+                // (as for a pooled aged generation). No IPI for it. (A slot
+                // read while its CPU evicts it, switching away, may show
+                // the next ASID's value; that CPU uses none of these
+                // entries before its next load, which flushes them.)
+                let asids = self.request.asids();
+                let flushed_since = |cpu, aged| {
+                    if self.request.has_too_many_asids() || asids.is_empty() {
+                        state.passed_epoch(cpu) >= aged
+                    } else {
+                        asids.iter().all(|&a| state.flushed_generation(cpu, a) >= aged)
+                    }
+                };
                 match self.aged_epoch() {
                     Some(aged) if aged <= state.epoch() => {
                         let mut left = CpuSet::new();
-                        for cpu in running.iter().filter(|&c| state.passed_epoch(c) < aged) {
+                        for cpu in running.iter().filter(|&c| !flushed_since(c, aged)) {
                             left.insert(cpu);
                         }
                         left
