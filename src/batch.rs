@@ -289,10 +289,28 @@ impl TlbFlushUnmapBatch {
                         asids.iter().all(|&a| state.flushed_generation(cpu, a) >= aged)
                     }
                 };
+                // On a tagged TLB a CPU left out stays behind the space's
+                // generation and flushes the whole ASID at its next load
+                // (refilling what it uses), where the flush it was spared
+                // would have kept it caught up (a whole-ASID flush, or pages
+                // whose step it follows): there, an IPI is the cheaper.
+                let spared_catch_up = |cpu| {
+                    arch.tagged_tlb()
+                        && match self.request.scope() {
+                            FlushScope::Ranges(_) => self
+                                .request
+                                .steps()
+                                .any(|(a, step)| state.caught_up_generation(cpu, a) >= step.from),
+                            _ => true,
+                        }
+                };
                 match self.aged_epoch() {
                     Some(aged) if aged <= state.epoch() => {
                         let mut left = CpuSet::new();
-                        for cpu in running.iter().filter(|&c| !flushed_since(c, aged)) {
+                        for cpu in running
+                            .iter()
+                            .filter(|&c| !flushed_since(c, aged) || spared_catch_up(c))
+                        {
                             left.insert(cpu);
                         }
                         left

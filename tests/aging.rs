@@ -545,17 +545,26 @@ fn a_plain_batch_leaves_out_a_cpu_that_flushed_everything_since_the_aging() {
 /// On a tagged TLB a switch flushes nothing, but a CPU that comes back to
 /// a space flushed while it was away flushes that space's ASID first (its
 /// catch-up): after the aging, that is as good as a pass for the space's
-/// pages, and the plain batch's flush leaves it out. Coming back with
-/// nothing flushed meanwhile, it keeps its entry from before the aging and
-/// is interrupted.
+/// pages. The plain batch's flush then leaves it out where the IPI would
+/// not have kept it caught up anyway (here, a flush of another page came
+/// between the batch's two unmaps, so its request carries no generation
+/// step); where it would have (one unmap), a left-out CPU would flush the
+/// whole ASID at its next load, and the IPI is sent. Coming back with
+/// nothing flushed meanwhile, the CPU keeps its entries from before the
+/// aging and is interrupted either way.
 #[test]
 fn a_plain_batch_leaves_out_a_cpu_that_flushed_the_asid_since_the_aging() {
-    for flushed_while_away in [true, false] {
+    for (flushed_while_away, step_broken) in [(true, true), (true, false), (false, true)] {
         let w = World::tagged();
         let (rmap, f, other) = setup(&w, false);
         let mm = rmap.spaces()[0].mm().clone();
-        cpu(&w, 1).read(va(0)).unwrap();
-        assert_eq!(age(&w, &rmap, f), 1);
+        let f2 = w.m.alloc_frame().unwrap();
+        rmap.map(f2, 0, va(2), false, MappingFlags::empty()).unwrap();
+        w.m.map_new(&mm, va(5), false).unwrap();
+        for (frame, page) in [(f, 0), (f2, 2)] {
+            cpu(&w, 1).read(va(page)).unwrap();
+            assert_eq!(age(&w, &rmap, frame), 1);
+        }
         cpu(&w, 1).switch_to(&other).unwrap();
         if flushed_while_away {
             tlb_batch::flush_tlb_mm(&cpu(&w, 0), &mm).unwrap();
@@ -563,11 +572,20 @@ fn a_plain_batch_leaves_out_a_cpu_that_flushed_the_asid_since_the_aging() {
         let before = w.m.stats().catch_ups;
         cpu(&w, 1).switch_to(&mm).unwrap();
         assert_eq!(w.m.stats().catch_ups - before, u64::from(flushed_while_away));
-        assert_eq!(
-            unmap_flush_free(&w, &rmap, f),
-            usize::from(!flushed_while_away),
-            "flushed while away: {flushed_while_away}"
-        );
+        let c0 = cpu(&w, 0);
+        let mut batch = UnmapBatch::<4>::new();
+        for (i, frame) in [f, f2].into_iter().enumerate() {
+            if i == 1 && step_broken {
+                tlb_batch::flush_tlb_page(&c0, &mm, va(5)).unwrap();
+            }
+            let r = batch.try_to_unmap(&c0, &rmap, owned(frame), TtuFlags::IGNORE_ACCESS);
+            assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+        }
+        let mut flushed = batch.flush(&c0).unwrap();
+        let case = format!("flushed while away: {flushed_while_away}, step broken: {step_broken}");
+        let expected = usize::from(!(flushed_while_away && step_broken));
+        assert_eq!(flushed.report().ipis_sent, expected, "{case}");
+        MockKernel::new(&rmap).free_batch(flushed.frames_mut());
         no_violations(&w);
     }
 }
