@@ -400,7 +400,7 @@ pub fn matrix_text(runs: &[CellRuns]) -> String {
         text,
         "\nThe matrix: TLBs untagged or tagged (PCID) x idle CPUs lazy (as Linux) or on the kernel's address space \
          x timer tick every {TIMER_TICKS} ticks, every {REALISTIC_TIMER} (4 ms) or none x {:?} CPUs x processes or \
-         threads, {HOT_PAGES} hot pages per task; seeds per cell: {} at 8 and 16 CPUs, {} at 48. Ratios against \
+         threads, {HOT_PAGES} hot pages per task; seeds per cell: {}. Ratios against \
          Linux 6.1's policy, per reclaimed page (IPIs, cycles) or for the whole run (elapsed: ticks until the last \
          task finished). drivers: tlb-batch's shrink_page_list (migrate_pages and MmuGather in the next table); pool: shrink_page_list_pooled. Only the pool acts \
          at timer ticks: the other peers' figures are the same for the three timers of a cell. Goals: drivers IPIs \
@@ -408,7 +408,6 @@ pub fn matrix_text(runs: &[CellRuns]) -> String {
          pool) <= {GOAL_ELAPSED}x, in every cell.\n",
         GOAL_CPUS,
         matrix_seeds(8).len(),
-        matrix_seeds(48).len(),
     );
     let _ = writeln!(
         text,

@@ -325,18 +325,7 @@ fn the_drivers_interrupt_no_cpu_linux_would_not_at_any_flush() {
                 machine::<X86Like>(cell, Peer::Linux61),
                 machine::<X86Like>(cell, Peer::Linux61),
             );
-            let mut a = Model::new(&ma, cell, Peer::Linux61, SEEDS[0]);
-            let mut b = Model::new(&mb, cell, Peer::Linux61, SEEDS[0]);
-            for t in 0..cell.cpus {
-                a.place(t, t);
-                b.place(t, t);
-            }
-            for _ in 0..k {
-                a.tick();
-                b.tick();
-            }
-            assert_eq!(ma.ipis_sent(), mb.ipis_sent(), "the same run so far");
-            b.peer = Peer::TlbBatch;
+            let (mut a, mut b) = lockstep(&ma, &mb, cell, k);
             for c in 0..cell.cpus {
                 let (ia, ib) = (ma.ipis_sent(), mb.ipis_sent());
                 let freed = (a.reclaim_call(c, true, SCAN), b.reclaim_call(c, true, SCAN));
@@ -406,18 +395,7 @@ fn the_crate_ops_interrupt_only_cpus_linux_does() {
                 machine::<X86Like>(cell, Peer::Linux61),
                 machine::<X86Like>(cell, Peer::Linux61),
             );
-            let mut a = Model::new(&ma, cell, Peer::Linux61, SEEDS[0]);
-            let mut b = Model::new(&mb, cell, Peer::Linux61, SEEDS[0]);
-            for t in 0..cell.cpus {
-                a.place(t, t);
-                b.place(t, t);
-            }
-            for _ in 0..k {
-                a.tick();
-                b.tick();
-            }
-            assert_eq!(ma.ipis_sent(), mb.ipis_sent(), "the same run so far");
-            b.peer = Peer::TlbBatch;
+            let (mut a, mut b) = lockstep(&ma, &mb, cell, k);
             let at = format!("{} after {k} ticks", cell.name());
             for (slot, pages) in [(0, 4), (1, 33), (0, 34), (1, 96)] {
                 let Some((c, t)) = (0..cell.cpus).find_map(|c| match a.cpus[c].run {
@@ -461,4 +439,28 @@ fn the_crate_ops_interrupt_only_cpus_linux_does() {
         compared.0 > 5 && compared.1 > 5,
         "{compared:?} operations sent IPIs"
     );
+}
+
+/// Two models of `cell` on `ma` and `mb` that ran the same seed with
+/// Linux 6.1's policy for `ticks` ticks, so that their states are the
+/// same; the second then runs the crate's drivers (`Peer::TlbBatch`).
+fn lockstep<'m>(
+    ma: &'m MockMachine<X86Like>,
+    mb: &'m MockMachine<X86Like>,
+    cell: Cell,
+    ticks: usize,
+) -> (Model<'m>, Model<'m>) {
+    let mut a = Model::new(ma, cell, Peer::Linux61, SEEDS[0]);
+    let mut b = Model::new(mb, cell, Peer::Linux61, SEEDS[0]);
+    for t in 0..cell.cpus {
+        a.place(t, t);
+        b.place(t, t);
+    }
+    for _ in 0..ticks {
+        a.tick();
+        b.tick();
+    }
+    assert_eq!(ma.ipis_sent(), mb.ipis_sent(), "the same run so far");
+    b.peer = Peer::TlbBatch;
+    (a, b)
 }
