@@ -304,8 +304,11 @@ impl TlbFlushUnmapBatch {
                             _ => true,
                         }
                 };
+                // An epoch from the future (a reverse map's bad answer) is
+                // above every CPU's flushes, which record epochs read: it
+                // spares no CPU.
                 match self.aged_epoch() {
-                    Some(aged) if aged <= state.epoch() => {
+                    Some(aged) => {
                         let mut left = CpuSet::new();
                         for cpu in running
                             .iter()
@@ -315,7 +318,7 @@ impl TlbFlushUnmapBatch {
                         }
                         left
                     }
-                    _ => running,
+                    None => running,
                 }
             };
             shootdown(arch, &targets, &self.request)?

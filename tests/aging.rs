@@ -498,6 +498,15 @@ fn an_aging_epoch_from_the_future_is_not_trusted() {
     let mut pool = FramePool::<8>::new();
     pooled_until_cpu1_flushes(&w, &rmap, f, &mut pool);
     assert!(pool.is_empty());
+    // Nor by the plain batch, even for a CPU that flushed everything since.
+    let w = World::new();
+    let (rmap, f, other) = setup(&w, false);
+    cpu(&w, 1).read(va(0)).unwrap();
+    assert_eq!(age(&w, &rmap, f), 1);
+    pass_by_switching(&w, &rmap, &other);
+    rmap.set_aged_epoch(f, Some(1 << 40));
+    assert_eq!(unmap_flush_free(&w, &rmap, f), 1);
+    no_violations(&w);
 }
 
 /// CPU 0 unmaps `f` (its flush deferred) and flushes the batch itself, no
