@@ -216,7 +216,7 @@ impl MmTlbState {
     /// in [`TlbFlushUnmapBatch::add_pending`](crate::TlbFlushUnmapBatch::add_pending)).
     /// Call it after the PTE clears. The next [`flush_tlb_batched_pending`]
     /// then flushes the whole address space on every CPU that runs it; from
-    /// then on this space's are never trimmed by generation, since nothing
+    /// then on, this space's pending flushes reach every such CPU, since nothing
     /// tells which generation covers the kernel's clears.
     pub fn note_batched_pending(&self) {
         self.untracked.store(true, Ordering::SeqCst);
