@@ -459,7 +459,11 @@ pub fn prepare_cpu_online<A: Arch>(arch: &A) {
 /// (mprotect, munmap, madvise, remap) calls this first, under the lock that
 /// serialises such changes. If a batch deferred flushes of `mm` that no
 /// flush covered yet, the whole address space is flushed on every CPU that
-/// may cache it; otherwise nothing happens. Returns whether it flushed.
+/// runs it and may still cache a deferred page (one that carried out every
+/// deferral's flush since, by its generation, is left out, as are lazy
+/// CPUs, which catch up before they use the space); otherwise nothing
+/// happens. Returns whether the deferrals are now covered (`true`, even
+/// when no CPU needed the flush).
 ///
 /// Without this, a CPU could keep writing through a stale writable entry
 /// for a page the operation is about to protect or reuse.
