@@ -256,6 +256,7 @@ impl TlbFlushUnmapBatch {
             return Ok(ShootdownReport::default());
         }
         self.check_machine(arch)?;
+        let mut credited = CpuSet::new();
         let report = if self.issued_here(arch) {
             complete_broadcast(arch, &self.request)
         } else {
@@ -293,7 +294,8 @@ impl TlbFlushUnmapBatch {
                 // generation and flushes the whole ASID at its next load
                 // (refilling what it uses), where the flush it was spared
                 // would have kept it caught up (a whole-ASID flush, or pages
-                // whose step it follows): there, an IPI is the cheaper.
+                // whose step it follows): there, an IPI is the cheaper,
+                // unless the batch can credit it with the flush instead.
                 let spared_catch_up = |cpu| {
                     arch.tagged_tlb()
                         && match self.request.scope() {
@@ -304,24 +306,51 @@ impl TlbFlushUnmapBatch {
                             _ => true,
                         }
                 };
+                // The credit: a CPU that holds none of the batch's entries
+                // and had carried out every flush of each named space up to
+                // the start of the batch's step is caught up to its end
+                // without flushing anything, when every named ASID has a
+                // step (no other flush of its space came between the
+                // batch's). Its slots are read so that they cannot mix
+                // two ASIDs' values: the credit outlives the read.
+                let stepped = self.request.steps().count() == asids.len()
+                    && !asids.is_empty()
+                    && !self.request.has_too_many_asids();
+                let creditable = |cpu, aged| {
+                    arch.tagged_tlb()
+                        && stepped
+                        && self.request.steps().all(|(a, step)| {
+                            matches!(state.stable_generations(cpu, a),
+                                Some((flushed, caught)) if flushed >= aged && caught >= step.from)
+                        })
+                };
                 // An epoch from the future (a reverse map's bad answer) is
                 // above every CPU's flushes, which record epochs read: it
                 // spares no CPU.
                 match self.aged_epoch() {
                     Some(aged) => {
                         let mut left = CpuSet::new();
-                        for cpu in running
-                            .iter()
-                            .filter(|&c| !flushed_since(c, aged) || spared_catch_up(c))
-                        {
-                            left.insert(cpu);
+                        for cpu in &self.targets {
+                            if creditable(cpu, aged) {
+                                credited.insert(cpu);
+                            } else if running.contains(cpu)
+                                && (!flushed_since(cpu, aged) || spared_catch_up(cpu))
+                            {
+                                left.insert(cpu);
+                            }
                         }
                         left
                     }
                     None => running,
                 }
             };
-            shootdown(arch, &targets, &self.request)?
+            let report = shootdown(arch, &targets, &self.request)?;
+            for cpu in &credited {
+                for (asid, step) in self.request.steps() {
+                    arch.shootdown_state().grant_generation(cpu, asid, step.to);
+                }
+            }
+            report
         };
         arch.shootdown_state().count(Counter::BatchesFlushed, 1);
         *self = TlbFlushUnmapBatch::new();

@@ -81,10 +81,29 @@
 //! a [`FramePool`](crate::FramePool) generation, whose epoch may be an
 //! aging epoch older than entries the CPU still holds, is judged by the
 //! CPU's whole-ASID flushes and passes alone.
+//!
+//! # Credits
+//!
+//! A [`TlbFlushUnmapBatch`](crate::TlbFlushUnmapBatch) flush leaves out a
+//! target that holds none of the batch's entries: every entry was found
+//! unaccessed since its frame's aging (on hardware whose fills set the
+//! accessed bit), and the target dropped every entry of the batch's ASIDs
+//! after reading that aging's epoch. On a tagged TLB such a CPU would
+//! still be behind the space's generation and flush the whole ASID at its
+//! next load. When each ASID the batch names carries its step and the
+//! target had carried out every flush of the space up to the step's start,
+//! it has in fact carried out every flush up to the step's end (the step's
+//! own pages it never held), so the flush records that end for it: a
+//! *credit*, written into the target's per-CPU record by the flushing CPU.
+//! The target's slots are read for this under a sequence count that the
+//! target makes odd while it hands a slot to another ASID, so that a
+//! credit is never given on another ASID's values. A CPU keeps one credit;
+//! a newer one for another ASID replaces it, which costs at most a local
+//! flush. Linux 6.1 has no such record: it interrupts those CPUs.
 use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
-use crate::sync::{atomic_array, maybe_const_fn, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use crate::sync::{atomic_array, fence, maybe_const_fn, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// How many ASIDs each CPU remembers a generation for. An ASID evicted from
 /// a CPU's slots is flushed at its next load on that CPU unless a full local
@@ -99,6 +118,10 @@ pub const ASID_SLOTS: usize = 2;
 static_assertions::const_assert!(ASID_SLOTS <= u8::MAX as usize);
 
 const NO_ASID: u32 = u32::MAX;
+
+/// A grant packs an ASID (16 bits) above a generation (48 bits).
+const GRANT_SHIFT: u32 = 48;
+const GRANT_GEN_MASK: u64 = (1 << GRANT_SHIFT) - 1;
 
 /// One advance of an address space's generation, from the value it
 /// replaced to the one it stored: no other flush of that space stored a
@@ -134,11 +157,22 @@ impl GenStep {
 /// page flushes ([`AsidSlots::follow`]): it covers every flush of the space
 /// whose generation is at most it, which is what a load compares with
 /// the space's `tlb_gen`, and no more.
+///
+/// Another CPU may carry `caught` forward too, through the *grant*: a
+/// flush that leaves this CPU out because it holds none of the flush's
+/// entries, while it is caught up to the flush's step's start, records
+/// the step's end here (see [`AsidSlots::grant`]). Such a flush reads the
+/// slots under `seq`, which the owner makes odd while it reassigns one, so
+/// that it never takes another ASID's values for the one it asks about.
 pub(crate) struct AsidSlots {
     asid: [AtomicU32; ASID_SLOTS],
     flushed: [AtomicU64; ASID_SLOTS],
     caught: [AtomicU64; ASID_SLOTS],
     next_victim: AtomicU8,
+    /// One granted generation, with its ASID ([`GRANT_SHIFT`]); 0 for none.
+    granted: AtomicU64,
+    /// Odd while the owner reassigns a slot (a seqlock's count).
+    seq: AtomicU64,
 }
 
 impl AsidSlots {
@@ -149,6 +183,8 @@ impl AsidSlots {
                 flushed: atomic_array![AtomicU64::new(0); ASID_SLOTS],
                 caught: atomic_array![AtomicU64::new(0); ASID_SLOTS],
                 next_victim: AtomicU8::new(0),
+                granted: AtomicU64::new(0),
+                seq: AtomicU64::new(0),
             }
         }
     }
@@ -171,6 +207,61 @@ impl AsidSlots {
     pub(crate) fn caught(&self, asid: Asid) -> u64 {
         self.find(asid)
             .map_or(0, |i| self.caught[i].load(Ordering::Relaxed))
+            .max(self.granted(asid))
+    }
+
+    /// The generation another CPU's flush granted `asid` (0 for none).
+    fn granted(&self, asid: Asid) -> u64 {
+        let g = self.granted.load(Ordering::Acquire);
+        if g >> GRANT_SHIFT == u64::from(asid.value()) {
+            g & GRANT_GEN_MASK
+        } else {
+            0
+        }
+    }
+
+    /// Records, from any CPU, that this one holds no entry of `asid` left
+    /// by any flush of its space up to generation `to`. The caller knows
+    /// it: this CPU was caught up to a step's start (read with
+    /// [`stable`](Self::stable)) and holds none of the entries that step's
+    /// flush covers. One ASID is remembered: a grant for another replaces
+    /// it (the lost one costs a local flush at most). A generation past 48
+    /// bits is not recorded.
+    pub(crate) fn grant(&self, asid: Asid, to: u64) {
+        if to > GRANT_GEN_MASK {
+            return;
+        }
+        let new = (u64::from(asid.value()) << GRANT_SHIFT) | to;
+        let mut cur = self.granted.load(Ordering::Relaxed);
+        loop {
+            if cur >> GRANT_SHIFT == u64::from(asid.value()) && cur & GRANT_GEN_MASK >= to {
+                return;
+            }
+            match self
+                .granted
+                .compare_exchange_weak(cur, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// `read(self)` taken from another CPU, or `None` when the owner
+    /// reassigned a slot meanwhile (its values may then mix two ASIDs').
+    /// The reads inside are of single atomics; what they show of `asid`
+    /// is then a value the owner really recorded for it, or older.
+    pub(crate) fn stable<T>(&self, read: impl Fn(&Self) -> T) -> Option<T> {
+        let before = self.seq.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let value = read(self);
+        // Pairs with the release fence in `record`: a read above that saw
+        // a reassignment's store makes the count read below see it odd,
+        // or past.
+        fence(Ordering::Acquire);
+        (self.seq.load(Ordering::Relaxed) == before).then_some(value)
     }
 
     /// Records that this CPU carried out the page flushes of `step` for
@@ -181,7 +272,8 @@ impl AsidSlots {
     /// load then flushes the ASID (a handler takes no slot).
     pub(crate) fn follow(&self, asid: Asid, step: GenStep, passed: u64) {
         if let Some(i) = self.find(asid) {
-            if self.caught[i].load(Ordering::Relaxed).max(passed) >= step.from {
+            let caught = self.caught[i].load(Ordering::Relaxed).max(self.granted(asid));
+            if caught.max(passed) >= step.from {
                 self.caught[i].fetch_max(step.to, Ordering::Relaxed);
             }
         }
@@ -194,6 +286,9 @@ impl AsidSlots {
         let i = match self.find(asid) {
             Some(i) => i,
             None => {
+                // Odd while the slot holds a mix (see `stable`).
+                self.seq.fetch_add(1, Ordering::Relaxed);
+                fence(Ordering::Release);
                 let i = usize::from(self.next_victim.load(Ordering::Relaxed)) % ASID_SLOTS;
                 // `i + 1` <= ASID_SLOTS, which fits in u8 (asserted).
                 self.next_victim
@@ -201,7 +296,10 @@ impl AsidSlots {
                 self.flushed[i].store(0, Ordering::Relaxed);
                 self.caught[i].store(0, Ordering::Relaxed);
                 self.asid[i].store(u32::from(asid.value()), Ordering::Relaxed);
-                i
+                self.flushed[i].store(epoch, Ordering::Relaxed);
+                self.caught[i].store(epoch, Ordering::Relaxed);
+                self.seq.fetch_add(1, Ordering::Release);
+                return;
             }
         };
         self.flushed[i].fetch_max(epoch, Ordering::Relaxed);
@@ -220,6 +318,7 @@ impl AsidSlots {
     /// Forgets every ASID (the CPU flushed everything, or the machine was
     /// reset).
     pub(crate) fn clear(&self) {
+        self.granted.store(0, Ordering::Relaxed);
         for a in &self.asid {
             a.store(NO_ASID, Ordering::Relaxed);
         }
@@ -276,4 +375,71 @@ pub(crate) fn still_running(state: &TlbShootdown, targets: &CpuSet, asids: &[Asi
         }
     }
     set
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn asid(v: u16) -> Asid {
+        Asid::new(v).unwrap()
+    }
+
+    #[test]
+    fn a_grant_raises_caught_for_its_asid_only_and_never_flushed() {
+        let s = AsidSlots::new();
+        s.record(asid(1), 5);
+        s.grant(asid(1), 9);
+        assert_eq!((s.flushed(asid(1)), s.caught(asid(1))), (5, 9));
+        assert_eq!(s.caught(asid(2)), 0);
+        s.grant(asid(1), 7);
+        assert_eq!(s.caught(asid(1)), 9, "a grant never lowers");
+        // Another ASID's grant replaces it: the first falls back to its slot.
+        s.grant(asid(2), 8);
+        assert_eq!((s.caught(asid(1)), s.caught(asid(2))), (5, 8));
+        // Without a slot the grant still stands, and a page flush that
+        // follows it carries a slot that exists.
+        assert_eq!(s.flushed(asid(2)), 0);
+        s.record(asid(2), 3);
+        s.follow(asid(2), GenStep { from: 8, to: 12 }, 0);
+        assert_eq!(s.caught(asid(2)), 12);
+        s.clear();
+        assert_eq!(s.caught(asid(2)), 0, "a reset forgets grants too");
+    }
+
+    #[test]
+    fn a_grant_past_48_bits_is_not_recorded() {
+        let s = AsidSlots::new();
+        s.grant(asid(3), 1 << 48);
+        assert_eq!(s.caught(asid(3)), 0);
+        s.grant(asid(3), (1 << 48) - 1);
+        assert_eq!(s.caught(asid(3)), (1 << 48) - 1);
+    }
+
+    #[test]
+    fn a_read_across_a_slot_reassignment_is_refused() {
+        let s = AsidSlots::new();
+        for a in 1..=ASID_SLOTS as u16 {
+            s.record(asid(a), 4);
+        }
+        assert_eq!(s.stable(|s| s.caught(asid(1))), Some(4));
+        // A raise of a slot that exists reassigns nothing.
+        assert_eq!(
+            s.stable(|s| {
+                s.record(asid(1), 6);
+                s.caught(asid(1))
+            }),
+            Some(6)
+        );
+        // A new ASID evicts one: a read around it cannot be trusted.
+        assert_eq!(
+            s.stable(|s| {
+                let before = s.caught(asid(1));
+                s.record(asid(ASID_SLOTS as u16 + 1), 9);
+                before
+            }),
+            None
+        );
+        assert_eq!(s.stable(|s| s.caught(asid(1))), Some(0), "slot 0 was evicted");
+    }
 }

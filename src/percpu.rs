@@ -383,6 +383,29 @@ impl TlbShootdown {
         c.asids.caught(asid).max(c.passed.load(Ordering::SeqCst))
     }
 
+    /// [`flushed_generation`](Self::flushed_generation) and
+    /// [`caught_up_generation`](Self::caught_up_generation) of `asid` on
+    /// `cpu`, read from another CPU: `None` when `cpu` reassigned one of
+    /// its ASID slots meanwhile, so that the pair may mix two ASIDs'
+    /// values. What it returns is a value `cpu` really reached for `asid`
+    /// (or older), fit to grant it a generation on
+    /// ([`grant_generation`](Self::grant_generation)).
+    pub(crate) fn stable_generations(&self, cpu: CpuId, asid: Asid) -> Option<(u64, u64)> {
+        let c = &self.cpus[cpu.index()];
+        let (flushed, caught) = c.asids.stable(|s| (s.flushed(asid), s.caught(asid)))?;
+        let passed = c.passed.load(Ordering::SeqCst);
+        Some((flushed.max(passed), caught.max(passed)))
+    }
+
+    /// Records that `cpu` holds no entry of `asid` left by any flush of its
+    /// address space up to generation `to` (a flush left it out because it
+    /// holds none of that flush's entries and had carried out every flush
+    /// before it): its next load of `asid` needs no catch-up for them.
+    pub(crate) fn grant_generation(&self, cpu: CpuId, asid: Asid, to: u64) {
+        self.cpus[cpu.index()].asids.grant(asid, to);
+        self.count(Counter::GenerationsGranted, 1);
+    }
+
     pub(crate) fn asid_slots(&self, cpu: CpuId) -> &AsidSlots {
         &self.cpus[cpu.index()].asids
     }

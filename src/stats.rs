@@ -68,6 +68,7 @@ pub struct TlbStats {
     frames_pooled: AtomicU64,
     frames_released_by_passes: AtomicU64,
     catch_ups: AtomicU64,
+    generations_granted: AtomicU64,
 }
 
 /// A copy of the counters at one moment (each read separately).
@@ -109,6 +110,11 @@ pub struct TlbStatsSnapshot {
     /// or [`leave_lazy_tlb`](crate::leave_lazy_tlb)): flushes that would
     /// otherwise have been IPIs.
     pub catch_ups: u64,
+    /// CPUs a [`TlbFlushUnmapBatch`](crate::TlbFlushUnmapBatch) flush left
+    /// out on a tagged TLB because they held none of its entries, credited
+    /// with the flush's generation so that their next load of the address
+    /// space needs no catch-up for it.
+    pub generations_granted: u64,
 }
 
 /// The counter a crate-internal event increments.
@@ -127,6 +133,7 @@ pub(crate) enum Counter {
     FramesPooled,
     FramesReleasedByPasses,
     CatchUps,
+    GenerationsGranted,
 }
 
 impl TlbStats {
@@ -147,6 +154,7 @@ impl TlbStats {
                 frames_pooled: AtomicU64::new(0),
                 frames_released_by_passes: AtomicU64::new(0),
                 catch_ups: AtomicU64::new(0),
+                generations_granted: AtomicU64::new(0),
             }
         }
     }
@@ -166,6 +174,7 @@ impl TlbStats {
             Counter::FramesPooled => &self.frames_pooled,
             Counter::FramesReleasedByPasses => &self.frames_released_by_passes,
             Counter::CatchUps => &self.catch_ups,
+            Counter::GenerationsGranted => &self.generations_granted,
         }
     }
 
@@ -186,6 +195,7 @@ impl TlbStats {
             Counter::FramesPooled,
             Counter::FramesReleasedByPasses,
             Counter::CatchUps,
+            Counter::GenerationsGranted,
         ] {
             self.counter(c).store(0, Ordering::Relaxed);
         }
@@ -212,6 +222,7 @@ impl TlbStats {
             frames_pooled: get(Counter::FramesPooled),
             frames_released_by_passes: get(Counter::FramesReleasedByPasses),
             catch_ups: get(Counter::CatchUps),
+            generations_granted: get(Counter::GenerationsGranted),
         }
     }
 }
@@ -236,6 +247,7 @@ impl TlbStatsSnapshot {
                 .frames_released_by_passes
                 .wrapping_sub(earlier.frames_released_by_passes),
             catch_ups: self.catch_ups.wrapping_sub(earlier.catch_ups),
+            generations_granted: self.generations_granted.wrapping_sub(earlier.generations_granted),
         }
     }
 }
