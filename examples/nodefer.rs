@@ -54,11 +54,11 @@ unsafe impl<const REWALK: bool> Arch for Hw<REWALK> {
     // As x86: the unmap path then looks at aging epochs where it defers.
     const FILL_SETS_ACCESSED: bool = true;
 
-    fn current_cpu(&self) -> CpuId {
-        CpuId::new(0).expect("CPU 0")
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
+        CpuId::new(0)
     }
     fn online_cpus(&self) -> CpuSet {
-        CpuSet::single(self.current_cpu())
+        CpuId::new(0).map_or(CpuSet::new(), CpuSet::single)
     }
     fn shootdown_state(&self) -> &TlbShootdown {
         &TLB

@@ -2,8 +2,9 @@
 //! reclaim or migration, sent as one shootdown per flush point.
 
 use crate::arch::Arch;
-use crate::cpuset::CpuSet;
+use crate::cpuset::{CpuId, CpuSet};
 use crate::generation::{still_running, GenStep};
+use crate::lifecycle::online_caller;
 use crate::mm::MmTlbState;
 use crate::pte::Pte;
 use crate::range::PageRange;
@@ -12,6 +13,7 @@ use crate::shootdown::{complete_broadcast, issue_broadcast_page, shootdown, Shoo
 use crate::stats::Counter;
 use crate::ttu::TtuFlags;
 use crate::validate::{check_asid, check_va};
+use crate::verify::space_caller;
 use crate::Error;
 
 /// Pending TLB flushes of pages whose PTEs were cleared but not yet flushed
@@ -95,6 +97,7 @@ impl TlbFlushUnmapBatch {
         check_va(arch, va)?;
         check_asid(arch, mm.asid())?;
         self.check_machine(arch)?;
+        space_caller(arch, mm)?;
         PageRange::page(va)
     }
 
@@ -119,7 +122,14 @@ impl TlbFlushUnmapBatch {
             for va in page.iter() {
                 issue_broadcast_page(arch, mm.asid(), va);
             }
-            self.issued_on.insert(arch.current_cpu());
+            match arch.current_cpu() {
+                Ok(me) => {
+                    self.issued_on.insert(me);
+                }
+                // Not reached: `check_add` refused such a CPU. Were it,
+                // the flush would issue the invalidations again.
+                Err(_) => self.unissued = true,
+            }
         } else {
             self.unissued = true;
         }
@@ -168,7 +178,11 @@ impl TlbFlushUnmapBatch {
     /// error here cannot leave a cleared PTE without its flush. Errors
     /// (the batch is unchanged): [`Error::Unaligned`],
     /// [`Error::NonCanonical`], [`Error::AsidOutOfRange`],
-    /// [`Error::OtherMachine`].
+    /// [`Error::OtherMachine`]; and two set-up errors, which no flush the
+    /// crate could make would cover ([`check_cpu_state`](crate::check_cpu_state)
+    /// finds them before any PTE is touched): [`Error::CpuNotOnline`] and
+    /// [`Error::UntrackedRoot`] (this CPU loaded `mm`'s root without
+    /// [`switch_mm`](crate::switch_mm)).
     pub fn add_pending<A: Arch>(
         &mut self,
         arch: &A,
@@ -235,11 +249,11 @@ impl TlbFlushUnmapBatch {
 
     /// Whether every pending invalidation was issued on add by the calling
     /// CPU, so that waiting for them completes the flush.
-    pub(crate) fn issued_here<A: Arch>(&self, arch: &A) -> bool {
+    pub(crate) fn issued_here<A: Arch>(&self, me: CpuId) -> bool {
         A::BROADCAST_INVALIDATE
             && A::BATCH_BROADCAST_ON_ADD
             && !self.unissued
-            && self.issued_on == CpuSet::single(arch.current_cpu())
+            && self.issued_on == CpuSet::single(me)
     }
 
     /// Flushes everything pending: one shootdown, at most one IPI per
@@ -256,9 +270,10 @@ impl TlbFlushUnmapBatch {
             return Ok(ShootdownReport::default());
         }
         self.check_machine(arch)?;
+        let me = online_caller(arch)?;
         let mut credited = CpuSet::new();
-        let report = if self.issued_here(arch) {
-            complete_broadcast(arch, &self.request)
+        let report = if self.issued_here::<A>(me) {
+            complete_broadcast(arch, me, &self.request)
         } else {
             // A CPU recorded when a page was added that has switched away
             // since, or gone lazy, flushes by generation before it uses the

@@ -124,6 +124,21 @@ pub enum Error {
         /// The CPU index.
         cpu: usize,
     },
+    /// The running CPU has the address space's page-table root loaded, but
+    /// not through [`switch_mm`](crate::switch_mm): the crate does not
+    /// count it among the CPUs that run the space, so a flush of the space
+    /// would skip it (and every other CPU that loaded the root the same
+    /// way) while it may cache the space's entries. Nothing changed; load
+    /// roots with `switch_mm` (a kernel with a single address space uses
+    /// [`MmTlbState::kernel`](crate::MmTlbState::kernel), whose flushes
+    /// reach every online CPU). Reported where [`Arch::root_loaded`] can
+    /// tell (see [`check_cpu_state`](crate::check_cpu_state)).
+    ///
+    /// [`Arch::root_loaded`]: crate::Arch::root_loaded
+    UntrackedRoot {
+        /// The running CPU.
+        cpu: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -168,6 +183,12 @@ impl fmt::Display for Error {
                 write!(f, "CPU {cpu} does not have that user address space loaded")
             }
             Error::CpuNotOnline { cpu } => write!(f, "CPU {cpu} is not online"),
+            Error::UntrackedRoot { cpu } => {
+                write!(
+                    f,
+                    "CPU {cpu} has the address space's root loaded without switch_mm"
+                )
+            }
             Error::CpuStillOnline { cpu } => {
                 write!(
                     f,

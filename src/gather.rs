@@ -12,6 +12,7 @@ use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
 use crate::validate::{check_asid, check_range};
+use crate::verify::space_caller;
 use crate::walk::{walk_range, Step};
 use crate::Error;
 
@@ -97,6 +98,12 @@ pub struct TeardownSummary {
     /// Flushes (shootdowns) done: one per batch, one in all for a range
     /// that fits.
     pub flushes: usize,
+    /// Of [`flushes`](Self::flushes), those that reached no CPU at all:
+    /// no CPU ran the address space, the calling one included (a teardown
+    /// of a space no CPU has loaded). From a CPU that runs the space this
+    /// would mean the crate does not know it does, which the teardown
+    /// refuses where the `Arch` can tell ([`Error::UntrackedRoot`]).
+    pub flushes_reaching_no_cpu: usize,
     /// Batched data-frame free calls.
     pub data_free_calls: usize,
     /// Batched page-table free calls.
@@ -114,6 +121,9 @@ impl core::ops::AddAssign for TeardownSummary {
         self.data_freed = self.data_freed.saturating_add(other.data_freed);
         self.tables_freed = self.tables_freed.saturating_add(other.tables_freed);
         self.flushes = self.flushes.saturating_add(other.flushes);
+        self.flushes_reaching_no_cpu = self
+            .flushes_reaching_no_cpu
+            .saturating_add(other.flushes_reaching_no_cpu);
         self.data_free_calls = self.data_free_calls.saturating_add(other.data_free_calls);
         self.table_free_calls = self.table_free_calls.saturating_add(other.table_free_calls);
         self.syncs = self.syncs.saturating_add(other.syncs);
@@ -165,6 +175,7 @@ impl<const N: usize> MmuGather<N> {
                 data_freed: 0,
                 tables_freed: 0,
                 flushes: 0,
+                flushes_reaching_no_cpu: 0,
                 data_free_calls: 0,
                 table_free_calls: 0,
                 syncs: 0,
@@ -230,7 +241,10 @@ impl<const N: usize> MmuGather<N> {
     ///
     /// Errors, with nothing changed: [`Error::NonCanonical`],
     /// [`Error::AsidOutOfRange`], [`Error::OtherAddressSpace`],
-    /// [`Error::OtherMachine`]. [`Error::ShootdownReentered`] from a flush
+    /// [`Error::OtherMachine`]; [`Error::CpuNotOnline`] and
+    /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU
+    /// (it is not online, or loaded the space's root without
+    /// [`switch_mm`](crate::switch_mm)). [`Error::ShootdownReentered`] from a flush
     /// stops the teardown: the gather keeps its pending frames and flush
     /// (and the address space records that a flush is owed), so
     /// [`finish`](Self::finish) completes them and reports the counts of
@@ -259,6 +273,7 @@ impl<const N: usize> MmuGather<N> {
         check_range(arch, range)?;
         let mm = space.tlb_state();
         check_asid(arch, mm.asid())?;
+        space_caller(arch, mm)?;
         self.claim(arch, mm)?;
         let result = self.tear_down(arch, space, backing, range, free_tables, policy, handback);
         if result.is_err() && !self.request.is_empty() {
@@ -409,6 +424,7 @@ impl<const N: usize> MmuGather<N> {
             let report = shootdown(arch, &targets, &self.request)?;
             self.request.clear();
             self.summary.flushes += 1;
+            self.summary.flushes_reaching_no_cpu += usize::from(report.reached_no_cpu());
             self.summary.ipis_sent += report.ipis_sent;
         }
         if !self.pages.is_empty() {

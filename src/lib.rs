@@ -198,6 +198,7 @@ mod sync;
 mod ttu;
 mod unmap;
 mod validate;
+mod verify;
 mod walk;
 
 /// The fixed-capacity collections in this crate's signatures
@@ -241,3 +242,4 @@ pub use unmap::{
     Flushed, FreeFrames, OwnedFrame, Released, StillMapped, UnmapBatch, Unmapped, Writeback, WritebackFrame,
 };
 pub use validate::{check_asid, check_range, check_request, check_va};
+pub use verify::check_cpu_state;

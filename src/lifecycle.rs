@@ -20,6 +20,21 @@ use crate::shootdown::service_inbox;
 use crate::sync::{fence, Ordering};
 use crate::Error;
 
+/// The calling CPU, for a crate function about to change what CPUs may
+/// cache or to send flushes: [`Arch::current_cpu`], refused with
+/// [`Error::CpuNotOnline`] when the CPU is not in [`Arch::online_cpus`].
+/// Shootdowns reach the online CPUs only, the caller's own flush included,
+/// so a CPU outside the set that unmapped a page would keep its own stale
+/// entry, and one that loaded an address space would be missed by every
+/// flush of it.
+pub(crate) fn online_caller<A: Arch>(arch: &A) -> Result<CpuId, Error> {
+    let me = arch.current_cpu()?;
+    if !arch.online_cpus().contains(me) {
+        return Err(Error::CpuNotOnline { cpu: me.index() });
+    }
+    Ok(me)
+}
+
 /// Takes the running CPU out of the online set and waits until no
 /// shootdown can still be waiting for it, serving and acknowledging every
 /// request that reaches it meanwhile; returns how many requests it served.
@@ -51,7 +66,8 @@ use crate::Error;
 /// moments may still be latched at its interrupt controller when it comes
 /// back; the handler then finds nothing to do.
 ///
-/// Errors, with nothing changed (the CPU stays online):
+/// Errors, with nothing changed (the CPU stays online): the error of
+/// [`Arch::current_cpu`] when the CPU cannot be told;
 /// [`Error::ShootdownReentered`] when this CPU is inside a shootdown or
 /// [`ipi_sync`](crate::ipi_sync) of its own (the call comes from an
 /// interrupt handler that interrupted one): the CPU would park with that
@@ -65,7 +81,7 @@ use crate::Error;
 /// [`prepare_cpu_online`]: crate::prepare_cpu_online
 pub fn take_cpu_offline<A: Arch>(arch: &A, leave: impl FnOnce(CpuId) -> bool) -> Result<usize, Error> {
     let state = arch.shootdown_state();
-    let me = arch.current_cpu();
+    let me = arch.current_cpu()?;
     let own = &state.cpus[me.index()];
     // Only this CPU (and handlers nested on it, which cannot be running
     // while this code runs) sets its own slot and mark, so what it reads

@@ -2,8 +2,9 @@
 //! (unbatched) flushes of one address space.
 
 use crate::arch::{Arch, Asid};
-use crate::cpuset::{AtomicCpuSet, CpuSet};
+use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet};
 use crate::generation::GenStep;
+use crate::lifecycle::online_caller;
 use crate::percpu::TlbShootdown;
 use crate::range::PageRange;
 use crate::request::FlushRequest;
@@ -11,6 +12,7 @@ use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, maybe_const_fn, AtomicBool, AtomicU64, Ordering};
 use crate::validate::{check_asid, check_range, check_va};
+use crate::verify::space_caller;
 use crate::Error;
 
 /// The TLB-related state of one address space (the fields Linux keeps in
@@ -203,12 +205,15 @@ impl MmTlbState {
 
     /// Whether a CPU other than the caller's runs this address space now,
     /// not lazily (a flush would interrupt it). Advances nothing.
+    ///
+    /// On a CPU that [`Arch::current_cpu`] cannot tell, every CPU of the
+    /// set counts as another.
     pub fn cached_elsewhere<A: Arch>(&self, arch: &A) -> bool {
-        !self
-            .targets(arch, false, false)
-            .0
-            .difference(&CpuSet::single(arch.current_cpu()))
-            .is_empty()
+        let running = self.targets(arch, false, false).0;
+        match arch.current_cpu() {
+            Ok(me) => !running.difference(&CpuSet::single(me)).is_empty(),
+            Err(_) => !running.is_empty(),
+        }
     }
 
     /// Records that a flush of this address space was deferred into a batch
@@ -274,9 +279,13 @@ impl MmTlbState {
 /// [`leave_lazy_tlb`] does (catching up first), and any other call does
 /// nothing. A switch also ends lazy mode on the previous space.
 ///
-/// Errors: [`Error::AsidOutOfRange`] when `next`'s ASID is wider than the
-/// hardware's ([`Arch::asid_bits`]): nothing is loaded and nothing changes,
-/// since the hardware would tag its entries as another address space's.
+/// Errors, with nothing loaded and nothing changed:
+/// [`Error::AsidOutOfRange`] when `next`'s ASID is wider than the
+/// hardware's ([`Arch::asid_bits`]), since the hardware would tag its
+/// entries as another address space's; [`Error::CpuNotOnline`] when `next`
+/// is a user space and this CPU is not online (flushes would not reach
+/// it: bring it online first, loading the kernel's space meanwhile); the
+/// error of [`Arch::current_cpu`] when the CPU cannot be told.
 ///
 /// # Safety
 ///
@@ -289,11 +298,18 @@ pub unsafe fn switch_mm<A: Arch>(
     next: &MmTlbState,
 ) -> Result<(), Error> {
     check_asid(arch, next.asid)?;
-    let me = arch.current_cpu();
+    // A user space loaded on a CPU that flushes do not reach would keep
+    // its entries through every flush; the kernel's may be loaded on a CPU
+    // coming up, which flushes everything as it joins.
+    let me = if next.is_kernel() {
+        arch.current_cpu()?
+    } else {
+        online_caller(arch)?
+    };
     let state = arch.shootdown_state();
     if prev.is_some_and(|p| core::ptr::eq(p, next)) {
         if state.is_lazy(me) && !next.is_kernel() {
-            leave_lazy(arch, next);
+            leave_lazy(arch, me, next);
         }
         return Ok(());
     }
@@ -322,7 +338,7 @@ pub unsafe fn switch_mm<A: Arch>(
     let epoch = state.epoch();
     let tagged = arch.tagged_tlb();
     if tagged && !next.is_kernel() {
-        catch_up(arch, next);
+        catch_up(arch, me, next);
     }
     // SAFETY: the caller guarantees `next.root()` is a valid root.
     unsafe { arch.switch_address_space(next.asid, next.root) };
@@ -349,9 +365,8 @@ pub unsafe fn switch_mm<A: Arch>(
 /// as the new one. Call it after the fence that orders this CPU's record
 /// of `mm` (set, loaded ASID, lazy mark) before its generation read.
 /// Returns whether it flushed.
-fn catch_up<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
+fn catch_up<A: Arch>(arch: &A, me: CpuId, mm: &MmTlbState) -> bool {
     let state = arch.shootdown_state();
-    let me = arch.current_cpu();
     if state.caught_up_generation(me, mm.asid) >= mm.tlb_gen.load(Ordering::SeqCst) {
         return false;
     }
@@ -380,13 +395,13 @@ fn catch_up<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
 /// Ends lazy mode on `mm`, the loaded space: flushes of it reach this CPU
 /// again from the moment the mark is gone, and what they skipped is caught
 /// up before returning.
-fn leave_lazy<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
+fn leave_lazy<A: Arch>(arch: &A, me: CpuId, mm: &MmTlbState) -> bool {
     let state = arch.shootdown_state();
-    state.set_lazy(arch.current_cpu(), false);
+    state.set_lazy(me, false);
     // Pairs with `flush_targets`' fence: a flusher that still saw the mark
     // advanced the generation before reading it, so the check sees it.
     fence(Ordering::SeqCst);
-    catch_up(arch, mm)
+    catch_up(arch, me, mm)
 }
 
 /// Lazy TLB mode: call it on a CPU that stops running user code but keeps
@@ -403,7 +418,9 @@ fn leave_lazy<A: Arch>(arch: &A, mm: &MmTlbState) -> bool {
 /// the CPU cannot use them, and flushes them before it can).
 ///
 /// Errors: [`Error::NotLoaded`] when `mm` is not the user space this CPU
-/// has loaded (according to [`switch_mm`]): nothing changes.
+/// has loaded (according to [`switch_mm`]): nothing changes;
+/// [`Error::CpuNotOnline`] and the error of [`Arch::current_cpu`], as for
+/// [`switch_mm`].
 pub fn enter_lazy_tlb<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<(), Error> {
     let me = check_loaded(arch, mm)?;
     arch.shootdown_state().set_lazy(me, true);
@@ -417,17 +434,19 @@ pub fn enter_lazy_tlb<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<(), Error> {
 /// [`switch_mm`] leaves lazy mode as well.
 ///
 /// Errors: [`Error::NotLoaded`] when `mm` is not the user space this CPU
-/// has loaded: nothing changes.
+/// has loaded: nothing changes;
+/// [`Error::CpuNotOnline`] and the error of [`Arch::current_cpu`], as for
+/// [`switch_mm`].
 pub fn leave_lazy_tlb<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<bool, Error> {
     let me = check_loaded(arch, mm)?;
     if !arch.shootdown_state().is_lazy(me) {
         return Ok(false);
     }
-    Ok(leave_lazy(arch, mm))
+    Ok(leave_lazy(arch, me, mm))
 }
 
-fn check_loaded<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<crate::CpuId, Error> {
-    let me = arch.current_cpu();
+fn check_loaded<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<CpuId, Error> {
+    let me = online_caller(arch)?;
     let loaded = arch.shootdown_state().loaded_asid(me);
     if mm.is_kernel() || loaded != Some(mm.asid) || !mm.cpus.load(Ordering::SeqCst).contains(me) {
         return Err(Error::NotLoaded { cpu: me.index() });
@@ -446,13 +465,17 @@ fn check_loaded<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<crate::CpuId, Erro
 /// generations; only then may it be counted among the CPUs that shootdowns
 /// reach and skip. The CPU loads an address space with [`switch_mm`]
 /// afterwards, as usual.
-pub fn prepare_cpu_online<A: Arch>(arch: &A) {
+///
+/// Errors: the error of [`Arch::current_cpu`] when the CPU cannot be
+/// told; nothing is flushed or forgotten, and the CPU must not join.
+pub fn prepare_cpu_online<A: Arch>(arch: &A) -> Result<(), Error> {
     let state = arch.shootdown_state();
-    let me = arch.current_cpu();
-    flush_local_all_as_pass(arch, true);
+    let me = arch.current_cpu()?;
+    flush_local_all_as_pass(arch, me, true);
     state.clear_loaded_asid(me);
     state.set_lazy(me, false);
     state.asid_slots(me).clear();
+    Ok(())
 }
 
 /// Contract rule 5: an operation about to change mappings of `mm`
@@ -473,7 +496,11 @@ pub fn prepare_cpu_online<A: Arch>(arch: &A) {
 /// found again, as Linux's swap cache would): until the batch is flushed,
 /// another CPU's stale entry still sends its writes to the old frame, and
 /// the new mapping would never see them. The fuzzer found this sequence.
+///
+/// Errors, with the deferrals still pending: [`Error::UntrackedRoot`] (as
+/// for [`flush_tlb_page`]) and those of [`shootdown`].
 pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<bool, Error> {
+    space_caller(arch, mm)?;
     // `pending` acquires the deferrals it counts (with `flush_targets`'s
     // fence: loom model (f)); `flushed` acquires the flush that covered
     // them, which a caller that skips relies on (model (g)).
@@ -514,10 +541,13 @@ pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<b
 }
 
 /// Flushes one page of `mm` on every CPU that may cache it, now. Errors:
-/// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::AsidOutOfRange`]
-/// and those of [`shootdown`] (nothing flushed).
+/// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::AsidOutOfRange`],
+/// [`Error::UntrackedRoot`] (this CPU loaded `mm`'s root without
+/// [`switch_mm`]: the flush would skip it) and those of [`shootdown`]
+/// (nothing flushed).
 pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<ShootdownReport, Error> {
     check_va(arch, va)?;
+    space_caller(arch, mm)?;
     flush_pages(arch, mm, PageRange::page(va)?)
 }
 
@@ -534,18 +564,22 @@ fn flush_pages<A: Arch>(arch: &A, mm: &MmTlbState, pages: PageRange) -> Result<S
 /// now: page by page up to [`Arch::FULL_FLUSH_CEILING`], the whole address
 /// space above it. Errors: [`Error::NonCanonical`] for a range with a page
 /// the machine cannot address or that crosses the hole between the halves
-/// (however long it is), [`Error::AsidOutOfRange`] and those of
-/// [`shootdown`] (nothing flushed).
+/// (however long it is), [`Error::AsidOutOfRange`], [`Error::UntrackedRoot`]
+/// (as for [`flush_tlb_page`]) and those of [`shootdown`] (nothing flushed).
 pub fn flush_tlb_range<A: Arch>(
     arch: &A,
     mm: &MmTlbState,
     range: PageRange,
 ) -> Result<ShootdownReport, Error> {
     check_range(arch, range)?;
+    space_caller(arch, mm)?;
     flush_pages(arch, mm, range)
 }
 
 /// Flushes every entry of `mm` on every CPU that may cache it, now.
+/// Errors: [`Error::UntrackedRoot`] (as for [`flush_tlb_page`]) and those
+/// of [`shootdown`] (nothing flushed).
 pub fn flush_tlb_mm<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<ShootdownReport, Error> {
+    space_caller(arch, mm)?;
     shootdown(arch, &mm.flush_targets(arch), &FlushRequest::for_asid(mm.asid))
 }

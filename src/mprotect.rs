@@ -9,6 +9,7 @@ use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
 use crate::validate::{check_asid, check_range};
+use crate::verify::space_caller;
 use crate::walk::{walk_range, Step};
 use crate::Error;
 
@@ -42,7 +43,10 @@ use crate::Error;
 /// change holds cleared.
 ///
 /// Errors, with nothing changed: [`Error::NonCanonical`],
-/// [`Error::AsidOutOfRange`]. A failed flush ([`Error::ShootdownReentered`])
+/// [`Error::AsidOutOfRange`]; [`Error::CpuNotOnline`] and
+/// [`Error::UntrackedRoot`] when the flush would miss the calling CPU (it
+/// is not online, or loaded the space's root without
+/// [`switch_mm`](crate::switch_mm)). A failed flush ([`Error::ShootdownReentered`])
 /// may come after PTEs changed: the flush they need is then recorded in the
 /// address space (as a pending batched flush), so that retrying the call,
 /// or any later change of this address space's mappings, flushes it first.
@@ -62,6 +66,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     check_range(arch, range)?;
     let mm = space.tlb_state();
     check_asid(arch, mm.asid())?;
+    space_caller(arch, mm)?;
     let mut flush = FlushRequest::new();
     let mut changed = 0;
     let walked = walk_range(arch, space, range, &mut |va, pte| {

@@ -101,6 +101,7 @@
 use crate::arch::{Arch, Asid};
 use crate::batch::machine_id;
 use crate::cpuset::CpuSet;
+use crate::lifecycle::online_caller;
 use crate::request::{FlushRequest, MAX_FLUSH_ASIDS};
 use crate::shootdown::{complete_broadcast, shootdown, ShootdownReport};
 use crate::stats::Counter;
@@ -140,6 +141,10 @@ pub enum PoolRefusal {
     /// The batch or the pool holds work of another machine
     /// ([`Error::OtherMachine`]).
     OtherMachine,
+    /// The calling CPU may not run crate code: it is not online
+    /// ([`Error::CpuNotOnline`]), or [`Arch::current_cpu`] cannot tell it
+    /// (its error).
+    Caller(Error),
 }
 
 /// How a [`FramePool`]'s frames went back, in frames, since the pool was
@@ -365,6 +370,7 @@ impl<const N: usize> FramePool<N> {
         batch: &mut UnmapBatch<M>,
     ) -> Result<usize, PoolRefusal> {
         self.check_defer(arch, batch)?;
+        let me = online_caller(arch).map_err(PoolRefusal::Caller)?;
         if batch.len() > self.room() {
             return Err(PoolRefusal::NoRoom { room: self.room() });
         }
@@ -379,13 +385,13 @@ impl<const N: usize> FramePool<N> {
         // accessed bit clear, an older epoch, read after the frames' last
         // aging, does as well (see `Rmap::aged_epoch`); it may not be
         // published yet.
-        let epoch = if tlb.issued_here(arch) {
+        let epoch = if tlb.issued_here::<A>(me) {
             // This CPU issued every page's broadcast invalidation as it was
             // added (`Arch::BATCH_BROADCAST_ON_ADD`): one barrier completes
             // them on every CPU, after which none holds an entry for the
             // frames, so the generation waits for no CPU (epoch 0, which
             // every CPU has passed).
-            complete_broadcast(arch, tlb.request());
+            complete_broadcast(arch, me, tlb.request());
             0
         } else {
             match tlb.aged_epoch() {
@@ -397,7 +403,6 @@ impl<const N: usize> FramePool<N> {
         for cpu in &targets {
             state.owe(cpu, epoch);
         }
-        let me = arch.current_cpu();
         let aged = targets
             .intersection(&arch.online_cpus())
             .difference(&CpuSet::single(me))
@@ -450,7 +455,8 @@ impl<const N: usize> FramePool<N> {
     /// pages is no such flush. If the calling CPU is among
     /// those it has not, it flushes itself here, locally. Returns an empty
     /// [`Flushed`] when every generation still waits for another CPU (or
-    /// the pool is empty, or belongs to another machine). Its cost is
+    /// the pool is empty, or belongs to another machine, or the calling CPU
+    /// is not online or cannot be told). Its cost is
     /// proportional to what the pool holds.
     pub fn release_passed<A: Arch>(&mut self, arch: &A) -> Flushed<N> {
         let mut released = heapless::Vec::new();
@@ -458,7 +464,9 @@ impl<const N: usize> FramePool<N> {
             return Flushed::unmapped(released, ShootdownReport::default());
         }
         let state = arch.shootdown_state();
-        let me = arch.current_cpu();
+        let Ok(me) = online_caller(arch) else {
+            return Flushed::unmapped(released, ShootdownReport::default());
+        };
         let online = arch.online_cpus();
         let passed = |g: &Generation| {
             let others = g.targets.intersection(&online).difference(&CpuSet::single(me));
@@ -485,7 +493,7 @@ impl<const N: usize> FramePool<N> {
         }
         let mut report = ShootdownReport::default();
         if local {
-            local_pass(arch);
+            local_pass(arch, me);
             report.flushed_locally = true;
         }
         // Frames are stored generation after generation, oldest first.

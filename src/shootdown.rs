@@ -17,6 +17,7 @@
 use crate::arch::Arch;
 use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
+use crate::lifecycle::online_caller;
 use crate::percpu::{Payload, TlbShootdown};
 use crate::pte::PAGE_SIZE;
 use crate::request::{FlushRequest, FlushScope};
@@ -41,6 +42,17 @@ pub struct ShootdownReport {
     pub broadcast: bool,
 }
 
+impl ShootdownReport {
+    /// Whether the flush reached no CPU: no IPI, no local flush, no
+    /// broadcast. Right when no CPU runs the address space (or the request
+    /// was empty); from a CPU that runs it, a sign that the crate does not
+    /// know it does (a root loaded without [`switch_mm`](crate::switch_mm),
+    /// which the crate refuses where [`Arch::root_loaded`] can tell).
+    pub fn reached_no_cpu(&self) -> bool {
+        self.remote_cpus == 0 && !self.flushed_locally && !self.broadcast
+    }
+}
+
 /// Invalidates what `request` names on every CPU of `targets` (offline CPUs
 /// are ignored) and returns once all of them have done so. The calling CPU
 /// flushes itself locally, without an IPI.
@@ -52,7 +64,10 @@ pub struct ShootdownReport {
 /// from an interrupt that interrupted a shootdown on the same CPU); a
 /// shootdown that reaches only this CPU, or goes by broadcast invalidation,
 /// takes no slot and does not fail so; [`Error::NonCanonical`] and [`Error::AsidOutOfRange`] for a
-/// request the architecture cannot carry out ([`check_request`]).
+/// request the architecture cannot carry out ([`check_request`]);
+/// [`Error::CpuNotOnline`] on a CPU outside [`Arch::online_cpus`] (the
+/// flush would skip the caller's own TLB), and the error of
+/// [`Arch::current_cpu`] when the calling CPU cannot be told.
 pub fn shootdown<A: Arch>(
     arch: &A,
     targets: &CpuSet,
@@ -64,7 +79,7 @@ pub fn shootdown<A: Arch>(
         return Ok(report);
     }
     let state = arch.shootdown_state();
-    let me = arch.current_cpu();
+    let me = online_caller(arch)?;
     // Held from before the online set is read until every target read in
     // it has the request in its inbox, so that a CPU leaving the online
     // set meanwhile waits for this publication ([`Choosing`]).
@@ -82,7 +97,7 @@ pub fn shootdown<A: Arch>(
         // not.
         drop(choosing);
         issue_broadcast(arch, state, request);
-        return Ok(complete_broadcast(arch, request));
+        return Ok(complete_broadcast(arch, me, request));
     }
 
     if !remote.is_empty() {
@@ -97,7 +112,7 @@ pub fn shootdown<A: Arch>(
             FlushScope::Ranges(_) => FlushReason::LocalShootdown,
             _ => FlushReason::LocalMmShootdown,
         };
-        execute_local(arch, state, request, reason);
+        execute_local(arch, state, me, request, reason);
         report.flushed_locally = true;
     }
 
@@ -119,7 +134,7 @@ pub fn shootdown<A: Arch>(
 /// [`shootdown`].
 pub fn ipi_sync<A: Arch>(arch: &A) -> Result<ShootdownReport, Error> {
     let state = arch.shootdown_state();
-    let me = arch.current_cpu();
+    let me = online_caller(arch)?;
     // As in `shootdown`: a CPU leaving the online set waits for this
     // publication if the read below still sees it.
     let choosing = Choosing::enter(state, me);
@@ -255,7 +270,7 @@ fn publish<A: Arch>(
 /// Errors: [`Error::ShootdownReentered`] when the slot is already taken.
 #[cfg(feature = "mock")]
 pub(crate) fn with_slot_taken<A: Arch, R>(arch: &A, f: impl FnOnce() -> R) -> Result<R, Error> {
-    let me = arch.current_cpu();
+    let me = arch.current_cpu()?;
     let slot = &arch.shootdown_state().cpus[me.index()].slot;
     if slot.busy.swap(true, Ordering::Acquire) {
         return Err(Error::ShootdownReentered { cpu: me.index() });
@@ -283,8 +298,15 @@ fn wait_for_acks<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) {
 /// Carries out every request waiting for this CPU (several coalesced
 /// requests are served by one call) and returns how many it served; zero is
 /// normal when a waiting initiator already took them.
+///
+/// On a CPU that [`Arch::current_cpu`] cannot tell it serves nothing and
+/// returns zero: no initiator can have chosen it, since initiators read
+/// their targets from the online CPUs, which are all told.
 pub fn handle_flush_ipi<A: Arch>(arch: &A) -> usize {
-    service_inbox(arch, arch.shootdown_state(), arch.current_cpu())
+    match arch.current_cpu() {
+        Ok(me) => service_inbox(arch, arch.shootdown_state(), me),
+        Err(_) => 0,
+    }
 }
 
 pub(crate) fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) -> usize {
@@ -299,7 +321,7 @@ pub(crate) fn service_inbox<A: Arch>(arch: &A, state: &TlbShootdown, me: CpuId) 
     for from in &initiators {
         let slot = &state.cpus[from.index()].slot;
         if let Some(request) = slot.read() {
-            execute_local(arch, state, &request, FlushReason::RemoteShootdown);
+            execute_local(arch, state, me, &request, FlushReason::RemoteShootdown);
         }
         // Counted before the acknowledgement, which releases it: an
         // initiator that saw its request done sees it counted too.
@@ -328,7 +350,7 @@ fn extent_of(request: &FlushRequest) -> FlushExtent {
 /// entry for the frames of any [`FramePool`](crate::FramePool) generation
 /// published before the flush. Counts one local full flush; tracing is
 /// left to the caller, which knows why it flushed.
-pub(crate) fn flush_local_all_as_pass<A: Arch>(arch: &A, include_global: bool) {
+pub(crate) fn flush_local_all_as_pass<A: Arch>(arch: &A, me: CpuId, include_global: bool) {
     let state = arch.shootdown_state();
     // The epoch must be read before the flush, not after. A generation's
     // epoch is published only once its PTEs are cleared (or, for an aged
@@ -343,7 +365,7 @@ pub(crate) fn flush_local_all_as_pass<A: Arch>(arch: &A, include_global: bool) {
     // would release the frame while the entry survives.
     let epoch = state.epoch();
     arch.flush_local_all(include_global);
-    state.pass(arch.current_cpu(), epoch);
+    state.pass(me, epoch);
     state.count(Counter::LocalFullFlushes, 1);
 }
 
@@ -351,10 +373,10 @@ pub(crate) fn flush_local_all_as_pass<A: Arch>(arch: &A, include_global: bool) {
 pub(crate) fn execute_local<A: Arch>(
     arch: &A,
     state: &TlbShootdown,
+    me: CpuId,
     request: &FlushRequest,
     reason: FlushReason,
 ) {
-    let me = arch.current_cpu();
     let loaded = state.loaded_asid(me);
     let tagged = arch.tagged_tlb();
     // Without tagged TLBs a CPU holds entries only of the loaded address
@@ -405,7 +427,7 @@ pub(crate) fn execute_local<A: Arch>(
         }
         FlushScope::Everything { include_global } => {
             // Every non-global entry goes: a pass for pooled frames.
-            flush_local_all_as_pass(arch, include_global);
+            flush_local_all_as_pass(arch, me, include_global);
             FlushExtent::All
         }
     };
@@ -456,13 +478,13 @@ pub(crate) fn issue_broadcast_page<A: Arch>(arch: &A, asid: Asid, va: u64) {
 /// Waits until every broadcast invalidation the calling CPU issued, those
 /// of `request` among them, has taken effect on every CPU: the end of a
 /// broadcast shootdown, counted as one.
-pub(crate) fn complete_broadcast<A: Arch>(arch: &A, request: &FlushRequest) -> ShootdownReport {
+pub(crate) fn complete_broadcast<A: Arch>(arch: &A, me: CpuId, request: &FlushRequest) -> ShootdownReport {
     let state = arch.shootdown_state();
     state.count(Counter::Shootdowns, 1);
     state.count(Counter::Broadcasts, 1);
     arch.broadcast_sync();
     arch.trace(&TraceEvent {
-        cpu: arch.current_cpu(),
+        cpu: me,
         reason: FlushReason::LocalShootdown,
         extent: extent_of(request),
     });

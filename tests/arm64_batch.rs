@@ -147,7 +147,7 @@ unsafe impl Arch for NoOnAdd<'_> {
     const BROADCAST_INVALIDATE: bool = true;
     const BATCH_BROADCAST_ON_ADD: bool = false;
 
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
         self.0.current_cpu()
     }
     fn online_cpus(&self) -> CpuSet {

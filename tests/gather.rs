@@ -495,7 +495,9 @@ fn a_failed_ipi_sync_keeps_the_tables_and_owes_no_flush() {
         pages_unmapped: 2,
         data_freed: 2,
         tables_freed: 1,
+        // No CPU runs the space: the flush reached none (the sync did).
         flushes: 1,
+        flushes_reaching_no_cpu: 1,
         data_free_calls: 1,
         table_free_calls: 1,
         syncs: 1,
@@ -535,10 +537,12 @@ fn a_failed_teardowns_counts_are_reported_once_and_for_its_own_space() {
     let collected = finish_data(&mut gather, &cpu0, space, &mut kernel).unwrap();
     let retried = unmap_data(&mut gather, &cpu0, space, &mut kernel, range).unwrap();
     let next = unmap_data(&mut gather, &cpu0, &other, &mut kernel, common::pages(0, 1)).unwrap();
+    // A flush of a space no CPU runs reaches none.
     let single = |pages| tlb_batch::TeardownSummary {
         pages_unmapped: pages,
         data_freed: pages,
         flushes: 1,
+        flushes_reaching_no_cpu: 1,
         data_free_calls: 1,
         ..Default::default()
     };
@@ -547,6 +551,7 @@ fn a_failed_teardowns_counts_are_reported_once_and_for_its_own_space() {
         collected,
         tlb_batch::TeardownSummary {
             ipis_sent: 1,
+            flushes_reaching_no_cpu: 0,
             ..single(16)
         }
     );
@@ -622,6 +627,8 @@ fn uncollected_counts_never_reach_another_address_spaces_summary() {
             pages_unmapped: 4,
             data_freed: 4,
             flushes: 1,
+            // No CPU runs the space.
+            flushes_reaching_no_cpu: 1,
             data_free_calls: 1,
             ..Default::default()
         };
@@ -667,6 +674,7 @@ fn summaries_add_field_by_field_and_saturate() {
         data_freed: 2,
         tables_freed: 3,
         flushes: 4,
+        flushes_reaching_no_cpu: 3,
         data_free_calls: 5,
         table_free_calls: 6,
         syncs: 7,
@@ -683,6 +691,7 @@ fn summaries_add_field_by_field_and_saturate() {
             data_freed: 4,
             tables_freed: 6,
             flushes: 8,
+            flushes_reaching_no_cpu: 6,
             data_free_calls: 10,
             table_free_calls: 12,
             syncs: 14,

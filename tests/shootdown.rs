@@ -211,7 +211,7 @@ struct Hooked<'a> {
 unsafe impl Arch for Hooked<'_> {
     const CLEAN_WRITE_REWALK: bool = <MockCpu as Arch>::CLEAN_WRITE_REWALK;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = <MockCpu as Arch>::ACCESSED_CLEAR_NEEDS_FLUSH;
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
         self.inner.current_cpu()
     }
     fn online_cpus(&self) -> CpuSet {

@@ -168,7 +168,7 @@ macro_rules! forward_arch {
         const BROADCAST_INVALIDATE: bool = <Aarch64 as Arch>::BROADCAST_INVALIDATE;
         const BATCH_BROADCAST_ON_ADD: bool = $on_add;
 
-        fn current_cpu(&self) -> CpuId {
+        fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
             self.0.current_cpu()
         }
         fn online_cpus(&self) -> CpuSet {

@@ -235,7 +235,8 @@ fn walker(cpu: usize) {
 /// Every online CPU but the running one.
 pub fn others() -> CpuSet {
     let a = arch();
-    a.online_cpus().difference(&CpuSet::single(a.current_cpu()))
+    a.online_cpus()
+        .difference(&CpuSet::single(a.current_cpu().expect("registered")))
 }
 
 /// The storm loop of one CPU: wait for the start, then `rounds`

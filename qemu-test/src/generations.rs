@@ -160,7 +160,7 @@ struct NoCatchUp(X86_64);
 unsafe impl Arch for NoCatchUp {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
         self.0.current_cpu()
     }
     fn online_cpus(&self) -> CpuSet {

@@ -171,7 +171,7 @@ fn arch() -> X86_64 {
 }
 
 fn me() -> usize {
-    arch().current_cpu().index()
+    arch().current_cpu().expect("every CPU of the test kernel is registered").index()
 }
 
 fn say(args: core::fmt::Arguments<'_>) {
@@ -237,7 +237,7 @@ struct SkipFlush(X86_64);
 unsafe impl Arch for SkipFlush {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
         self.0.current_cpu()
     }
     fn online_cpus(&self) -> CpuSet {

@@ -95,7 +95,7 @@ pub fn leave(cpu: usize) {
 /// many completed.
 pub fn shoot(rounds: u64) -> u64 {
     wait_for_go();
-    let me = arch().current_cpu();
+    let me = arch().current_cpu().expect("registered");
     // Every CPU, online or not: each shootdown keeps the online ones.
     let targets = CpuSet::first(ONLINE.load(Ordering::SeqCst)).unwrap_or_default();
     hw::cli();

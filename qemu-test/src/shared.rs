@@ -121,7 +121,7 @@ unsafe impl Arch for NoInvalidate {
     const FULL_FLUSH_CEILING: usize = <X86_64 as Arch>::FULL_FLUSH_CEILING;
     const BROADCAST_INVALIDATE: bool = <X86_64 as Arch>::BROADCAST_INVALIDATE;
 
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
         self.0.current_cpu()
     }
     fn online_cpus(&self) -> CpuSet {

@@ -208,14 +208,14 @@ use core::sync::atomic::{fence, Ordering};
 
 pub use super::aarch64_cpus::CpuTable;
 pub use super::aarch64_encoding::{
-    mpidr_affinity, tlbi_asid_operand, tlbi_va_operand, ttbr0_value, Config, Unsupported, MAX_REGION_BITS,
-    MIN_REGION_BITS,
+    mpidr_affinity, tlbi_asid_operand, tlbi_va_operand, ttbr0_base, ttbr0_value, Config, Unsupported,
+    MAX_REGION_BITS, MIN_REGION_BITS,
 };
 use super::aarch64_encoding::{needs_flush_on_load, ttbr0_asid};
 pub use super::aarch64_instructions::{
     dsb_ish, dsb_ishst, dsb_nsh, dsb_nshst, isb, read_id_aa64mmfr0_el1, read_mpidr_el1, read_tcr_el1,
-    tlbi_aside1, tlbi_aside1is, tlbi_vaae1, tlbi_vaae1is, tlbi_vae1, tlbi_vae1is, tlbi_vale1is, tlbi_vmalle1,
-    tlbi_vmalle1is, write_ttbr0_el1,
+    read_ttbr0_el1, tlbi_aside1, tlbi_aside1is, tlbi_vaae1, tlbi_vaae1is, tlbi_vae1, tlbi_vae1is,
+    tlbi_vale1is, tlbi_vmalle1, tlbi_vmalle1is, write_ttbr0_el1,
 };
 use super::aarch64_sequences::Tlbi;
 use crate::arch::{Arch, Asid};
@@ -242,14 +242,15 @@ pub type SendIpi = fn(targets: &CpuSet);
 /// TCR_EL1 ([`Config::va_bits`]) before any reaches a `TLBI`; a tagged
 /// pointer (TBI) must be stripped of its tag first.
 ///
-/// # Panics
+/// # A CPU it cannot tell
 ///
-/// [`current_cpu`](Arch::current_cpu) (and so every crate function run with
-/// this `Arch`) panics on a CPU whose MPIDR is not registered in the
-/// [`CpuTable`]: that breaks [`new`](Self::new)'s contract, and any answer
-/// would name another CPU. [`bring_online`](Self::bring_online) reports
-/// the same mistake as [`Error::UnregisteredCpu`] when the CPU comes up,
-/// before anything can use it.
+/// On a CPU whose MPIDR is not registered in the [`CpuTable`] (which
+/// breaks [`new`](Self::new)'s contract), [`current_cpu`](Arch::current_cpu)
+/// answers [`Error::UnregisteredCpu`] (with the packed affinity), and every
+/// crate function run with this `Arch` passes that error on with nothing
+/// changed: any CPU index would name another CPU.
+/// [`bring_online`](Self::bring_online) reports the same mistake when the
+/// CPU comes up.
 #[derive(Clone, Copy)]
 pub struct Aarch64 {
     cpus: &'static CpuTable,
@@ -324,7 +325,7 @@ impl Aarch64 {
         let cpu = self.cpus.cpu_of(mpidr).ok_or(Error::UnregisteredCpu {
             hw_id: mpidr_affinity(mpidr),
         })?;
-        crate::prepare_cpu_online(self);
+        crate::prepare_cpu_online(self)?;
         self.cpus.join(cpu);
         // The join is visible (SeqCst) before the second flush starts.
         fence(Ordering::SeqCst);
@@ -399,23 +400,6 @@ impl Aarch64 {
     }
 }
 
-/// The answer to a CPU that was never registered: there is no right CPU
-/// index to give, and a wrong one corrupts the shootdown protocol.
-///
-/// The panic stands behind the invariant of [`Aarch64::new`]'s `# Safety`
-/// (every CPU that runs crate code is registered), documented under
-/// `# Panics` on [`Aarch64`]; a kernel that keeps the contract never gets
-/// here, and [`Aarch64::bring_online`] reports the breach as
-/// [`Error::UnregisteredCpu`] before the CPU can run any crate code.
-#[cold]
-#[inline(never)]
-fn unregistered(mpidr: u64) -> ! {
-    panic!(
-        "tlb-batch: CPU with MPIDR {mpidr:#x} runs crate code without being registered \
-         in the CpuTable (Aarch64::new's contract; CpuTable::register it before it starts)"
-    )
-}
-
 // SAFETY: the constructor's contract registers every CPU that may cache
 // translations, puts them all in one Inner Shareable domain and routes the
 // IPI hook to the crate's handler; each local flush ends with DSB NSH, so
@@ -433,13 +417,18 @@ unsafe impl Arch for Aarch64 {
     const BROADCAST_INVALIDATE: bool = true;
     const BATCH_BROADCAST_ON_ADD: bool = true;
 
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, Error> {
         // SAFETY: EL1 (constructor contract).
         let mpidr = unsafe { read_mpidr_el1() };
-        match self.cpus.cpu_of(mpidr) {
-            Some(cpu) => cpu,
-            None => unregistered(mpidr),
-        }
+        self.cpus.cpu_of(mpidr).ok_or(Error::UnregisteredCpu {
+            hw_id: mpidr_affinity(mpidr),
+        })
+    }
+
+    fn root_loaded(&self, root: u64) -> Option<bool> {
+        // SAFETY: EL1 (constructor contract).
+        let ttbr = unsafe { read_ttbr0_el1() };
+        Some(ttbr0_base(ttbr) == ttbr0_base(root))
     }
 
     fn online_cpus(&self) -> CpuSet {

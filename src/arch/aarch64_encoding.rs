@@ -252,6 +252,15 @@ pub const fn ttbr0_value(root: u64, asid: u16) -> u64 {
     (root & !TTBR_ASID_FIELD) | ((asid as u64) << ASID_SHIFT)
 }
 
+/// The table address of a TTBR0_EL1 value or of a root given to
+/// [`ttbr0_value`]: BADDR, bits \[47:1\], without the ASID above it and
+/// CnP in bit 0 (Arm ARM, TTBR0_EL1; with 52-bit addresses bits \[5:2\]
+/// carry address bits \[51:48\], which this keeps too). Two values load
+/// the same table when their bases are equal.
+pub const fn ttbr0_base(value: u64) -> u64 {
+    value & !TTBR_ASID_FIELD & !1
+}
+
 /// A CPU's affinity, Aff3:Aff2:Aff1:Aff0 packed into 32 bits, from an
 /// MPIDR_EL1 value (or the MPIDR field of an ACPI MADT GICC entry, or a
 /// devicetree `cpu` node's `reg`): what [`CpuTable`](super::aarch64_cpus::CpuTable)

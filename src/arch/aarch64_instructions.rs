@@ -238,6 +238,19 @@ pub unsafe fn write_ttbr0_el1(value: u64) {
     unsafe { asm!("msr ttbr0_el1, {}", in(reg) value, options(nostack, preserves_flags)) };
 }
 
+/// Reads TTBR0_EL1: the lower region's table and the loaded ASID.
+///
+/// # Safety
+///
+/// EL1 or higher (EL0 access traps).
+#[inline]
+pub unsafe fn read_ttbr0_el1() -> u64 {
+    let value: u64;
+    // SAFETY: the caller guarantees EL1; the read has no side effect.
+    unsafe { asm!("mrs {}, ttbr0_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
 impl Config {
     /// Reads this CPU's ID_AA64MMFR0_EL1 and TCR_EL1 and checks them
     /// ([`from_registers`](Self::from_registers)). Call it once the MMU

@@ -122,6 +122,7 @@ use crate::pte::PAGE_SHIFT;
 use crate::request::FlushRequest;
 use crate::sim::{lock, BroadcastOp};
 use crate::stats::TraceEvent;
+use crate::Error;
 
 // SAFETY: each MockCpu reports its own id; the online CPUs are the ones in
 // the machine's online set, all of which answer IPIs (synchronously or from
@@ -140,12 +141,16 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     const BROADCAST_INVALIDATE: bool = M::BROADCAST_INVALIDATE;
     const BATCH_BROADCAST_ON_ADD: bool = M::BATCH_BROADCAST_ON_ADD;
 
-    fn current_cpu(&self) -> CpuId {
-        self.id
+    fn current_cpu(&self) -> Result<CpuId, Error> {
+        Ok(self.id)
     }
 
     fn online_cpus(&self) -> CpuSet {
         self.machine.online()
+    }
+
+    fn root_loaded(&self, root: u64) -> Option<bool> {
+        Some(lock(&self.state().loaded).is_some_and(|(_, r)| r == root))
     }
 
     fn shootdown_state(&self) -> &TlbShootdown {

@@ -159,10 +159,37 @@ pub unsafe trait Arch {
     const BATCH_BROADCAST_ON_ADD: bool = false;
 
     /// The CPU running the caller.
-    fn current_cpu(&self) -> CpuId;
+    ///
+    /// Errors: [`Error::UnregisteredCpu`](crate::Error::UnregisteredCpu)
+    /// (or another typed error) when the implementation cannot tell which
+    /// CPU this is, for example a CPU whose hardware identifier was never
+    /// registered. Every crate function that needs the calling CPU passes
+    /// the error on with nothing changed, and those that start flushes
+    /// also refuse a CPU that is not in [`online_cpus`](Arch::online_cpus)
+    /// ([`Error::CpuNotOnline`](crate::Error::CpuNotOnline)): shootdowns
+    /// reach online CPUs only, so such a CPU would miss them. Never guess:
+    /// an answer that names another CPU acknowledges that CPU's flushes
+    /// without doing them.
+    fn current_cpu(&self) -> Result<CpuId, crate::Error>;
 
     /// The CPUs that are up and answer IPIs.
     fn online_cpus(&self) -> CpuSet;
+
+    /// Whether `root` (in the form
+    /// [`switch_address_space`](Arch::switch_address_space) takes it) is the
+    /// page-table root the running CPU has loaded now, or `None` when the
+    /// implementation cannot tell cheaply (the default).
+    ///
+    /// With an answer, the crate refuses a flush of a user address space
+    /// whose root the calling CPU loaded without [`switch_mm`](crate::switch_mm)
+    /// ([`Error::UntrackedRoot`](crate::Error::UntrackedRoot)): it would
+    /// skip that CPU. [`check_cpu_state`](crate::check_cpu_state) asks it
+    /// too. The x86_64 and aarch64 `Arch`s read CR3 and TTBR0_EL1, the
+    /// mock its CPU's loaded root.
+    fn root_loaded(&self, root: u64) -> Option<bool> {
+        let _ = root;
+        None
+    }
 
     /// The machine's shootdown bookkeeping, normally a `static`.
     fn shootdown_state(&self) -> &TlbShootdown;

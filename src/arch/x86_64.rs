@@ -129,15 +129,15 @@ fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16)
 /// Addresses are checked to be canonical (48 bits, or 57 with
 /// [`Features::la57`]) before any reaches `invlpg` or `INVPCID`.
 ///
-/// # Panics
+/// # A CPU it cannot tell
 ///
-/// [`current_cpu`](Arch::current_cpu) (and so every crate function run with
-/// this `Arch`) panics on a CPU whose APIC ID is not registered in the
-/// [`CpuTable`]: that breaks [`new`](Self::new)'s contract, and any answer
-/// would name another CPU, whose flushes this one would then acknowledge
+/// On a CPU whose APIC ID is not registered in the [`CpuTable`] (which
+/// breaks [`new`](Self::new)'s contract), [`current_cpu`](Arch::current_cpu)
+/// answers [`Error::UnregisteredCpu`], and every crate function run with
+/// this `Arch` passes that error on with nothing changed: any CPU index
+/// would name another CPU, whose flushes this one would acknowledge
 /// without doing them. [`bring_online`](Self::bring_online) reports the
-/// same mistake as [`Error::UnregisteredCpu`] when the CPU comes up, before
-/// anything can use it.
+/// same mistake when the CPU comes up.
 pub struct X86_64 {
     apic: LocalApic,
     vector: u8,
@@ -154,6 +154,12 @@ pub struct X86_64 {
 /// The width of a PCID: ASIDs 1 to 4095 are user address spaces, PCID 0 is
 /// the kernel's.
 pub const PCID_BITS: u32 = 12;
+
+/// Where CR3 holds the root's physical address: bits 51:12 (at most; a CPU
+/// with fewer physical-address bits has zeros above them). Below them sit
+/// the PCID, or the PWT and PCD flags, and the no-flush bit 63 of a load
+/// is not stored (Intel SDM vol. 3A 4.5, Tables 4-12 and 4-13; 4.10.4.1).
+const CR3_ADDRESS: u64 = 0x000f_ffff_ffff_f000;
 
 impl X86_64 {
     /// The `Arch` for this machine.
@@ -218,7 +224,7 @@ impl X86_64 {
             .cpus
             .cpu_of(apic_id)
             .ok_or(Error::UnregisteredCpu { hw_id: apic_id })?;
-        crate::prepare_cpu_online(self);
+        crate::prepare_cpu_online(self)?;
         self.cpus.join(cpu);
         // The join is visible (SeqCst) before the second flush starts.
         fence(Ordering::SeqCst);
@@ -309,23 +315,6 @@ impl X86_64 {
     }
 }
 
-/// The answer to a CPU that was never registered: there is no right CPU
-/// index to give, and a wrong one corrupts the shootdown protocol.
-///
-/// The panic stands behind the invariant of [`X86_64::new`]'s `# Safety`
-/// (every CPU that runs crate code is registered), documented under
-/// `# Panics` on [`X86_64`]; a kernel that keeps the contract never gets
-/// here, and [`X86_64::bring_online`] reports the breach as
-/// [`Error::UnregisteredCpu`] before the CPU can run any crate code.
-#[cold]
-#[inline(never)]
-fn unregistered(apic_id: u32) -> ! {
-    panic!(
-        "tlb-batch: CPU with APIC ID {apic_id:#x} runs crate code without being registered \
-         in the CpuTable (X86_64::new's contract; CpuTable::register it before it starts)"
-    )
-}
-
 // SAFETY: the constructor's contract registers every CPU that may cache
 // translations and routes the vector to the crate's handler; the flushes
 // below complete before returning (invlpg/INVPCID/CR3/CR4 writes are
@@ -341,16 +330,21 @@ unsafe impl Arch for X86_64 {
     const CLEAN_WRITE_REWALK: bool = true;
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
 
-    fn current_cpu(&self) -> CpuId {
+    fn current_cpu(&self) -> Result<CpuId, Error> {
         let apic_id = self.apic.id();
-        match self.cpus.cpu_of(apic_id) {
-            Some(cpu) => cpu,
-            None => unregistered(apic_id),
-        }
+        self.cpus
+            .cpu_of(apic_id)
+            .ok_or(Error::UnregisteredCpu { hw_id: apic_id })
     }
 
     fn online_cpus(&self) -> CpuSet {
         self.cpus.online()
+    }
+
+    fn root_loaded(&self, root: u64) -> Option<bool> {
+        // SAFETY: ring 0 (constructor contract).
+        let cr3 = unsafe { read_cr3() };
+        Some(cr3 & CR3_ADDRESS == root & CR3_ADDRESS)
     }
 
     fn shootdown_state(&self) -> &TlbShootdown {
@@ -439,8 +433,12 @@ unsafe impl Arch for X86_64 {
     }
 
     fn send_flush_ipi(&self, targets: &CpuSet) {
-        let me = self.current_cpu();
-        if shorthand_reaches_exactly(targets, &self.cpus.online(), me, self.cpus.present()) {
+        // An initiator the table cannot tell was refused before it got
+        // here; were it not, naming each target is always right.
+        let shorthand = self
+            .current_cpu()
+            .is_ok_and(|me| shorthand_reaches_exactly(targets, &self.cpus.online(), me, self.cpus.present()));
+        if shorthand {
             self.apic.send_ipi_all_but_self(self.vector);
             return;
         }

@@ -82,6 +82,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 ) -> Result<Cleared, (bool, Error)> {
     let mm = m.space.tlb_state();
     let page = batch.check_add(arch, mm, m.va).map_err(|e| (false, e))?;
+    let me = arch.current_cpu().map_err(|e| (false, e))?;
     let current = m.space.lookup(m.va);
     let replacement = if poisoned {
         Pte::hwpoison(frame)
@@ -113,7 +114,7 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     let (targets, step) = mm.flush_targets_step(arch);
     let defer = flags.contains(TtuFlags::BATCH_FLUSH)
         && A::CLEAN_WRITE_REWALK
-        && !targets.difference(&CpuSet::single(arch.current_cpu())).is_empty();
+        && !targets.difference(&CpuSet::single(me)).is_empty();
     if defer {
         batch.record_pending(arch, mm, page, old, (&targets, step), aged());
         return Ok(Cleared {
@@ -184,8 +185,10 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// Errors, before any entry changed: [`Error::Unaligned`],
 /// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
 /// rmap reported (all are checked before the first is removed),
-/// [`Error::OtherMachine`] for a batch holding another machine's work.
-/// During the walk: [`Error::ShootdownReentered`] from an immediate flush
+/// [`Error::OtherMachine`] for a batch holding another machine's work,
+/// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] when a flush would
+/// miss the calling CPU (it is not online, or loaded a mapping's address
+/// space without [`switch_mm`](crate::switch_mm)). During the walk: [`Error::ShootdownReentered`] from an immediate flush
 /// (or a check failing on a mapping that appeared meanwhile); the walk stops
 /// there, and what it cleared is in `batch`.
 pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(

@@ -117,7 +117,8 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// address space until it switches to one, and is not lazy (its TLB
     /// holds nothing the oracle could still hold against it).
     pub fn come_online(&self) {
-        crate::mm::prepare_cpu_online(self);
+        // The mock always tells its CPU: this cannot fail.
+        let _ = crate::mm::prepare_cpu_online(self);
         *lock(&self.state().loaded) = None;
         *lock(&self.state().mm) = None;
         *lock(&self.state().lazy) = None;

@@ -407,8 +407,8 @@ unsafe impl Arch for Cpu {
     // keeps aging epochs; the other models never find one.
     const FILL_SETS_ACCESSED: bool = true;
 
-    fn current_cpu(&self) -> CpuId {
-        cpu_id(self.index)
+    fn current_cpu(&self) -> Result<CpuId, tlb_batch::Error> {
+        Ok(cpu_id(self.index))
     }
 
     fn online_cpus(&self) -> CpuSet {

@@ -1,0 +1,266 @@
+//! Set-ups under which a flush would miss a CPU that may hold entries are
+//! refused with a typed error, with nothing changed, never a silent `Ok`:
+//! a crate call on a CPU that is not online, a root loaded without
+//! `switch_mm`, a second `MmTlbState` for a root the CPU runs, and a CPU
+//! that `Arch::current_cpu` cannot tell. Each test also shows the frame
+//! was not freed under the stale entry, and that the right set-up works.
+mod common;
+
+use common::{asid, config, va};
+use tlb_batch::arch::mock::{FrameState, MockCpu, MockKernel, MockMachine, MockRmap, X86Like};
+use tlb_batch::{
+    check_cpu_state, flush_tlb_mm, flush_tlb_page, handle_flush_ipi, quiescent_flush, shootdown, switch_mm,
+    try_to_unmap, Arch, Asid, CpuId, CpuSet, Error, FlushRequest, Frame, FramePool, MappingFlags, MmTlbState,
+    MmuGather, PageRange, TableFreePolicy, TlbFlushUnmapBatch, TlbShootdown, TraceEvent, TtuFlags,
+    UnmapBatch,
+};
+
+/// One address space with one mapped page (page 0), in an rmap.
+fn one_page(m: &MockMachine<X86Like>) -> (MockRmap<'_, X86Like>, Frame) {
+    let rmap = MockRmap::new(m, vec![m.space(&m.new_mm(asid(1)).unwrap())]);
+    let f = m.alloc_frame().unwrap();
+    rmap.map(f, 0, va(0), true, MappingFlags::empty()).unwrap();
+    (rmap, f)
+}
+
+/// Every way the crate could flush (or defer a flush of) page 0 of
+/// `rmap`'s space, called on `cpu`: each must fail with `expected` and
+/// leave the PTE, the frame and the batch as they were.
+fn every_flush_is_refused<A: Arch>(
+    m: &MockMachine<X86Like>,
+    rmap: &MockRmap<'_, X86Like>,
+    f: Frame,
+    cpu: &A,
+    expected: Error,
+) {
+    let space = &rmap.spaces()[0];
+    let mm = space.mm();
+    let pte = m.pte(mm, va(0)).unwrap();
+    assert_eq!(
+        flush_tlb_page(cpu, mm, va(0)).unwrap_err(),
+        expected,
+        "flush_tlb_page"
+    );
+    assert_eq!(flush_tlb_mm(cpu, mm).unwrap_err(), expected, "flush_tlb_mm");
+    let mut batch = TlbFlushUnmapBatch::new();
+    assert_eq!(
+        try_to_unmap(
+            cpu,
+            rmap,
+            f,
+            TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+            &mut batch
+        )
+        .unwrap_err(),
+        expected,
+        "try_to_unmap"
+    );
+    assert!(batch.is_empty());
+    let mut frames = UnmapBatch::<4>::new();
+    assert!(frames
+        .try_to_unmap(cpu, rmap, common::owned(f), TtuFlags::IGNORE_ACCESS)
+        .is_err());
+    let mut kernel = MockKernel::new(rmap);
+    let mut gather = MmuGather::<8>::new();
+    let torn = gather.unmap_range(
+        cpu,
+        space,
+        &mut kernel,
+        PageRange::page(va(0)).unwrap(),
+        true,
+        &mut TableFreePolicy::AfterFlush,
+        &mut |_, _| panic!("nothing handed back"),
+    );
+    assert_eq!(torn.unwrap_err(), expected, "MmuGather::unmap_range");
+    assert!(gather.is_empty());
+    assert_eq!(
+        tlb_batch::change_protection(cpu, space, PageRange::page(va(0)).unwrap(), |p| p).unwrap_err(),
+        expected,
+        "change_protection"
+    );
+    // Nothing changed: the page is mapped as before, its frame in use.
+    assert_eq!(m.pte(mm, va(0)).unwrap(), pte);
+    assert_eq!(m.frame_state(f).unwrap(), FrameState::InUse);
+}
+
+#[test]
+fn a_cpu_that_is_not_online_cannot_flush_defer_or_load_a_user_space() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, f) = one_page(&m);
+    let mm = rmap.spaces()[0].mm();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(mm).unwrap();
+    cpu1.read(va(0)).unwrap();
+    cpu1.go_offline();
+    assert!(!m.online().contains(cpu1.id()));
+    let expected = Error::CpuNotOnline { cpu: 1 };
+    every_flush_is_refused(&m, &rmap, f, &cpu1, expected);
+    // A shootdown from it would skip its own TLB (the online set clips it).
+    let req = FlushRequest::for_asid(mm.asid());
+    assert_eq!(shootdown(&cpu1, &CpuSet::single(cpu1.id()), &req), Err(expected));
+    assert_eq!(tlb_batch::ipi_sync(&cpu1).unwrap_err(), expected);
+    // Loading a user space there would hide it from every flush of it.
+    let other = m.new_mm(asid(2)).unwrap();
+    // SAFETY: the mock's roots are its own tables; the call is refused.
+    assert_eq!(unsafe { switch_mm(&cpu1, Some(mm), &other) }, Err(expected));
+    assert!(other.cpus().is_empty());
+    // Online again, the same calls work, and the page goes.
+    cpu1.come_online();
+    cpu1.switch_to(mm).unwrap();
+    let mut batch = TlbFlushUnmapBatch::new();
+    let _ = try_to_unmap(
+        &cpu1,
+        &rmap,
+        f,
+        TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+        &mut batch,
+    )
+    .unwrap();
+    batch.flush(&cpu1).unwrap();
+    common::free_and_check(&m, vec![f]);
+}
+
+#[test]
+fn a_root_loaded_without_switch_mm_is_refused_and_found_by_the_debug_check() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, f) = one_page(&m);
+    let mm = rmap.spaces()[0].mm();
+    let cpu0 = m.cpu(0).unwrap();
+    // The kernel loads the root itself: the crate does not know CPU 0 runs it.
+    // SAFETY: the root is the mock's own table for `mm`.
+    unsafe { cpu0.switch_address_space(mm.asid(), mm.root()) };
+    cpu0.read(va(0)).unwrap();
+    assert!(mm.cpus().is_empty());
+    every_flush_is_refused(&m, &rmap, f, &cpu0, Error::UntrackedRoot { cpu: 0 });
+    assert_eq!(check_cpu_state(&cpu0, mm), Err(Error::UntrackedRoot { cpu: 0 }));
+    // Another CPU may still tear the space down: it does not run it, and
+    // the refusal is about the caller. The debug check finds CPU 0 there
+    // only when CPU 0 runs it; the flush it would miss is shown by the
+    // oracle below, through the right path instead.
+    cpu0.switch_to(mm).unwrap();
+    assert_eq!(check_cpu_state(&cpu0, mm), Ok(()));
+    let mut batch = TlbFlushUnmapBatch::new();
+    let _ = try_to_unmap(
+        &cpu0,
+        &rmap,
+        f,
+        TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+        &mut batch,
+    )
+    .unwrap();
+    batch.flush(&cpu0).unwrap();
+    common::free_and_check(&m, vec![f]);
+}
+
+#[test]
+fn a_second_state_for_a_loaded_root_is_refused() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, f) = one_page(&m);
+    let mm = rmap.spaces()[0].mm();
+    let cpu0 = m.cpu(0).unwrap();
+    cpu0.switch_to(mm).unwrap();
+    cpu0.read(va(0)).unwrap();
+    // A kernel that builds a fresh state for the root it runs (same ASID,
+    // same root): the fresh one's CPU set is empty, so its flushes would
+    // skip CPU 0.
+    let twin = MmTlbState::new(mm.asid(), mm.root());
+    assert_eq!(
+        flush_tlb_page(&cpu0, &twin, va(0)),
+        Err(Error::UntrackedRoot { cpu: 0 })
+    );
+    assert_eq!(
+        check_cpu_state(&cpu0, &twin),
+        Err(Error::UntrackedRoot { cpu: 0 })
+    );
+    // And the debug check tells a CPU that runs another root.
+    let other = m.new_mm(asid(2)).unwrap();
+    assert_eq!(check_cpu_state(&cpu0, &other), Err(Error::NotLoaded { cpu: 0 }));
+    assert_eq!(check_cpu_state(&cpu0, mm), Ok(()));
+    assert_eq!(m.frame_state(f).unwrap(), FrameState::InUse);
+}
+
+#[test]
+fn a_flush_from_a_cpu_that_runs_nothing_says_it_reached_no_cpu() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, _) = one_page(&m);
+    let mm = rmap.spaces()[0].mm();
+    let cpu0 = m.cpu(0).unwrap();
+    let report = flush_tlb_page(&cpu0, mm, va(0)).unwrap();
+    assert!(report.reached_no_cpu());
+    cpu0.switch_to(mm).unwrap();
+    let report = flush_tlb_page(&cpu0, mm, va(0)).unwrap();
+    assert!(!report.reached_no_cpu() && report.flushed_locally);
+}
+
+/// An `Arch` whose `current_cpu` cannot tell the CPU (as the x86_64 and
+/// aarch64 ones answer for a CPU missing from their `CpuTable`); the rest
+/// is the mock CPU's.
+struct Untold<'a>(MockCpu<'a, X86Like>);
+
+// SAFETY: every method but `current_cpu` delegates to the mock CPU, whose
+// guarantees hold; `current_cpu` names no CPU at all.
+unsafe impl Arch for Untold<'_> {
+    const CLEAN_WRITE_REWALK: bool = true;
+    const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
+    const FILL_SETS_ACCESSED: bool = true;
+    fn current_cpu(&self) -> Result<CpuId, Error> {
+        Err(Error::UnregisteredCpu { hw_id: 0x42 })
+    }
+    fn online_cpus(&self) -> CpuSet {
+        self.0.online_cpus()
+    }
+    fn root_loaded(&self, root: u64) -> Option<bool> {
+        self.0.root_loaded(root)
+    }
+    fn shootdown_state(&self) -> &TlbShootdown {
+        self.0.shootdown_state()
+    }
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        self.0.flush_local_page(asid, va)
+    }
+    fn flush_local_asid(&self, asid: Asid) {
+        self.0.flush_local_asid(asid)
+    }
+    fn flush_local_all(&self, include_global: bool) {
+        self.0.flush_local_all(include_global)
+    }
+    fn send_flush_ipi(&self, targets: &CpuSet) {
+        self.0.send_flush_ipi(targets)
+    }
+    unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
+        // SAFETY: forwarded unchanged from our caller.
+        unsafe { self.0.switch_address_space(asid, root) }
+    }
+    fn trace(&self, event: &TraceEvent) {
+        self.0.trace(event)
+    }
+}
+
+#[test]
+fn a_cpu_the_arch_cannot_tell_gets_its_error_everywhere_and_nothing_changes() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, f) = one_page(&m);
+    let mm = rmap.spaces()[0].mm();
+    let untold = Untold(m.cpu(0).unwrap());
+    let expected = Error::UnregisteredCpu { hw_id: 0x42 };
+    every_flush_is_refused(&m, &rmap, f, &untold, expected);
+    let req = FlushRequest::for_asid(mm.asid());
+    assert_eq!(shootdown(&untold, &m.online(), &req), Err(expected));
+    // SAFETY: the mock's own root; the call is refused.
+    assert_eq!(unsafe { switch_mm(&untold, None, mm) }, Err(expected));
+    assert!(mm.cpus().is_empty());
+    assert_eq!(tlb_batch::prepare_cpu_online(&untold), Err(expected));
+    assert_eq!(tlb_batch::take_cpu_offline(&untold, |_| true), Err(expected));
+    assert_eq!(check_cpu_state(&untold, mm), Err(expected));
+    // The calls that answer no `Result` do nothing.
+    assert_eq!(handle_flush_ipi(&untold), 0);
+    assert!(!quiescent_flush(&untold));
+    let mut pool = FramePool::<4>::new();
+    assert!(pool.release_passed(&untold).is_empty());
+    // Every CPU that runs the space counts as another one.
+    assert!(!mm.cached_elsewhere(&untold));
+    m.cpu(1).unwrap().switch_to(mm).unwrap();
+    assert!(mm.cached_elsewhere(&untold));
+    assert_eq!(m.online(), CpuSet::first(2).unwrap());
+    assert_eq!(m.violations(), []);
+}
