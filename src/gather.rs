@@ -165,7 +165,18 @@ impl<const N: usize> Default for MmuGather<N> {
 
 impl<const N: usize> MmuGather<N> {
     /// An empty gather.
+    ///
+    /// A capacity of 0 does not compile (`MmuGather::<0>::new()` fails
+    /// when it is instantiated, `cargo build` rather than `cargo check`):
+    /// such a gather could never take the first page, and a teardown would
+    /// make no progress.
+    ///
+    /// ```compile_fail,E0080
+    /// let gather = tlb_batch::MmuGather::<0>::new();
+    /// # let _ = gather;
+    /// ```
     pub const fn new() -> Self {
+        const { assert!(N > 0, "MmuGather needs room for at least one page: N > 0") };
         MmuGather {
             request: FlushRequest::new(),
             pages: heapless::Vec::new(),

@@ -254,7 +254,16 @@ impl<const N: usize> core::fmt::Debug for FramePool<N> {
 
 impl<const N: usize> FramePool<N> {
     /// An empty pool.
+    ///
+    /// A capacity of 0 does not compile (`FramePool::<0>::new()` fails when
+    /// it is instantiated): such a pool would refuse every batch.
+    ///
+    /// ```compile_fail,E0080
+    /// let empty = tlb_batch::FramePool::<0>::new();
+    /// # let _ = empty;
+    /// ```
     pub const fn new() -> Self {
+        const { assert!(N > 0, "FramePool needs room for at least one frame: N > 0") };
         FramePool {
             frames: heapless::Vec::new(),
             gens: heapless::Vec::new(),

@@ -254,7 +254,17 @@ impl<const N: usize> Default for UnmapBatch<N> {
 
 impl<const N: usize> UnmapBatch<N> {
     /// An empty batch.
+    ///
+    /// A capacity of 0 does not compile (`UnmapBatch::<0>::new()` fails
+    /// when it is instantiated): such a batch could hold no frame, so no
+    /// unmap could ever defer its flush.
+    ///
+    /// ```compile_fail,E0080
+    /// let empty = tlb_batch::UnmapBatch::<0>::new();
+    /// # let _ = empty;
+    /// ```
     pub const fn new() -> Self {
+        const { assert!(N > 0, "UnmapBatch needs room for at least one frame: N > 0") };
         UnmapBatch {
             tlb: TlbFlushUnmapBatch::new(),
             frames: heapless::Vec::new(),
