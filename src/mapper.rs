@@ -117,6 +117,8 @@ use crate::rmap::PageTable;
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
 mod teardown;
+// `From<MapperError> for Error`.
+mod munmap;
 
 pub use teardown::OffsetTeardown;
 
