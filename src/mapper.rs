@@ -31,8 +31,13 @@
 //!   so nothing is freed and [`try_to_unmap`](crate::try_to_unmap) answers
 //!   [`SwapResult::Again`](crate::SwapResult::Again)).
 //!   [`OffsetSpace::check_no_huge`] refuses a range holding one with
-//!   [`MapperError::HugePage`]: call it before a range operation, and split
-//!   or unmap huge pages with the `x86_64` crate first.
+//!   [`MapperError::HugePage`] (it converts into the crate's
+//!   [`Error`](crate::Error)): call it before
+//!   [`change_protection`](crate::change_protection), and split or unmap
+//!   huge pages with the `x86_64` crate first. A teardown through
+//!   [`OffsetTeardown`] runs it itself and refuses such a range
+//!   ([`Error::HugePage`](crate::Error::HugePage)) before it changes
+//!   anything.
 //! - Nothing here panics: an address a four-level table cannot translate
 //!   (not canonical with 48 bits) has no entry ([`Pte::EMPTY`]), and an
 //!   entry whose table address is unusable is treated as absent.
