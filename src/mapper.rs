@@ -122,9 +122,12 @@ use crate::rmap::PageTable;
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
 mod teardown;
+// `DeallocatorFrees`: the crate's frees into a `FrameDeallocator`.
+mod dealloc;
 // `From<MapperError> for Error`.
 mod munmap;
 
+pub use dealloc::DeallocatorFrees;
 pub use teardown::OffsetTeardown;
 
 /// The physical-address bits of an entry (bits 12 to 51).
