@@ -9,7 +9,8 @@
 //! and hands an `OffsetSpace` to [`try_to_unmap`](crate::try_to_unmap),
 //! [`change_protection`](crate::change_protection) or
 //! [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) (through
-//! [`OffsetTeardown`]).
+//! [`OffsetTeardown`]). A munmap is [`OffsetTeardown::munmap`], freeing
+//! into the kernel's `FrameDeallocator` through [`DeallocatorFrees`].
 //!
 //! - Every change to a 4 KiB entry is one atomic operation on the entry's
 //!   64-bit word (swap, fetch-and, store), so an accessed or dirty bit the
@@ -124,7 +125,7 @@ use crate::rmap::PageTable;
 mod teardown;
 // `DeallocatorFrees`: the crate's frees into a `FrameDeallocator`.
 mod dealloc;
-// `From<MapperError> for Error`.
+// `OffsetTeardown::munmap` and `From<MapperError> for Error`.
 mod munmap;
 
 pub use dealloc::DeallocatorFrees;

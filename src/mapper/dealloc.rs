@@ -16,7 +16,8 @@ use crate::unmap::{FreeFrames, OwnedFrame};
 /// `x86_64` crate already implements for its frame allocator.
 ///
 /// It is the [`TeardownBacking`] of
-/// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) for a kernel
+/// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) and
+/// [`OffsetTeardown::munmap`](super::OffsetTeardown::munmap) for a kernel
 /// whose frames are not reference-counted and whose pages need no
 /// write-back: a page whose entry was dirty is only counted
 /// ([`dirty_pages`](Self::dirty_pages)), since its frame is freed anyway.

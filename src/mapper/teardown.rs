@@ -27,6 +27,9 @@ use crate::Error;
 /// ([`TableTeardown::check_teardown`], which runs
 /// [`OffsetSpace::check_no_huge`]): clearing 4 KiB entries would leave it
 /// mapped. Split or unmap huge pages with the `x86_64` crate first.
+///
+/// [`OffsetTeardown::munmap`] is the short form of a teardown for a plain
+/// munmap.
 #[derive(Debug)]
 pub struct OffsetTeardown<'a> {
     space: OffsetSpace<'a>,
