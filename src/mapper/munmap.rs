@@ -100,6 +100,7 @@ impl OffsetTeardown<'_> {
     ///     tables: Vec<Box<X86Table>>,
     ///     freed: Vec<PhysFrame>,
     /// }
+    /// // SAFETY: each frame is a fresh host page, handed out once.
     /// unsafe impl FrameAllocator<Size4KiB> for Frames {
     ///     fn allocate_frame(&mut self) -> Option<PhysFrame> {
     ///         self.tables.push(Box::new(X86Table::new()));
