@@ -139,6 +139,22 @@ pub enum Error {
         /// The running CPU.
         cpu: usize,
     },
+    /// A 2 MiB or 1 GiB page maps part of a range that is changed 4 KiB
+    /// entry by 4 KiB entry (a teardown through `mapper::OffsetTeardown`
+    /// of the feature `x86_64-mapper`): split or unmap it first. Nothing
+    /// changed.
+    HugePage {
+        /// The first address the huge page maps.
+        va: u64,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// A frame whose physical address does not fit the 52 bits a
+    /// page-table entry holds.
+    FrameOutOfRange {
+        /// The frame that was given.
+        frame: crate::Frame,
+    },
 }
 
 impl fmt::Display for Error {
@@ -194,6 +210,12 @@ impl fmt::Display for Error {
                     f,
                     "CPU {cpu} left a set that is not the online set shootdowns read"
                 )
+            }
+            Error::HugePage { va, size } => {
+                write!(f, "a huge page of {size:#x} bytes maps {va:#x}")
+            }
+            Error::FrameOutOfRange { frame } => {
+                write!(f, "{frame:?} lies beyond 52 bits of physical address")
             }
         }
     }

@@ -62,8 +62,10 @@
 //! - `arbitrary`: `Arbitrary` for the mock's operation model (fuzzing).
 //! - `x86_64-mapper`: `mapper::OffsetSpace`, the [`PageTable`] of a page
 //!   table built with the `x86_64` crate's `OffsetPageTable` (and
-//!   `mapper::OffsetTeardown` for [`MmuGather`]), so a kernel that maps
-//!   its pages with that crate implements nothing for its page table.
+//!   `mapper::OffsetTeardown` for [`MmuGather`], with `munmap` in one
+//!   call and `mapper::DeallocatorFrees` freeing into the crate's
+//!   `FrameDeallocator`), so a kernel that maps its pages with that crate
+//!   implements nothing for its page table.
 //! - `std`: links the standard library (the mock needs it).
 //!
 //! # Bad input and failures

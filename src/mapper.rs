@@ -9,7 +9,8 @@
 //! and hands an `OffsetSpace` to [`try_to_unmap`](crate::try_to_unmap),
 //! [`change_protection`](crate::change_protection) or
 //! [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) (through
-//! [`OffsetTeardown`]).
+//! [`OffsetTeardown`]). A munmap is [`OffsetTeardown::munmap`], freeing
+//! into the kernel's `FrameDeallocator` through [`DeallocatorFrees`].
 //!
 //! - Every change to a 4 KiB entry is one atomic operation on the entry's
 //!   64-bit word (swap, fetch-and, store), so an accessed or dirty bit the
@@ -31,8 +32,13 @@
 //!   so nothing is freed and [`try_to_unmap`](crate::try_to_unmap) answers
 //!   [`SwapResult::Again`](crate::SwapResult::Again)).
 //!   [`OffsetSpace::check_no_huge`] refuses a range holding one with
-//!   [`MapperError::HugePage`]: call it before a range operation, and split
-//!   or unmap huge pages with the `x86_64` crate first.
+//!   [`MapperError::HugePage`] (it converts into the crate's
+//!   [`Error`](crate::Error)): call it before
+//!   [`change_protection`](crate::change_protection), and split or unmap
+//!   huge pages with the `x86_64` crate first. A teardown through
+//!   [`OffsetTeardown`] runs it itself and refuses such a range
+//!   ([`Error::HugePage`](crate::Error::HugePage)) before it changes
+//!   anything.
 //! - Nothing here panics: an address a four-level table cannot translate
 //!   (not canonical with 48 bits) has no entry ([`Pte::EMPTY`]), and an
 //!   entry whose table address is unusable is treated as absent.
@@ -117,7 +123,12 @@ use crate::rmap::PageTable;
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
 mod teardown;
+// `DeallocatorFrees`: the crate's frees into a `FrameDeallocator`.
+mod dealloc;
+// `OffsetTeardown::munmap` and `From<MapperError> for Error`.
+mod munmap;
 
+pub use dealloc::DeallocatorFrees;
 pub use teardown::OffsetTeardown;
 
 /// The physical-address bits of an entry (bits 12 to 51).

@@ -62,7 +62,7 @@ where
     let mut rest = range;
     while let Some(first) = next_populated(space, rest) {
         let table = rest.within_table_of(first).from_page(first);
-        let mut outcome = Ok(None);
+        let mut outcome: Result<Option<u64>, Error> = Ok(None);
         space.with_table_locked(first, &mut || {
             outcome = (|| {
                 flush_tlb_batched_pending(arch, mm)?;

@@ -12,6 +12,7 @@ use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 use crate::range::{is_canonical, PageRange};
 use crate::rmap::PageTable;
+use crate::Error;
 
 /// An [`OffsetSpace`] whose kernel lets [`MmuGather`](crate::MmuGather)
 /// free what it tears down: the data frames of the 4 KiB entries it
@@ -21,7 +22,14 @@ use crate::rmap::PageTable;
 /// A table is detached once the teardown emptied it and its whole span
 /// lies in the range: leaf tables first, then level-2 and level-3 tables
 /// left empty by that. The level-4 table stays (it is the address space's
-/// root). Huge pages are left mapped ([`OffsetSpace::check_no_huge`]).
+/// root). A range that a 2 MiB or 1 GiB page maps any of is refused with
+/// [`Error::HugePage`] before anything changes
+/// ([`TableTeardown::check_teardown`], which runs
+/// [`OffsetSpace::check_no_huge`]): clearing 4 KiB entries would leave it
+/// mapped. Split or unmap huge pages with the `x86_64` crate first.
+///
+/// [`OffsetTeardown::munmap`] is the short form of a teardown for a plain
+/// munmap.
 #[derive(Debug)]
 pub struct OffsetTeardown<'a> {
     space: OffsetSpace<'a>,
@@ -167,5 +175,12 @@ unsafe impl TableTeardown for OffsetTeardown<'_> {
         // The deepest tables first: a parent empties only once its
         // children are gone.
         (2..=4).find_map(|level| self.detach_below(root, 4, 0, first, last, level))
+    }
+
+    /// Refuses a range that a huge page maps any of, with
+    /// [`Error::HugePage`]: the teardown clears 4 KiB entries only, and
+    /// would skip it.
+    fn check_teardown(&self, range: PageRange) -> Result<(), Error> {
+        self.space.check_no_huge(range).map_err(Error::from)
     }
 }
