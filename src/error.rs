@@ -124,6 +124,17 @@ pub enum Error {
         /// The CPU index.
         cpu: usize,
     },
+    /// A hardware feature the caller claims (for example in the x86_64
+    /// `Features`) that the CPU does not support, or that it supports but
+    /// the kernel has not enabled: acting on the claim would execute an
+    /// instruction that faults or load a register value the hardware does
+    /// not allow. Nothing was built; pass what is enabled.
+    FeatureUnavailable {
+        /// The feature, with the control bit that enables it.
+        feature: &'static str,
+        /// Whether the CPU supports it (then it is only not enabled).
+        supported: bool,
+    },
 }
 
 impl fmt::Display for Error {
@@ -173,6 +184,13 @@ impl fmt::Display for Error {
                     f,
                     "CPU {cpu} left a set that is not the online set shootdowns read"
                 )
+            }
+            Error::FeatureUnavailable { feature, supported } => {
+                if supported {
+                    write!(f, "{feature} is claimed but the kernel has not enabled it")
+                } else {
+                    write!(f, "{feature} is claimed but the CPU does not support it")
+                }
             }
         }
     }
