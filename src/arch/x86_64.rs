@@ -52,18 +52,23 @@
 //!
 //! This file holds the [`X86_64`] `Arch` itself: which instruction each
 //! flush uses, bring-up and the flush-IPI entry point. The wrappers, the
-//! local APIC and the CPU table live in modules of their own
-//! (`x86_64_instructions.rs`, `x86_64_apic.rs`, `x86_64_cpus.rs`), and
-//! everything public in them is re-exported here.
+//! local APIC, the CPU table and feature detection live in modules of
+//! their own (`x86_64_instructions.rs`, `x86_64_apic.rs`, `x86_64_cpus.rs`,
+//! `x86_64_features.rs`), and everything public in them is re-exported
+//! here.
 
 use core::sync::atomic::{fence, Ordering};
 
 pub use super::x86_64_apic::{ApicMode, LocalApic, IA32_APIC_BASE};
 use super::x86_64_cpus::shorthand_reaches_exactly;
 pub use super::x86_64_cpus::CpuTable;
+pub use super::x86_64_features::{
+    cpu_supports, Features, Supported, APIC_BASE_ENABLE, APIC_BASE_X2APIC, CR3_NOFLUSH, CR4_LA57, CR4_PCIDE,
+    CR4_PGE,
+};
 pub use super::x86_64_instructions::{
     cpuid, invlpg, invpcid, pause, rdmsr, read_cr3, read_cr4, vendor_id, vendor_promises_fill_sets_accessed,
-    write_cr3, write_cr4, wrmsr, Features, InvpcidKind, CR3_NOFLUSH, CR4_PCIDE, CR4_PGE,
+    write_cr3, write_cr4, wrmsr, InvpcidKind,
 };
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
@@ -113,10 +118,14 @@ fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16)
 /// [`CpuTable`]; flushes use `invlpg`, `INVPCID` or CR3/CR4; flush IPIs go
 /// through the local APIC on `vector`.
 ///
-/// PCIDs are used only when the CPU has both PCID and INVPCID (flushing a
-/// page of an address space that is not loaded needs INVPCID) and CR4.PCIDE
-/// is set. An ASID's PCID is its value: [`Arch::asid_bits`] is
-/// [`PCID_BITS`], so every entry point refuses a wider ASID
+/// It acts on what the kernel has enabled ([`Features`], as
+/// [`Features::detect`] reads it), never on what the CPU merely supports
+/// ([`Supported`]): [`new`](Self::new) refuses a claim that CR4 or CPUID
+/// contradicts. PCIDs are used only when CR4.PCIDE is on and the CPU has
+/// INVPCID (flushing a page of an address space that is not loaded needs
+/// it); otherwise every CR3 it loads carries PCID 0. An ASID's PCID is
+/// its value: [`Arch::asid_bits`] is [`PCID_BITS`], so every entry point
+/// refuses a wider ASID
 /// ([`Error::AsidOutOfRange`]) and two ASIDs the crate accepts never share
 /// a PCID; PCID 0 is the kernel's. A kernel keeps at most 4095 live user
 /// address spaces, each with its own ASID. With PCIDs a CPU keeps a
@@ -156,29 +165,60 @@ pub struct X86_64 {
 pub const PCID_BITS: u32 = 12;
 
 impl X86_64 {
-    /// The `Arch` for this machine.
+    /// The `Arch` for this machine, acting on `features`: what the kernel
+    /// has enabled, as [`Features::detect`] reports it.
+    ///
+    /// It reads CR4 and CPUID on the running CPU and refuses claims they
+    /// contradict ([`Features::check`]), rather than load CR3 values the
+    /// hardware does not allow or execute instructions it lacks. Built on
+    /// every call, it costs a CR4 read and a few CPUIDs (each may exit to
+    /// a hypervisor); a kernel that calls it often keeps one value.
+    ///
+    /// Errors: [`Error::FeatureUnavailable`] when `features` claims PCIDs
+    /// with CR4.PCIDE clear, `INVPCID`, PCIDs, global pages or 5-level
+    /// paging the CPU does not report, or global pages or 5-level paging
+    /// with their CR4 bit clear. Nothing is built.
     ///
     /// # Safety
     ///
-    /// Every CPU that runs crate code or may hold TLB entries is registered
-    /// in `cpus`, and calls [`bring_online`](Self::bring_online) only once
+    /// Ring 0 (it reads CR4), as every use of the value is. Every CPU
+    /// that runs crate code or may hold TLB entries is registered in
+    /// `cpus`, and calls [`bring_online`](Self::bring_online) only once
     /// its IDT routes `vector` to a handler that calls
     /// [`flush_ipi_entry`](Self::flush_ipi_entry); `apic` is valid on every
-    /// CPU; the value is used in ring 0 only. When `features` says PCID and
-    /// INVPCID, CR4.PCIDE is set on every CPU and CR3 carries the loaded
-    /// ASID's PCID. `features` is true of the CPUs (in particular
-    /// [`Features::kernel_global`] only when every kernel mapping is global
-    /// and CR4.PGE is on, and [`Features::fill_sets_accessed`] only when
-    /// every CPU's TLB fills keep the promise it describes, which a guest
-    /// of a hypervisor may have to withdraw: see there).
-    pub const unsafe fn new(
+    /// CPU. `features` is true of every CPU that uses the value, not only
+    /// of the running one, which is all `new` can check: with PCIDs,
+    /// CR4.PCIDE is set on each of them and CR3 carries the loaded ASID's
+    /// PCID; [`Features::kernel_global`] only when every kernel mapping is
+    /// global; [`Features::fill_sets_accessed`] only when every CPU's TLB
+    /// fills keep the promise it describes, which a guest of a hypervisor
+    /// may have to withdraw (see there).
+    pub unsafe fn new(
         apic: LocalApic,
         vector: u8,
         cpus: &'static CpuTable,
         state: &'static TlbShootdown,
         features: Features,
-    ) -> Self {
-        X86_64 {
+    ) -> Result<Self, Error> {
+        // SAFETY: ring 0 is this function's contract; reading CR4 has no
+        // side effect.
+        let cr4 = unsafe { read_cr4() };
+        Self::from_registers(apic, vector, cpus, state, features, &Supported::detect(), cr4)
+    }
+
+    /// [`new`](Self::new) given what CPUID (`cpu`) and CR4 (`cr4`) say:
+    /// the part of it that reads no register, so that host tests run it.
+    fn from_registers(
+        apic: LocalApic,
+        vector: u8,
+        cpus: &'static CpuTable,
+        state: &'static TlbShootdown,
+        features: Features,
+        cpu: &Supported,
+        cr4: u64,
+    ) -> Result<Self, Error> {
+        features.check(cpu, cr4)?;
+        Ok(X86_64 {
             apic,
             vector,
             cpus,
@@ -189,7 +229,7 @@ impl X86_64 {
             la57: features.la57,
             kernel_global: features.kernel_global && features.pge,
             fill_sets_accessed: features.fill_sets_accessed,
-        }
+        })
     }
 
     /// Brings the running CPU into the online set, the set that shootdowns
@@ -501,6 +541,48 @@ mod tests {
         // never the PCID its low bits would name.
         let wide = Asid::new(4096 + 5).unwrap();
         assert_eq!(page_flush(wide, true, true, 5), PageFlush::EveryPcid);
+    }
+
+    #[test]
+    fn new_acts_on_what_cr4_enables_and_refuses_more() {
+        static CPUS: CpuTable = CpuTable::new();
+        static TLB: TlbShootdown = TlbShootdown::new();
+        // SAFETY: the value's registers are never touched here.
+        let apic = unsafe { LocalApic::xapic(0x1000) };
+        let build = |f: Features, cpu: &Supported, cr4: u64| {
+            X86_64::from_registers(apic, 0xf0, &CPUS, &TLB, f, cpu, cr4)
+        };
+        let cpu = Supported {
+            pcid: true,
+            invpcid: true,
+            pge: true,
+            ..Supported::default()
+        };
+        let f = Features {
+            pcid: true,
+            invpcid: true,
+            pge: true,
+            kernel_global: true,
+            ..Features::default()
+        };
+        // CPUID's answer with CR4.PCIDE clear: refused, no CR3 with PCIDs.
+        assert!(matches!(
+            build(f, &cpu, CR4_PGE),
+            Err(Error::FeatureUnavailable { supported: true, .. })
+        ));
+        let arch = build(f, &cpu, CR4_PGE | CR4_PCIDE).unwrap();
+        assert!(arch.uses_pcid() && arch.tagged_tlb() && arch.kernel_global);
+        // What the kernel enabled, read from the same registers: accepted.
+        let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
+        let arch = build(enabled, &cpu, CR4_PGE).unwrap();
+        assert!(!arch.uses_pcid() && arch.invpcid && arch.pge);
+        // PCIDs on without INVPCID: accepted, but nothing is tagged.
+        let no_invpcid = Supported {
+            invpcid: false,
+            ..cpu
+        };
+        let f = Features { invpcid: false, ..f };
+        assert!(!build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap().uses_pcid());
     }
 
     #[test]
