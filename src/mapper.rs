@@ -117,6 +117,7 @@ use crate::rmap::PageTable;
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
 mod teardown;
+pub mod xapic;
 
 pub use teardown::OffsetTeardown;
 
