@@ -118,14 +118,12 @@ fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16)
 /// [`CpuTable`]; flushes use `invlpg`, `INVPCID` or CR3/CR4; flush IPIs go
 /// through the local APIC on `vector`.
 ///
-/// It acts on what the kernel has enabled ([`Features`], as
-/// [`Features::detect`] reads it), never on what the CPU merely supports
-/// ([`Supported`]): [`new`](Self::new) refuses a claim that CR4 or CPUID
-/// contradicts. PCIDs are used only when CR4.PCIDE is on and the CPU has
-/// INVPCID (flushing a page of an address space that is not loaded needs
-/// it); otherwise every CR3 it loads carries PCID 0. An ASID's PCID is
-/// its value: [`Arch::asid_bits`] is [`PCID_BITS`], so every entry point
-/// refuses a wider ASID
+/// It acts on what the kernel has enabled ([`Features`]), never on what
+/// the CPU merely supports ([`Supported`]). PCIDs are used only when
+/// CR4.PCIDE is on and the CPU has INVPCID (flushing a page of an address
+/// space that is not loaded needs it); otherwise every CR3 it loads
+/// carries PCID 0. An ASID's PCID is its value: [`Arch::asid_bits`] is
+/// [`PCID_BITS`], so every entry point refuses a wider ASID
 /// ([`Error::AsidOutOfRange`]) and two ASIDs the crate accepts never share
 /// a PCID; PCID 0 is the kernel's. A kernel keeps at most 4095 live user
 /// address spaces, each with its own ASID. With PCIDs a CPU keeps a
@@ -154,7 +152,8 @@ pub struct X86_64 {
     state: &'static TlbShootdown,
     pcid: bool,
     invpcid: bool,
-    pge: bool,
+    /// CPUID reports PGE: the full flush may toggle CR4.PGE.
+    pge_supported: bool,
     la57: bool,
     kernel_global: bool,
     fill_sets_accessed: bool,
@@ -168,16 +167,13 @@ impl X86_64 {
     /// The `Arch` for this machine, acting on `features`: what the kernel
     /// has enabled, as [`Features::detect`] reports it.
     ///
-    /// It reads CR4 and CPUID on the running CPU and refuses claims they
-    /// contradict ([`Features::check`]), rather than load CR3 values the
-    /// hardware does not allow or execute instructions it lacks. Built on
-    /// every call, it costs a CR4 read and a few CPUIDs (each may exit to
-    /// a hypervisor); a kernel that calls it often keeps one value.
+    /// It reads CR4 and CPUID on the running CPU (a few CPUIDs, each may
+    /// exit to a hypervisor: keep the value rather than build it often).
     ///
-    /// Errors: [`Error::FeatureUnavailable`] when `features` claims PCIDs
-    /// with CR4.PCIDE clear, `INVPCID`, PCIDs, global pages or 5-level
-    /// paging the CPU does not report, or global pages or 5-level paging
-    /// with their CR4 bit clear. Nothing is built.
+    /// Errors: [`Error::FeatureUnavailable`] for a claim CR4 or CPUID
+    /// contradicts ([`Features::check`]: PCIDs with CR4.PCIDE clear, and
+    /// the like), rather than load CR3 values the hardware does not allow
+    /// or execute instructions it lacks. Nothing is built.
     ///
     /// # Safety
     ///
@@ -200,14 +196,12 @@ impl X86_64 {
         state: &'static TlbShootdown,
         features: Features,
     ) -> Result<Self, Error> {
-        // SAFETY: ring 0 is this function's contract; reading CR4 has no
-        // side effect.
+        // SAFETY: ring 0 (this function's contract); no side effect.
         let cr4 = unsafe { read_cr4() };
         Self::from_registers(apic, vector, cpus, state, features, &Supported::detect(), cr4)
     }
 
-    /// [`new`](Self::new) given what CPUID (`cpu`) and CR4 (`cr4`) say:
-    /// the part of it that reads no register, so that host tests run it.
+    /// [`new`](Self::new) given CPUID's (`cpu`) and CR4's answers.
     fn from_registers(
         apic: LocalApic,
         vector: u8,
@@ -225,7 +219,7 @@ impl X86_64 {
             state,
             pcid: features.pcid && features.invpcid,
             invpcid: features.invpcid,
-            pge: features.pge,
+            pge_supported: cpu.pge,
             la57: features.la57,
             kernel_global: features.kernel_global && features.pge,
             fill_sets_accessed: features.fill_sets_accessed,
@@ -462,8 +456,10 @@ unsafe impl Arch for X86_64 {
             };
             // SAFETY: ring 0 and INVPCID present.
             unsafe { invpcid(kind, 0, 0) };
-        } else if include_global && self.pge {
-            // Toggling CR4.PGE flushes everything, global entries included.
+        } else if include_global && self.pge_supported {
+            // Changing CR4.PGE flushes everything, global entries and all
+            // PCIDs included (SDM vol. 3A, 4.10.4.1), whether PGE was on
+            // (even if `Features::pge` left it out) or off.
             // SAFETY: ring 0; CR4 is restored to its value.
             unsafe {
                 let cr4 = read_cr4();
@@ -552,16 +548,17 @@ mod tests {
         let build = |f: Features, cpu: &Supported, cr4: u64| {
             X86_64::from_registers(apic, 0xf0, &CPUS, &TLB, f, cpu, cr4)
         };
+        let (pcid, invpcid, pge) = (true, true, true);
         let cpu = Supported {
-            pcid: true,
-            invpcid: true,
-            pge: true,
+            pcid,
+            invpcid,
+            pge,
             ..Supported::default()
         };
         let f = Features {
-            pcid: true,
-            invpcid: true,
-            pge: true,
+            pcid,
+            invpcid,
+            pge,
             kernel_global: true,
             ..Features::default()
         };
@@ -575,14 +572,20 @@ mod tests {
         // What the kernel enabled, read from the same registers: accepted.
         let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
         let arch = build(enabled, &cpu, CR4_PGE).unwrap();
-        assert!(!arch.uses_pcid() && arch.invpcid && arch.pge);
-        // PCIDs on without INVPCID: accepted, but nothing is tagged.
+        assert!(!arch.uses_pcid() && arch.invpcid && arch.pge_supported && !arch.kernel_global);
+        // PCIDs on without INVPCID: accepted, but nothing is tagged; PGE
+        // left out: no global shortcut, and full flushes still toggle it.
         let no_invpcid = Supported {
             invpcid: false,
             ..cpu
         };
-        let f = Features { invpcid: false, ..f };
-        assert!(!build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap().uses_pcid());
+        let f = Features {
+            invpcid: false,
+            pge: false,
+            ..f
+        };
+        let arch = build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap();
+        assert!(!arch.uses_pcid() && arch.pge_supported && !arch.kernel_global);
     }
 
     #[test]

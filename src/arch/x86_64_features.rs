@@ -237,9 +237,11 @@ impl Features {
     ///   addresses above 48 bits would reach `INVPCID`, which faults on a
     ///   non-canonical address.
     ///
-    /// Claiming less than is enabled is always accepted: the crate then
-    /// uses less of the hardware (PCID 0 for every CR3 it loads, no global
-    /// shortcut, 48-bit addresses).
+    /// Claiming less than is enabled is accepted: the crate then uses less
+    /// of the hardware (PCID 0 for every CR3 it loads, which suffices as
+    /// long as the kernel loads no other PCID itself; no single-`invlpg`
+    /// kernel-page flush; 48-bit addresses). Its full flushes do not rest
+    /// on the claim: they toggle CR4.PGE whenever CPUID reports it.
     pub const fn check(&self, cpu: &Supported, cr4: u64) -> Result<(), Error> {
         if self.invpcid && !cpu.invpcid {
             return Err(unsupported("INVPCID"));
