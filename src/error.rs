@@ -155,6 +155,17 @@ pub enum Error {
         /// The frame that was given.
         frame: crate::Frame,
     },
+    /// A hardware feature the caller claims (for example in the x86_64
+    /// `Features`) that the CPU does not support, or that it supports but
+    /// the kernel has not enabled: acting on the claim would execute an
+    /// instruction that faults or load a register value the hardware does
+    /// not allow. Nothing was built; pass what is enabled.
+    FeatureUnavailable {
+        /// The feature, with the control bit that enables it.
+        feature: &'static str,
+        /// Whether the CPU supports it (then it is only not enabled).
+        supported: bool,
+    },
 }
 
 impl fmt::Display for Error {
@@ -216,6 +227,13 @@ impl fmt::Display for Error {
             }
             Error::FrameOutOfRange { frame } => {
                 write!(f, "{frame:?} lies beyond 52 bits of physical address")
+            }
+            Error::FeatureUnavailable { feature, supported } => {
+                if supported {
+                    write!(f, "{feature} is claimed but the kernel has not enabled it")
+                } else {
+                    write!(f, "{feature} is claimed but the CPU does not support it")
+                }
             }
         }
     }

@@ -127,6 +127,7 @@ mod teardown;
 mod dealloc;
 // `OffsetTeardown::munmap` and `From<MapperError> for Error`.
 mod munmap;
+pub mod xapic;
 
 pub use dealloc::DeallocatorFrees;
 pub use teardown::OffsetTeardown;

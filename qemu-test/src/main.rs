@@ -65,7 +65,7 @@ mod window;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use tlb_batch::arch::x86_64::{self as x86, CpuTable, Features, LocalApic, X86_64};
+use tlb_batch::arch::x86_64::{self as x86, CpuTable, Features, LocalApic, Supported, X86_64};
 use tlb_batch::heapless;
 use tlb_batch::{
     flush_tlb_page, handle_flush_ipi, shootdown, switch_mm, Arch, Asid, CpuId, CpuSet, FlushRequest,
@@ -129,12 +129,17 @@ fn mm() -> &'static MmTlbState {
     unsafe { (*core::ptr::addr_of!(MM_STORAGE)).assume_init_ref() }
 }
 
+/// What this kernel enables on every CPU, from what the boot CPU's CPUID
+/// reported: global pages whenever supported, x2APIC mode and PCIDs when
+/// the command line asks (`cpu_init` sets CR4 before any CPU uses the
+/// `Arch`). Built by hand, since `Features::detect` would read one CPU's
+/// CR4 on every call; `X86_64::new` checks it against the running CPU's.
 fn features() -> Features {
     let bits = FEATURES.load(Ordering::Relaxed);
     Features {
-        pcid: bits & 1 != 0,
+        pcid: bits & 1 != 0 && USE_PCID.load(Ordering::Relaxed),
         invpcid: bits & 2 != 0,
-        x2apic: bits & 4 != 0,
+        x2apic: bits & 4 != 0 && USE_X2APIC.load(Ordering::Relaxed),
         pge: bits & 8 != 0,
         // The test kernel runs 4-level paging.
         la57: false,
@@ -161,13 +166,18 @@ fn apic() -> LocalApic {
 
 /// The crate's x86_64 `Arch` for this machine.
 fn arch() -> X86_64 {
-    let mut f = features();
-    f.pcid &= USE_PCID.load(Ordering::Relaxed);
     // SAFETY: every CPU registers in CPUS and goes online only after its
     // IDT routes FLUSH_VECTOR to `interrupt_dispatch`, which calls
-    // `flush_ipi_entry`; PCIDs are claimed only when
-    // CR4.PCIDE was set on every CPU; all of it runs in ring 0.
-    unsafe { X86_64::new(apic(), FLUSH_VECTOR, &CPUS, &TLB, f) }
+    // `flush_ipi_entry`; `cpu_init` set CR4.PGE (and CR4.PCIDE when PCIDs
+    // are claimed) on every CPU before its first use of the value; all of
+    // it runs in ring 0.
+    match unsafe { X86_64::new(apic(), FLUSH_VECTOR, &CPUS, &TLB, features()) } {
+        Ok(arch) => arch,
+        Err(e) => {
+            say(format_args!("X86_64::new refused this CPU's features: {e}\n"));
+            hw::exit(hw::EXIT_FAIL)
+        }
+    }
 }
 
 fn me() -> usize {
@@ -513,14 +523,16 @@ fn start_aps(boot_apic: u32) {
 #[no_mangle]
 extern "C" fn kernel_main(info: u32) -> ! {
     let line = cmdline(info);
-    let f = Features::detect();
+    // What the CPU supports: `cpu_init` enables from it. (Features::detect
+    // would report what is on, and nothing is yet.)
+    let f = Supported::detect();
     FEATURES.store(
         u32::from(f.pcid)
             | u32::from(f.invpcid) << 1
             | u32::from(f.x2apic) << 2
             | u32::from(f.pge) << 3
             | u32::from(f.hypervisor) << 4
-            | u32::from(f.fill_sets_accessed) << 5,
+            | u32::from(x86::vendor_promises_fill_sets_accessed(&x86::vendor_id())) << 5,
         Ordering::Relaxed,
     );
     NEGATIVE.store(has_word(line, b"negative"), Ordering::Relaxed);

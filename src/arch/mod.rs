@@ -17,12 +17,14 @@ pub mod mock;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
-// Its instruction wrappers, local APIC and CPU table, which `x86_64`
-// re-exports.
+// Its instruction wrappers, local APIC, CPU table and feature detection,
+// which `x86_64` re-exports.
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 mod x86_64_apic;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 mod x86_64_cpus;
+#[cfg(all(target_arch = "x86_64", not(loom)))]
+mod x86_64_features;
 #[cfg(all(target_arch = "x86_64", not(loom)))]
 mod x86_64_instructions;
 // As for x86_64. The arithmetic of the aarch64 `Arch` (register fields,

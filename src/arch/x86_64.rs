@@ -52,18 +52,23 @@
 //!
 //! This file holds the [`X86_64`] `Arch` itself: which instruction each
 //! flush uses, bring-up and the flush-IPI entry point. The wrappers, the
-//! local APIC and the CPU table live in modules of their own
-//! (`x86_64_instructions.rs`, `x86_64_apic.rs`, `x86_64_cpus.rs`), and
-//! everything public in them is re-exported here.
+//! local APIC, the CPU table and feature detection live in modules of
+//! their own (`x86_64_instructions.rs`, `x86_64_apic.rs`, `x86_64_cpus.rs`,
+//! `x86_64_features.rs`), and everything public in them is re-exported
+//! here.
 
 use core::sync::atomic::{fence, Ordering};
 
 pub use super::x86_64_apic::{ApicMode, LocalApic, IA32_APIC_BASE};
 use super::x86_64_cpus::shorthand_reaches_exactly;
 pub use super::x86_64_cpus::CpuTable;
+pub use super::x86_64_features::{
+    cpu_supports, Features, Supported, APIC_BASE_ENABLE, APIC_BASE_X2APIC, CR3_NOFLUSH, CR4_LA57, CR4_PCIDE,
+    CR4_PGE,
+};
 pub use super::x86_64_instructions::{
     cpuid, invlpg, invpcid, pause, rdmsr, read_cr3, read_cr4, vendor_id, vendor_promises_fill_sets_accessed,
-    write_cr3, write_cr4, wrmsr, Features, InvpcidKind, CR3_NOFLUSH, CR4_PCIDE, CR4_PGE,
+    write_cr3, write_cr4, wrmsr, InvpcidKind,
 };
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
@@ -113,9 +118,11 @@ fn page_flush(asid: Asid, pcid_on: bool, kernel_global: bool, current_pcid: u16)
 /// [`CpuTable`]; flushes use `invlpg`, `INVPCID` or CR3/CR4; flush IPIs go
 /// through the local APIC on `vector`.
 ///
-/// PCIDs are used only when the CPU has both PCID and INVPCID (flushing a
-/// page of an address space that is not loaded needs INVPCID) and CR4.PCIDE
-/// is set. An ASID's PCID is its value: [`Arch::asid_bits`] is
+/// It acts on what the kernel has enabled ([`Features`]), never on what
+/// the CPU merely supports ([`Supported`]). PCIDs are used only when
+/// CR4.PCIDE is on and the CPU has INVPCID (flushing a page of an address
+/// space that is not loaded needs it); otherwise every CR3 it loads
+/// carries PCID 0. An ASID's PCID is its value: [`Arch::asid_bits`] is
 /// [`PCID_BITS`], so every entry point refuses a wider ASID
 /// ([`Error::AsidOutOfRange`]) and two ASIDs the crate accepts never share
 /// a PCID; PCID 0 is the kernel's. A kernel keeps at most 4095 live user
@@ -145,7 +152,8 @@ pub struct X86_64 {
     state: &'static TlbShootdown,
     pcid: bool,
     invpcid: bool,
-    pge: bool,
+    /// CPUID reports PGE: the full flush may toggle CR4.PGE.
+    pge_supported: bool,
     la57: bool,
     kernel_global: bool,
     fill_sets_accessed: bool,
@@ -162,40 +170,66 @@ pub const PCID_BITS: u32 = 12;
 const CR3_ADDRESS: u64 = 0x000f_ffff_ffff_f000;
 
 impl X86_64 {
-    /// The `Arch` for this machine.
+    /// The `Arch` for this machine, acting on `features`: what the kernel
+    /// has enabled, as [`Features::detect`] reports it.
+    ///
+    /// It reads CR4 and CPUID on the running CPU (a few CPUIDs, each may
+    /// exit to a hypervisor: keep the value rather than build it often).
+    ///
+    /// Errors: [`Error::FeatureUnavailable`] for a claim CR4 or CPUID
+    /// contradicts ([`Features::check`]: PCIDs with CR4.PCIDE clear, and
+    /// the like), rather than load CR3 values the hardware does not allow
+    /// or execute instructions it lacks. Nothing is built.
     ///
     /// # Safety
     ///
-    /// Every CPU that runs crate code or may hold TLB entries is registered
-    /// in `cpus`, and calls [`bring_online`](Self::bring_online) only once
+    /// Ring 0 (it reads CR4), as every use of the value is. Every CPU
+    /// that runs crate code or may hold TLB entries is registered in
+    /// `cpus`, and calls [`bring_online`](Self::bring_online) only once
     /// its IDT routes `vector` to a handler that calls
     /// [`flush_ipi_entry`](Self::flush_ipi_entry); `apic` is valid on every
-    /// CPU; the value is used in ring 0 only. When `features` says PCID and
-    /// INVPCID, CR4.PCIDE is set on every CPU and CR3 carries the loaded
-    /// ASID's PCID. `features` is true of the CPUs (in particular
-    /// [`Features::kernel_global`] only when every kernel mapping is global
-    /// and CR4.PGE is on, and [`Features::fill_sets_accessed`] only when
-    /// every CPU's TLB fills keep the promise it describes, which a guest
-    /// of a hypervisor may have to withdraw: see there).
-    pub const unsafe fn new(
+    /// CPU. `features` is true of every CPU that uses the value, not only
+    /// of the running one, which is all `new` can check: with PCIDs,
+    /// CR4.PCIDE is set on each of them and CR3 carries the loaded ASID's
+    /// PCID; [`Features::kernel_global`] only when every kernel mapping is
+    /// global; [`Features::fill_sets_accessed`] only when every CPU's TLB
+    /// fills keep the promise it describes, which a guest of a hypervisor
+    /// may have to withdraw (see there).
+    pub unsafe fn new(
         apic: LocalApic,
         vector: u8,
         cpus: &'static CpuTable,
         state: &'static TlbShootdown,
         features: Features,
-    ) -> Self {
-        X86_64 {
+    ) -> Result<Self, Error> {
+        // SAFETY: ring 0 (this function's contract); no side effect.
+        let cr4 = unsafe { read_cr4() };
+        Self::from_registers(apic, vector, cpus, state, features, &Supported::detect(), cr4)
+    }
+
+    /// [`new`](Self::new) given CPUID's (`cpu`) and CR4's answers.
+    fn from_registers(
+        apic: LocalApic,
+        vector: u8,
+        cpus: &'static CpuTable,
+        state: &'static TlbShootdown,
+        features: Features,
+        cpu: &Supported,
+        cr4: u64,
+    ) -> Result<Self, Error> {
+        features.check(cpu, cr4)?;
+        Ok(X86_64 {
             apic,
             vector,
             cpus,
             state,
             pcid: features.pcid && features.invpcid,
             invpcid: features.invpcid,
-            pge: features.pge,
+            pge_supported: cpu.pge,
             la57: features.la57,
             kernel_global: features.kernel_global && features.pge,
             fill_sets_accessed: features.fill_sets_accessed,
-        }
+        })
     }
 
     /// Brings the running CPU into the online set, the set that shootdowns
@@ -416,8 +450,10 @@ unsafe impl Arch for X86_64 {
             };
             // SAFETY: ring 0 and INVPCID present.
             unsafe { invpcid(kind, 0, 0) };
-        } else if include_global && self.pge {
-            // Toggling CR4.PGE flushes everything, global entries included.
+        } else if include_global && self.pge_supported {
+            // Changing CR4.PGE flushes everything, global entries and all
+            // PCIDs included (SDM vol. 3A, 4.10.4.1), whether PGE was on
+            // (even if `Features::pge` left it out) or off.
             // SAFETY: ring 0; CR4 is restored to its value.
             unsafe {
                 let cr4 = read_cr4();
@@ -499,6 +535,55 @@ mod tests {
         // never the PCID its low bits would name.
         let wide = Asid::new(4096 + 5).unwrap();
         assert_eq!(page_flush(wide, true, true, 5), PageFlush::EveryPcid);
+    }
+
+    #[test]
+    fn new_acts_on_what_cr4_enables_and_refuses_more() {
+        static CPUS: CpuTable = CpuTable::new();
+        static TLB: TlbShootdown = TlbShootdown::new();
+        // SAFETY: the value's registers are never touched here.
+        let apic = unsafe { LocalApic::xapic(0x1000) };
+        let build = |f: Features, cpu: &Supported, cr4: u64| {
+            X86_64::from_registers(apic, 0xf0, &CPUS, &TLB, f, cpu, cr4)
+        };
+        let (pcid, invpcid, pge) = (true, true, true);
+        let cpu = Supported {
+            pcid,
+            invpcid,
+            pge,
+            ..Supported::default()
+        };
+        let f = Features {
+            pcid,
+            invpcid,
+            pge,
+            kernel_global: true,
+            ..Features::default()
+        };
+        // CPUID's answer with CR4.PCIDE clear: refused, no CR3 with PCIDs.
+        assert!(matches!(
+            build(f, &cpu, CR4_PGE),
+            Err(Error::FeatureUnavailable { supported: true, .. })
+        ));
+        let arch = build(f, &cpu, CR4_PGE | CR4_PCIDE).unwrap();
+        assert!(arch.uses_pcid() && arch.tagged_tlb() && arch.kernel_global);
+        // What the kernel enabled, read from the same registers: accepted.
+        let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
+        let arch = build(enabled, &cpu, CR4_PGE).unwrap();
+        assert!(!arch.uses_pcid() && arch.invpcid && arch.pge_supported && !arch.kernel_global);
+        // PCIDs on without INVPCID: accepted, but nothing is tagged; PGE
+        // left out: no global shortcut, and full flushes still toggle it.
+        let no_invpcid = Supported {
+            invpcid: false,
+            ..cpu
+        };
+        let f = Features {
+            invpcid: false,
+            pge: false,
+            ..f
+        };
+        let arch = build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap();
+        assert!(!arch.uses_pcid() && arch.pge_supported && !arch.kernel_global);
     }
 
     #[test]

@@ -51,14 +51,33 @@ pub struct LocalApic {
 }
 
 impl LocalApic {
-    /// An xAPIC whose register page is mapped (uncached, writable) at
-    /// virtual address `base`.
+    /// An xAPIC whose register page is mapped at virtual address `base`.
+    ///
+    /// The mapping it needs, on every CPU that uses the value:
+    ///
+    /// - one 4 KiB page at `base` (4 KiB-aligned) whose frame is the
+    ///   physical address in IA32_APIC_BASE bits 12 and up
+    ///   (0xFEE0_0000 after reset; SDM vol. 3A, 10.4.4, or 11.4.4 in the
+    ///   editions that number the APIC chapter 11), read while the APIC is
+    ///   enabled in xAPIC mode (bit 11 set, bit 10 clear);
+    /// - present and writable (EOI and the ICR are written), supervisor
+    ///   only;
+    /// - strong uncacheable, as 10.4.1 / 11.4.1 requires for the APIC's
+    ///   registers: PCD and PWT set with PAT clear, which is UC while PAT
+    ///   entry 3 keeps its reset value (vol. 3A, "Selecting a Memory Type
+    ///   from the PAT"), or any PAT entry the kernel programmed as UC;
+    /// - no-execute where IA32_EFER.NXE is on, and global if the kernel
+    ///   promises global kernel mappings (neither is needed for the
+    ///   registers to work).
+    ///
+    /// With the `x86_64-mapper` feature, `tlb_batch::mapper::xapic::map_xapic`
+    /// writes exactly that entry through the `x86_64` crate's `Mapper`.
     ///
     /// # Safety
     ///
-    /// `base` must map the local APIC's 4 KiB register page for as long as
-    /// the value is used, and nothing else may treat that page as memory;
-    /// the value is used in ring 0 only.
+    /// `base` must map the local APIC's 4 KiB register page as above for
+    /// as long as the value is used, and nothing else may treat that page
+    /// as memory; the value is used in ring 0 only.
     pub const unsafe fn xapic(base: usize) -> Self {
         LocalApic {
             mode: ApicMode::XApic { base },

@@ -1,7 +1,8 @@
 //! The privileged instructions the x86_64 [`Arch`](super::Arch) executes,
 //! each in a small wrapper: `invlpg`, `INVPCID`, CR3 and CR4, MSRs,
-//! `CPUID`, the vendor and the [`Features`] read from it, and masking
-//! interrupts around a critical sequence.
+//! `CPUID` and the vendor read from it, and masking interrupts around a
+//! critical sequence. What CPUID and CR4 say about features is decoded in
+//! `x86_64_features.rs`.
 //!
 //! The `x86_64` module re-exports every public item, so that a kernel can
 //! use the same, documented wrappers.
@@ -212,91 +213,10 @@ pub const fn vendor_promises_fill_sets_accessed(vendor_id: &[u8; 12]) -> bool {
     matches!(vendor_id, b"GenuineIntel" | b"AuthenticAMD")
 }
 
-/// The TLB-related features this CPU reports.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Features {
-    /// Process-context identifiers (CR4.PCIDE).
-    pub pcid: bool,
-    /// The `INVPCID` instruction.
-    pub invpcid: bool,
-    /// x2APIC mode.
-    pub x2apic: bool,
-    /// Global pages (CR4.PGE).
-    pub pge: bool,
-    /// 5-level paging is on (CR4.LA57): addresses have 57 canonical bits
-    /// instead of 48. [`detect`](Self::detect) leaves it false; a kernel
-    /// that enables LA57 sets it.
-    pub la57: bool,
-    /// The kernel promises that every kernel mapping has its global bit set
-    /// and that CR4.PGE is on. With PCIDs, flushing a kernel page is then
-    /// one `invlpg` (it drops a global entry whatever PCID is loaded);
-    /// without the promise a kernel page may sit, non-global, in every
-    /// PCID's entries, and each kernel-page flush also drops every
-    /// non-global entry of every PCID (`INVPCID` all-contexts), which is
-    /// correct but costs every address space its TLB. [`detect`](Self::detect)
-    /// leaves it false, the safe choice.
-    pub kernel_global: bool,
-    /// A hypervisor runs this kernel as a guest (CPUID leaf 1, ECX bit 31;
-    /// the bit is the hypervisor's to set, so a clear one proves nothing).
-    /// Reported for [`fill_sets_accessed`](Self::fill_sets_accessed)'s sake.
-    pub hypervisor: bool,
-    /// The kernel's declaration that on every CPU a TLB fill sets the PTE's
-    /// accessed bit before the translation is cached
-    /// ([`Arch::fill_sets_accessed`](super::Arch::fill_sets_accessed)
-    /// answers it), which lets frame pools use aging epochs.
-    /// [`detect`](Self::detect) sets it when the vendor documents the
-    /// promise ([`vendor_promises_fill_sets_accessed`]: Intel and AMD).
-    ///
-    /// A kernel clears it when it cannot vouch for the TLB that really
-    /// serves its accesses. On bare metal that is the processor's. In a
-    /// guest ([`hypervisor`](Self::hypervisor)) with hardware nested paging
-    /// (Intel EPT, AMD NPT) the processor walks the guest's own page tables
-    /// and sets their accessed bits, so the vendor's promise carries over;
-    /// with shadow paging the hypervisor fills the TLB from tables of its
-    /// own, and the promise holds only if it sets the guest PTE's accessed
-    /// bit before it installs a shadow entry for it (as a hypervisor must
-    /// to emulate x86 faithfully, but a guest cannot check it). A guest
-    /// that neither knows that its hypervisor uses nested paging nor
-    /// trusts its shadow paging should clear the field. A kernel may set
-    /// it for another vendor only on that vendor's written promise.
-    /// Clearing it is always safe: pooled frames then wait for flushes
-    /// after their unmap.
-    pub fill_sets_accessed: bool,
-}
-
-impl Features {
-    /// Reads CPUID: the feature bits, the hypervisor bit and the vendor
-    /// string, which decides [`fill_sets_accessed`](Self::fill_sets_accessed).
-    /// [`la57`](Self::la57) and [`kernel_global`](Self::kernel_global),
-    /// which only the kernel knows, stay false.
-    pub fn detect() -> Features {
-        let (_, _, ecx1, edx1) = cpuid(1, 0);
-        let max = cpuid(0, 0).0;
-        let ebx7 = if max >= 7 { cpuid(7, 0).1 } else { 0 };
-        Features {
-            pcid: ecx1 & (1 << 17) != 0,
-            invpcid: ebx7 & (1 << 10) != 0,
-            x2apic: ecx1 & (1 << 21) != 0,
-            pge: edx1 & (1 << 13) != 0,
-            la57: false,
-            kernel_global: false,
-            hypervisor: ecx1 & (1 << 31) != 0,
-            fill_sets_accessed: vendor_promises_fill_sets_accessed(&vendor_id()),
-        }
-    }
-}
-
-/// CR4 bit: global pages.
-pub const CR4_PGE: u64 = 1 << 7;
-/// CR4 bit: PCIDs.
-pub const CR4_PCIDE: u64 = 1 << 17;
-/// CR3 bit: do not flush the new PCID's entries.
-pub const CR3_NOFLUSH: u64 = 1 << 63;
-
 #[cfg(test)]
 mod tests {
-    //! What runs without ring 0: the vendor decision, and CPUID itself
-    //! (user mode may execute it).
+    //! What runs without ring 0: the vendor decision (CPUID itself is
+    //! tested with the feature bits, in `x86_64_features.rs`).
     use super::*;
 
     #[test]
@@ -319,15 +239,5 @@ mod tests {
         ] {
             assert!(!vendor_promises_fill_sets_accessed(other), "{other:?}");
         }
-    }
-
-    #[test]
-    #[cfg_attr(miri, ignore = "CPUID is inline assembly, which Miri cannot run")]
-    fn detect_follows_the_vendor_of_this_cpu() {
-        let id = vendor_id();
-        let f = Features::detect();
-        assert_eq!(f.fill_sets_accessed, vendor_promises_fill_sets_accessed(&id));
-        assert!(!f.kernel_global && !f.la57, "kernel promises stay off");
-        assert_eq!(f.hypervisor, cpuid(1, 0).2 & (1 << 31) != 0);
     }
 }
