@@ -157,6 +157,9 @@ pub struct X86_64 {
     la57: bool,
     kernel_global: bool,
     fill_sets_accessed: bool,
+    /// The kernel's own answer to "which CPU is this?"
+    /// ([`with_cpu_index`](Self::with_cpu_index)), instead of the APIC ID.
+    cpu_index: Option<fn() -> usize>,
 }
 
 /// The width of a PCID: ASIDs 1 to 4095 are user address spaces, PCID 0 is
@@ -229,7 +232,36 @@ impl X86_64 {
             la57: features.la57,
             kernel_global: features.kernel_global && features.pge,
             fill_sets_accessed: features.fill_sets_accessed,
+            cpu_index: None,
         })
+    }
+
+    /// Has [`current_cpu`](Arch::current_cpu), which every crate call
+    /// asks, take the running CPU's index from `index` instead of reading
+    /// the local APIC ID and looking it up in the [`CpuTable`]: for a
+    /// kernel that keeps its CPU index in a per-CPU register already (its
+    /// GS-based per-CPU area, or `IA32_TSC_AUX` read with `rdpid` or
+    /// `rdtscp`). An xAPIC ID is a read of the APIC's MMIO page and an
+    /// x2APIC ID a `rdmsr`, and under many hypervisors each exits to the
+    /// hypervisor. [`bring_online`](Self::bring_online) and
+    /// [`take_offline`](Self::take_offline) still read the APIC ID, once.
+    ///
+    /// An index at or above [`MAX_CPUS`](crate::MAX_CPUS) is refused with
+    /// [`Error::CpuOutOfRange`], and one the table has no APIC ID for with
+    /// [`Error::UnregisteredCpu`] (its `hw_id` is then the index).
+    ///
+    /// # Safety
+    ///
+    /// On every CPU that runs crate code with this value, `index` returns
+    /// the index under which that CPU is [registered](CpuTable::register),
+    /// never another CPU's (a wrong index acknowledges another CPU's
+    /// flushes without doing them); it may be called with interrupts off
+    /// and from the flush-IPI handler, and does not call into the crate.
+    pub unsafe fn with_cpu_index(self, index: fn() -> usize) -> Self {
+        X86_64 {
+            cpu_index: Some(index),
+            ..self
+        }
     }
 
     /// Brings the running CPU into the online set, the set that shootdowns
@@ -365,6 +397,14 @@ unsafe impl Arch for X86_64 {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
 
     fn current_cpu(&self) -> Result<CpuId, Error> {
+        if let Some(index) = self.cpu_index {
+            let i = index();
+            let cpu = CpuId::new(i)?;
+            return match self.cpus.apic_id(cpu) {
+                Some(_) => Ok(cpu),
+                None => Err(Error::UnregisteredCpu { hw_id: i as u32 }),
+            };
+        }
         let apic_id = self.apic.id();
         self.cpus
             .cpu_of(apic_id)
@@ -508,91 +548,5 @@ unsafe impl Arch for X86_64 {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The decisions of the x86_64 `Arch` that run without ring 0: which
-    //! instruction drops a page, and which PCID an ASID gets (CPU
-    //! registration and the all-but-self shorthand are tested in
-    //! `x86_64_cpus.rs`). The instructions themselves run in the QEMU and
-    //! Bochs test kernels (`qemu-test/`).
-    use super::*;
-
-    #[test]
-    fn a_page_flush_reaches_every_pcid_that_may_hold_the_page() {
-        let user = Asid::new(5).unwrap();
-        // Without PCIDs: one context, `invlpg` whatever the ASID.
-        assert_eq!(page_flush(user, false, false, 0), PageFlush::Invlpg);
-        assert_eq!(page_flush(Asid::KERNEL, false, false, 0), PageFlush::Invlpg);
-        // A user page of the loaded PCID, or of another one.
-        assert_eq!(page_flush(user, true, false, 5), PageFlush::Invlpg);
-        assert_eq!(page_flush(user, true, true, 9), PageFlush::InvpcidAddress(5));
-        // A kernel page: global entries are dropped by `invlpg` in any
-        // PCID; a kernel that cannot promise global mappings gets every
-        // PCID flushed, whatever is loaded.
-        assert_eq!(page_flush(Asid::KERNEL, true, true, 5), PageFlush::Invlpg);
-        assert_eq!(page_flush(Asid::KERNEL, true, false, 5), PageFlush::EveryPcid);
-        assert_eq!(page_flush(Asid::KERNEL, true, false, 0), PageFlush::EveryPcid);
-        // An ASID wider than a PCID (only by a direct call): every PCID,
-        // never the PCID its low bits would name.
-        let wide = Asid::new(4096 + 5).unwrap();
-        assert_eq!(page_flush(wide, true, true, 5), PageFlush::EveryPcid);
-    }
-
-    #[test]
-    fn new_acts_on_what_cr4_enables_and_refuses_more() {
-        static CPUS: CpuTable = CpuTable::new();
-        static TLB: TlbShootdown = TlbShootdown::new();
-        // SAFETY: the value's registers are never touched here.
-        let apic = unsafe { LocalApic::xapic(0x1000) };
-        let build = |f: Features, cpu: &Supported, cr4: u64| {
-            X86_64::from_registers(apic, 0xf0, &CPUS, &TLB, f, cpu, cr4)
-        };
-        let (pcid, invpcid, pge) = (true, true, true);
-        let cpu = Supported {
-            pcid,
-            invpcid,
-            pge,
-            ..Supported::default()
-        };
-        let f = Features {
-            pcid,
-            invpcid,
-            pge,
-            kernel_global: true,
-            ..Features::default()
-        };
-        // CPUID's answer with CR4.PCIDE clear: refused, no CR3 with PCIDs.
-        assert!(matches!(
-            build(f, &cpu, CR4_PGE),
-            Err(Error::FeatureUnavailable { supported: true, .. })
-        ));
-        let arch = build(f, &cpu, CR4_PGE | CR4_PCIDE).unwrap();
-        assert!(arch.uses_pcid() && arch.tagged_tlb() && arch.kernel_global);
-        // What the kernel enabled, read from the same registers: accepted.
-        let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
-        let arch = build(enabled, &cpu, CR4_PGE).unwrap();
-        assert!(!arch.uses_pcid() && arch.invpcid && arch.pge_supported && !arch.kernel_global);
-        // PCIDs on without INVPCID: accepted, but nothing is tagged; PGE
-        // left out: no global shortcut, and full flushes still toggle it.
-        let no_invpcid = Supported {
-            invpcid: false,
-            ..cpu
-        };
-        let f = Features {
-            invpcid: false,
-            pge: false,
-            ..f
-        };
-        let arch = build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap();
-        assert!(!arch.uses_pcid() && arch.pge_supported && !arch.kernel_global);
-    }
-
-    #[test]
-    fn pcids_are_the_asids_and_the_kernel_has_zero() {
-        assert_eq!(X86_64::pcid_of(Asid::KERNEL), Some(0));
-        assert_eq!(X86_64::pcid_of(Asid::new(1).unwrap()), Some(1));
-        assert_eq!(X86_64::pcid_of(Asid::new(4095).unwrap()), Some(4095));
-        // Wider than 12 bits: no PCID, never another address space's.
-        assert_eq!(X86_64::pcid_of(Asid::new(4096).unwrap()), None);
-        assert_eq!(X86_64::pcid_of(Asid::new(4096 + 5).unwrap()), None);
-    }
-}
+#[path = "x86_64_tests.rs"]
+mod tests;

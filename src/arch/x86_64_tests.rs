@@ -1,0 +1,115 @@
+//! The decisions of the x86_64 `Arch` that run without ring 0: which
+//! instruction drops a page, and which PCID an ASID gets (CPU
+//! registration and the all-but-self shorthand are tested in
+//! `x86_64_cpus.rs`). The instructions themselves run in the QEMU and
+//! Bochs test kernels (`qemu-test/`).
+use super::*;
+
+#[test]
+fn a_page_flush_reaches_every_pcid_that_may_hold_the_page() {
+    let user = Asid::new(5).unwrap();
+    // Without PCIDs: one context, `invlpg` whatever the ASID.
+    assert_eq!(page_flush(user, false, false, 0), PageFlush::Invlpg);
+    assert_eq!(page_flush(Asid::KERNEL, false, false, 0), PageFlush::Invlpg);
+    // A user page of the loaded PCID, or of another one.
+    assert_eq!(page_flush(user, true, false, 5), PageFlush::Invlpg);
+    assert_eq!(page_flush(user, true, true, 9), PageFlush::InvpcidAddress(5));
+    // A kernel page: global entries are dropped by `invlpg` in any
+    // PCID; a kernel that cannot promise global mappings gets every
+    // PCID flushed, whatever is loaded.
+    assert_eq!(page_flush(Asid::KERNEL, true, true, 5), PageFlush::Invlpg);
+    assert_eq!(page_flush(Asid::KERNEL, true, false, 5), PageFlush::EveryPcid);
+    assert_eq!(page_flush(Asid::KERNEL, true, false, 0), PageFlush::EveryPcid);
+    // An ASID wider than a PCID (only by a direct call): every PCID,
+    // never the PCID its low bits would name.
+    let wide = Asid::new(4096 + 5).unwrap();
+    assert_eq!(page_flush(wide, true, true, 5), PageFlush::EveryPcid);
+}
+
+#[test]
+fn new_acts_on_what_cr4_enables_and_refuses_more() {
+    static CPUS: CpuTable = CpuTable::new();
+    static TLB: TlbShootdown = TlbShootdown::new();
+    // SAFETY: the value's registers are never touched here.
+    let apic = unsafe { LocalApic::xapic(0x1000) };
+    let build =
+        |f: Features, cpu: &Supported, cr4: u64| X86_64::from_registers(apic, 0xf0, &CPUS, &TLB, f, cpu, cr4);
+    let (pcid, invpcid, pge) = (true, true, true);
+    let cpu = Supported {
+        pcid,
+        invpcid,
+        pge,
+        ..Supported::default()
+    };
+    let f = Features {
+        pcid,
+        invpcid,
+        pge,
+        kernel_global: true,
+        ..Features::default()
+    };
+    // CPUID's answer with CR4.PCIDE clear: refused, no CR3 with PCIDs.
+    assert!(matches!(
+        build(f, &cpu, CR4_PGE),
+        Err(Error::FeatureUnavailable { supported: true, .. })
+    ));
+    let arch = build(f, &cpu, CR4_PGE | CR4_PCIDE).unwrap();
+    assert!(arch.uses_pcid() && arch.tagged_tlb() && arch.kernel_global);
+    // What the kernel enabled, read from the same registers: accepted.
+    let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
+    let arch = build(enabled, &cpu, CR4_PGE).unwrap();
+    assert!(!arch.uses_pcid() && arch.invpcid && arch.pge_supported && !arch.kernel_global);
+    // PCIDs on without INVPCID: accepted, but nothing is tagged; PGE
+    // left out: no global shortcut, and full flushes still toggle it.
+    let no_invpcid = Supported {
+        invpcid: false,
+        ..cpu
+    };
+    let f = Features {
+        invpcid: false,
+        pge: false,
+        ..f
+    };
+    let arch = build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap();
+    assert!(!arch.uses_pcid() && arch.pge_supported && !arch.kernel_global);
+}
+
+#[test]
+fn pcids_are_the_asids_and_the_kernel_has_zero() {
+    assert_eq!(X86_64::pcid_of(Asid::KERNEL), Some(0));
+    assert_eq!(X86_64::pcid_of(Asid::new(1).unwrap()), Some(1));
+    assert_eq!(X86_64::pcid_of(Asid::new(4095).unwrap()), Some(4095));
+    // Wider than 12 bits: no PCID, never another address space's.
+    assert_eq!(X86_64::pcid_of(Asid::new(4096).unwrap()), None);
+    assert_eq!(X86_64::pcid_of(Asid::new(4096 + 5).unwrap()), None);
+}
+
+#[test]
+fn a_kernel_given_cpu_index_is_checked_against_the_table() {
+    static CPUS: CpuTable = CpuTable::new();
+    static TLB: TlbShootdown = TlbShootdown::new();
+    CPUS.register(1, 0x10).unwrap();
+    // SAFETY: the value's registers are never touched: with an index
+    // hook, `current_cpu` reads no APIC ID.
+    let apic = unsafe { LocalApic::xapic(0x1000) };
+    let arch = X86_64::from_registers(
+        apic,
+        0xf0,
+        &CPUS,
+        &TLB,
+        Features::default(),
+        &Supported::default(),
+        0,
+    )
+    .unwrap();
+    // SAFETY (each): the hooks name the CPUs under test only.
+    let one = unsafe { arch.with_cpu_index(|| 1) };
+    assert_eq!(one.current_cpu(), Ok(CpuId::new(1).unwrap()));
+    let unregistered = unsafe { X86_64 { ..one }.with_cpu_index(|| 2) };
+    assert_eq!(
+        unregistered.current_cpu(),
+        Err(Error::UnregisteredCpu { hw_id: 2 })
+    );
+    let wild = unsafe { X86_64 { ..one }.with_cpu_index(|| usize::MAX) };
+    assert!(matches!(wild.current_cpu(), Err(Error::CpuOutOfRange { .. })));
+}
