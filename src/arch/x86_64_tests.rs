@@ -102,14 +102,16 @@ fn a_kernel_given_cpu_index_is_checked_against_the_table() {
         0,
     )
     .unwrap();
-    // SAFETY (each): the hooks name the CPUs under test only.
+    // SAFETY: no CPU runs crate code with this value; the test asks it.
     let one = unsafe { arch.with_cpu_index(|| 1) };
     assert_eq!(one.current_cpu(), Ok(CpuId::new(1).unwrap()));
+    // SAFETY: as above.
     let unregistered = unsafe { X86_64 { ..one }.with_cpu_index(|| 2) };
     assert_eq!(
         unregistered.current_cpu(),
         Err(Error::UnregisteredCpu { hw_id: 2 })
     );
+    // SAFETY: as above.
     let wild = unsafe { X86_64 { ..one }.with_cpu_index(|| usize::MAX) };
     assert!(matches!(wild.current_cpu(), Err(Error::CpuOutOfRange { .. })));
 }
