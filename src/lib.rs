@@ -66,6 +66,10 @@
 //!   call and `mapper::DeallocatorFrees` freeing into the crate's
 //!   `FrameDeallocator`), so a kernel that maps its pages with that crate
 //!   implements nothing for its page table.
+//! - `offset-tables`: the same `OffsetSpace` and `OffsetTeardown` without
+//!   the `x86_64` crate, built from the tables' addresses
+//!   (`OffsetSpace::from_addresses`): for a kernel on another version of
+//!   that crate (0.14) or with tables of its own making.
 //! - `std`: links the standard library (the mock needs it).
 //!
 //! # Bad input and failures
@@ -179,8 +183,8 @@ mod error;
 mod gather;
 pub mod generation;
 mod lifecycle;
-#[cfg(feature = "x86_64-mapper")]
-#[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
+#[cfg(feature = "offset-tables")]
+#[cfg_attr(docsrs, doc(cfg(feature = "offset-tables")))]
 pub mod mapper;
 mod migrate;
 mod mm;

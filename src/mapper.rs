@@ -108,12 +108,13 @@
 //! # }
 //! ```
 
+// The docs name the `x86_64` crate's items, which only `x86_64-mapper`
+// brings in: with `offset-tables` alone they print as plain names.
+#![cfg_attr(not(feature = "x86_64-mapper"), allow(rustdoc::broken_intra_doc_links))]
+
 use core::fmt;
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicU64, Ordering};
-
-use x86_64::structures::paging::{OffsetPageTable, PageSize, PageTableFlags, PhysFrame};
-use x86_64::{PhysAddr, VirtAddr};
 
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
@@ -123,12 +124,20 @@ use crate::rmap::PageTable;
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
 mod teardown;
+// What needs the `x86_64` crate itself (feature `x86_64-mapper`): the
+// constructors from its types and the conversions into them.
+#[cfg(feature = "x86_64-mapper")]
+mod x86_64_types;
 // `DeallocatorFrees`: the crate's frees into a `FrameDeallocator`.
+#[cfg(feature = "x86_64-mapper")]
 mod dealloc;
-// `OffsetTeardown::munmap` and `From<MapperError> for Error`.
+// `OffsetTeardown::munmap`.
+#[cfg(feature = "x86_64-mapper")]
 mod munmap;
+#[cfg(feature = "x86_64-mapper")]
 pub mod xapic;
 
+#[cfg(feature = "x86_64-mapper")]
 pub use dealloc::DeallocatorFrees;
 pub use teardown::OffsetTeardown;
 
@@ -146,8 +155,6 @@ const VA_BITS: u32 = 48;
 const UPPER_HALF: u64 = 0xffff_8000_0000_0000;
 /// The first address past the lower half.
 const LOWER_END: u64 = 0x0000_8000_0000_0000;
-/// Frames whose address fits the 52 physical-address bits of an entry.
-const MAX_FRAMES: u64 = 1 << (52 - PAGE_SHIFT);
 
 /// Bytes one entry at `level` maps (level 1: a 4 KiB page).
 const fn span(level: u32) -> u64 {
@@ -193,41 +200,15 @@ impl fmt::Display for MapperError {
 
 impl core::error::Error for MapperError {}
 
-impl<S: PageSize> From<PhysFrame<S>> for Frame {
-    /// The frame's first 4 KiB frame.
-    fn from(frame: PhysFrame<S>) -> Frame {
-        Frame(frame.start_address().as_u64() >> PAGE_SHIFT)
-    }
-}
-
-impl TryFrom<Frame> for PhysFrame {
-    type Error = MapperError;
-
-    /// The 4 KiB frame; [`MapperError::FrameOutOfRange`] beyond 52 bits of
-    /// physical address.
-    fn try_from(frame: Frame) -> Result<PhysFrame, MapperError> {
-        let out = MapperError::FrameOutOfRange { frame };
-        if frame.0 >= MAX_FRAMES {
-            return Err(out);
+impl From<MapperError> for crate::Error {
+    /// The same refusal: [`Error::HugePage`](crate::Error::HugePage) or
+    /// [`Error::FrameOutOfRange`](crate::Error::FrameOutOfRange), with the
+    /// same fields.
+    fn from(err: MapperError) -> crate::Error {
+        match err {
+            MapperError::HugePage { va, size } => crate::Error::HugePage { va, size },
+            MapperError::FrameOutOfRange { frame } => crate::Error::FrameOutOfRange { frame },
         }
-        let addr = PhysAddr::try_new(frame.addr()).map_err(|_| out)?;
-        PhysFrame::from_start_address(addr).map_err(|_| out)
-    }
-}
-
-impl From<PageTableFlags> for PteFlags {
-    /// The same bits; those [`PteFlags`] does not name (write-through,
-    /// cache-disable, huge page, bits 52 to 62) are dropped.
-    fn from(flags: PageTableFlags) -> PteFlags {
-        PteFlags::from_bits_truncate(flags.bits())
-    }
-}
-
-impl From<PteFlags> for PageTableFlags {
-    /// The same bits (the crate's software bits 9 to 11 are `BIT_9` to
-    /// `BIT_11`).
-    fn from(flags: PteFlags) -> PageTableFlags {
-        PageTableFlags::from_bits_truncate(flags.bits())
     }
 }
 
@@ -259,7 +240,7 @@ pub struct OffsetSpace<'a> {
     tlb: &'a MmTlbState,
     /// The tables are borrowed (through the mapper, or by the promise of
     /// [`from_raw_parts`](Self::from_raw_parts)) for `'a`.
-    _tables: PhantomData<&'a mut x86_64::structures::paging::PageTable>,
+    _tables: PhantomData<&'a mut [u64; ENTRIES as usize]>,
 }
 
 impl fmt::Debug for OffsetSpace<'_> {
@@ -273,30 +254,14 @@ impl fmt::Debug for OffsetSpace<'_> {
 }
 
 impl<'a> OffsetSpace<'a> {
-    /// The address space `tlb` whose table is `mapper`'s. The mapper stays
-    /// borrowed while the result lives, so the kernel cannot change the
-    /// table through it behind the crate's back; map more pages with the
-    /// mapper once the result is dropped, or use
-    /// [`from_raw_parts`](Self::from_raw_parts) under the kernel's own
-    /// page-table lock.
-    ///
-    /// Safe for the reason the mapper's own safe methods are: building the
-    /// mapper ([`OffsetPageTable::new`]) was the promise that its tables
-    /// are reachable at its offset, and `&mut` to it already lets safe
-    /// code write any entry of its level-4 table.
-    pub fn new(mapper: &'a mut OffsetPageTable<'_>, tlb: &'a MmTlbState) -> Self {
-        let offset = mapper.phys_offset().as_u64();
-        let level_4 = mapper.level_4_table_mut() as *mut x86_64::structures::paging::PageTable as u64;
-        OffsetSpace {
-            level_4,
-            offset,
-            tlb,
-            _tables: PhantomData,
-        }
-    }
-
-    /// The address space `tlb` whose level-4 table is at `level_4_table`,
-    /// with physical memory mapped at `phys_offset`.
+    /// The address space `tlb` whose level-4 table is at virtual address
+    /// `level_4_table`, with physical memory mapped at `phys_offset`: the
+    /// form that needs no type of the `x86_64` crate, for a kernel that
+    /// uses another version of it (0.14, say: pass
+    /// `mapper.level_4_table() as *const _ as u64` and
+    /// `mapper.phys_offset().as_u64()`) or builds its tables itself. With
+    /// the feature `x86_64-mapper`, `new` and `from_raw_parts` take the
+    /// `x86_64` crate's types instead.
     ///
     /// # Safety
     ///
@@ -305,16 +270,13 @@ impl<'a> OffsetSpace<'a> {
     /// mapped (readable and writable) at `phys_offset` plus its physical
     /// address, and no table frame is freed. Other code changes entries
     /// only atomically, or under the page-table lock the crate's callers
-    /// hold (see [`PageTable`]). These are the promises of
-    /// [`OffsetPageTable::new`], for as long as this value lives.
-    pub unsafe fn from_raw_parts(
-        level_4_table: VirtAddr,
-        phys_offset: VirtAddr,
-        tlb: &'a MmTlbState,
-    ) -> Self {
+    /// hold (see [`PageTable`]). These are the promises the `x86_64`
+    /// crate's `OffsetPageTable::new` asks for, for as long as this value
+    /// lives.
+    pub unsafe fn from_addresses(level_4_table: u64, phys_offset: u64, tlb: &'a MmTlbState) -> Self {
         OffsetSpace {
-            level_4: level_4_table.as_u64(),
-            offset: phys_offset.as_u64(),
+            level_4: level_4_table,
+            offset: phys_offset,
             tlb,
             _tables: PhantomData,
         }

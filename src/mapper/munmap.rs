@@ -1,27 +1,15 @@
 //! [`OffsetTeardown::munmap`], the short form of
 //! [`MmuGather::unmap_range`] for a plain munmap over a table the `x86_64`
-//! crate built, and [`MapperError`]'s conversion into the crate's
-//! [`Error`].
+//! crate built.
 
 use x86_64::structures::paging::{FrameDeallocator, Size4KiB};
 
-use super::{DeallocatorFrees, MapperError, OffsetTeardown};
+use super::{DeallocatorFrees, OffsetTeardown};
 use crate::arch::Arch;
 use crate::gather::{MmuGather, TableFreePolicy, TeardownSummary};
 use crate::pte::Frame;
 use crate::range::PageRange;
 use crate::Error;
-
-impl From<MapperError> for Error {
-    /// The same refusal: [`Error::HugePage`] or [`Error::FrameOutOfRange`],
-    /// with the same fields.
-    fn from(err: MapperError) -> Error {
-        match err {
-            MapperError::HugePage { va, size } => Error::HugePage { va, size },
-            MapperError::FrameOutOfRange { frame } => Error::FrameOutOfRange { frame },
-        }
-    }
-}
 
 impl OffsetTeardown<'_> {
     /// Unmaps `range` (munmap): clears its 4 KiB entries, flushes once,

@@ -4,6 +4,8 @@
 //! [`TableTeardown`], which detaches the page-table frames a teardown
 //! emptied.
 
+#![cfg_attr(not(feature = "x86_64-mapper"), allow(rustdoc::broken_intra_doc_links))]
+
 use core::sync::atomic::Ordering;
 
 use super::{index, span, OffsetSpace, ADDR_MASK, ENTRIES, HUGE, VA_BITS};
