@@ -48,16 +48,6 @@ pub unsafe trait TableTeardown: PageTable {
     /// Unlinks one page-table frame whose addresses all lie in `range`, or
     /// returns `None` when none is left.
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable>;
-
-    /// Refuses `range` before a teardown changes anything in it, when this
-    /// table holds something there that the teardown could not remove and
-    /// would otherwise skip (for example a huge page, which clearing 4 KiB
-    /// entries leaves mapped). [`MmuGather::unmap_range`] calls it first
-    /// and returns its error. The default refuses nothing.
-    fn check_teardown(&self, range: PageRange) -> Result<(), Error> {
-        let _ = range;
-        Ok(())
-    }
 }
 
 /// What the kernel supplies to [`MmuGather::unmap_range`].
@@ -261,7 +251,7 @@ impl<const N: usize> MmuGather<N> {
     /// Returns the counts of what this call did.
     ///
     /// Errors, with nothing changed: [`Error::NonCanonical`],
-    /// [`Error::AsidOutOfRange`], what [`TableTeardown::check_teardown`]
+    /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`](crate::PageTable::check_range)
     /// refuses (such as [`Error::HugePage`]), [`Error::OtherAddressSpace`],
     /// [`Error::OtherMachine`]; [`Error::CpuNotOnline`] and
     /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU
@@ -296,7 +286,7 @@ impl<const N: usize> MmuGather<N> {
         let mm = space.tlb_state();
         check_asid(arch, mm.asid())?;
         space_caller(arch, mm)?;
-        space.check_teardown(range)?;
+        space.check_range(range)?;
         self.claim(arch, mm)?;
         let result = self.tear_down(arch, space, backing, range, free_tables, policy, handback);
         if result.is_err() && !self.request.is_empty() {

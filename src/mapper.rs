@@ -33,12 +33,12 @@
 //!   [`SwapResult::Again`](crate::SwapResult::Again)).
 //!   [`OffsetSpace::check_no_huge`] refuses a range holding one with
 //!   [`MapperError::HugePage`] (it converts into the crate's
-//!   [`Error`](crate::Error)): call it before
-//!   [`change_protection`](crate::change_protection), and split or unmap
-//!   huge pages with the `x86_64` crate first. A teardown through
-//!   [`OffsetTeardown`] runs it itself and refuses such a range
-//!   ([`Error::HugePage`](crate::Error::HugePage)) before it changes
-//!   anything.
+//!   [`Error`](crate::Error)), and the range operations,
+//!   [`change_protection`](crate::change_protection) and a teardown
+//!   through [`OffsetTeardown`], run it themselves
+//!   ([`PageTable::check_range`]) and refuse such a range
+//!   ([`Error::HugePage`](crate::Error::HugePage)) before they change
+//!   anything: split or unmap huge pages with the `x86_64` crate first.
 //! - Nothing here panics: an address a four-level table cannot translate
 //!   (not canonical with 48 bits) has no entry ([`Pte::EMPTY`]), and an
 //!   entry whose table address is unusable is treated as absent.
@@ -115,6 +115,11 @@
 use core::fmt;
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicU64, Ordering};
+
+// For the docs' links to the `x86_64` crate's items.
+#[cfg(feature = "x86_64-mapper")]
+#[allow(unused_imports)]
+use x86_64::structures::paging::{OffsetPageTable, PageTableFlags, PhysFrame};
 
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
@@ -447,6 +452,14 @@ unsafe impl PageTable for OffsetSpace<'_> {
         if let Slot::Page { entry, .. } = self.slot(va) {
             entry.store(pte.0, Ordering::SeqCst);
         }
+    }
+
+    /// Refuses a range that a huge page maps any of
+    /// ([`check_no_huge`](OffsetSpace::check_no_huge), as
+    /// [`Error::HugePage`](crate::Error::HugePage)): the crate's range
+    /// operations change 4 KiB entries only, and would skip it.
+    fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
+        self.check_no_huge(range).map_err(crate::Error::from)
     }
 
     fn next_populated(&self, range: PageRange) -> Option<u64> {

@@ -43,7 +43,8 @@ use crate::Error;
 /// change holds cleared.
 ///
 /// Errors, with nothing changed: [`Error::NonCanonical`],
-/// [`Error::AsidOutOfRange`]; [`Error::CpuNotOnline`] and
+/// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
+/// (a huge page in the range, [`Error::HugePage`]); [`Error::CpuNotOnline`] and
 /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU (it
 /// is not online, or loaded the space's root without
 /// [`switch_mm`](crate::switch_mm)). A failed flush ([`Error::ShootdownReentered`])
@@ -67,6 +68,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     let mm = space.tlb_state();
     check_asid(arch, mm.asid())?;
     space_caller(arch, mm)?;
+    space.check_range(range)?;
     let mut flush = FlushRequest::new();
     let mut changed = 0;
     let walked = walk_range(arch, space, range, &mut |va, pte| {

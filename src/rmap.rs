@@ -103,6 +103,20 @@ pub unsafe trait PageTable {
         range.last().map(|_| range.start())
     }
 
+    /// Refuses `range` before a range operation
+    /// ([`change_protection`](crate::change_protection),
+    /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range)) changes
+    /// anything in it, when the table holds something there that the
+    /// operation, which changes 4 KiB entries, would leave as it is: a huge
+    /// page, typically ([`Error::HugePage`](crate::Error::HugePage)). The
+    /// operation returns the error with nothing changed, rather than skip
+    /// the page silently. The default refuses nothing: right for a table
+    /// without huge pages.
+    fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
+        let _ = range;
+        Ok(())
+    }
+
     /// Runs `body` once, holding the lock of the leaf page table that holds
     /// the entry for `va` (it maps [`TABLE_SPAN`](crate::TABLE_SPAN) bytes).
     ///

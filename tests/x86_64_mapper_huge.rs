@@ -106,13 +106,18 @@ fn huge_pages_are_reported_present_refused_and_never_changed() {
     assert_eq!(r, SwapResult::Again);
     assert!(space.lookup(two + PAGE_SIZE).maps(inside));
     batch.flush(&cpu0).unwrap();
-    let changed = change_protection(&cpu0, &space, around(two - PAGE_SIZE, 3), |p| {
-        Pte(p.0 & !PteFlags::WRITABLE.bits())
-    })
-    .unwrap();
-    assert_eq!(changed, 1, "the 4 KiB page only");
-    assert!(!space.lookup(two - PAGE_SIZE).is_writable());
+    // A range a huge page maps part of is refused, with nothing changed,
+    // rather than changed around the huge page.
+    let read_only = |p: Pte| Pte(p.0 & !PteFlags::WRITABLE.bits());
+    assert_eq!(
+        change_protection(&cpu0, &space, around(two - PAGE_SIZE, 3), read_only),
+        Err(tlb_batch::Error::HugePage { va: two, size: MIB2 })
+    );
+    assert!(space.lookup(two - PAGE_SIZE).is_writable(), "nothing changed");
     assert!(space.lookup(two).is_writable(), "the huge page is left as it is");
+    let changed = change_protection(&cpu0, &space, around(two - PAGE_SIZE, 1), read_only).unwrap();
+    assert_eq!(changed, 1, "the 4 KiB page alone");
+    assert!(!space.lookup(two - PAGE_SIZE).is_writable());
     assert_eq!(m.violations(), []);
 }
 

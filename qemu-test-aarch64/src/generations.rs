@@ -118,8 +118,9 @@ pub fn serve() {
         let loaded = space(LOADED[me].load(Ordering::Relaxed));
         let result = match cmd & 0xff {
             SWITCH => {
-                // SAFETY: every space here has the kernel's own tables as
-                // its root, which map everything this CPU runs; `loaded`
+                // SAFETY: every space here has the kernel's own tables, or
+                // a copy of their root, as its root, which map everything
+                // this CPU runs; `loaded`
                 // is what it has loaded (interrupts are always masked).
                 if unsafe { switch_mm(&a, Some(loaded), space(param)) }.is_err() {
                     crate::fatal("switch_mm refused a generations space");
@@ -361,8 +362,8 @@ pub fn run(bootargs: &[u8]) -> bool {
     // is asked to use the spaces.
     unsafe {
         (*core::ptr::addr_of_mut!(SPACES)).write([
-            MmTlbState::new(asid_a, mmu::root()),
-            MmTlbState::new(asid_b, mmu::root()),
+            MmTlbState::new(asid_a, mmu::root_copy(0)),
+            MmTlbState::new(asid_b, mmu::root_copy(1)),
         ]);
     }
     READY.store(true, Ordering::Release);

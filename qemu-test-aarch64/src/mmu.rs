@@ -212,6 +212,26 @@ pub fn root() -> u64 {
     L0.addr()
 }
 
+/// Roots of their own for the generations scenario's two address spaces.
+static L0_COPIES: [Table; 2] = [const { Table::new() }; 2];
+
+/// A root of its own (`slot` 0 or 1) that maps what [`root`] maps now,
+/// through the same lower tables: a CPU that has [`root`] loaded does not
+/// have this one loaded, so the crate can tell it apart (a root loaded
+/// without `switch_mm` to its own space is refused).
+pub fn root_copy(slot: usize) -> u64 {
+    let Some(copy) = L0_COPIES.get(slot) else {
+        crate::fatal("no such root copy");
+    };
+    for (to, from) in copy.0.iter().zip(L0.0.iter()) {
+        to.store(from.load(Ordering::Acquire), Ordering::Release);
+    }
+    // The entries reach the other CPUs' table walks before any of them
+    // can load this root.
+    tlb_batch::arch::aarch64::dsb_ish();
+    copy.addr()
+}
+
 /// Entry `index` (below 512) of the root table, for the teardown
 /// scenario's page tables, which hang below a level 0 entry of their own.
 pub fn root_entry(index: usize) -> &'static AtomicU64 {

@@ -26,7 +26,7 @@ use crate::Error;
 /// left empty by that. The level-4 table stays (it is the address space's
 /// root). A range that a 2 MiB or 1 GiB page maps any of is refused with
 /// [`Error::HugePage`] before anything changes
-/// ([`TableTeardown::check_teardown`], which runs
+/// ([`PageTable::check_range`], which runs
 /// [`OffsetSpace::check_no_huge`]): clearing 4 KiB entries would leave it
 /// mapped. Split or unmap huge pages with the `x86_64` crate first.
 ///
@@ -158,6 +158,13 @@ unsafe impl PageTable for OffsetTeardown<'_> {
     fn next_populated(&self, range: PageRange) -> Option<u64> {
         self.space.next_populated(range)
     }
+
+    /// Refuses a range that a huge page maps any of, with
+    /// [`Error::HugePage`]: the teardown clears 4 KiB entries only, and
+    /// would skip it.
+    fn check_range(&self, range: PageRange) -> Result<(), Error> {
+        self.space.check_no_huge(range).map_err(Error::from)
+    }
 }
 
 // SAFETY: `detach_table` unlinks a table with one atomic compare-exchange
@@ -177,12 +184,5 @@ unsafe impl TableTeardown for OffsetTeardown<'_> {
         // The deepest tables first: a parent empties only once its
         // children are gone.
         (2..=4).find_map(|level| self.detach_below(root, 4, 0, first, last, level))
-    }
-
-    /// Refuses a range that a huge page maps any of, with
-    /// [`Error::HugePage`]: the teardown clears 4 KiB entries only, and
-    /// would skip it.
-    fn check_teardown(&self, range: PageRange) -> Result<(), Error> {
-        self.space.check_no_huge(range).map_err(Error::from)
     }
 }

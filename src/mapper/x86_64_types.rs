@@ -43,7 +43,7 @@ impl<'a> OffsetSpace<'a> {
     /// mapped (readable and writable) at `phys_offset` plus its physical
     /// address, and no table frame is freed. Other code changes entries
     /// only atomically, or under the page-table lock the crate's callers
-    /// hold (see [`PageTable`]). These are the promises of
+    /// hold (see [`PageTable`](crate::PageTable)). These are the promises of
     /// [`OffsetPageTable::new`], for as long as this value lives.
     pub unsafe fn from_raw_parts(
         level_4_table: VirtAddr,
