@@ -38,6 +38,17 @@ pub struct Backing<'a, D: FrameDeallocator<Size4KiB>> {
     frees: DeallocatorFrees<'a, D>,
 }
 
+impl<'a, D: FrameDeallocator<Size4KiB>> Backing<'a, D> {
+    /// # Safety
+    ///
+    /// Frames are not reference-counted, and all came from `frames`.
+    pub unsafe fn new(dirty: &'a Dirty, frames: &'a mut D) -> Self {
+        // SAFETY: the caller's promise is `DeallocatorFrees::new`'s.
+        let frees = unsafe { DeallocatorFrees::new(frames) };
+        Backing { dirty, frees }
+    }
+}
+
 impl<D: FrameDeallocator<Size4KiB>> FreeFrames for Backing<'_, D> {
     fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>) {
         self.frees.free_batch(frames);
@@ -57,19 +68,20 @@ impl<D: FrameDeallocator<Size4KiB>> ReclaimBacking for Backing<'_, D> {
 // guide: reclaim
 /// Reclaims what it can of `candidates`, page-cache frames each mapped once,
 /// read-only, at its address in `mm` (whose table `mapper` is). Frames it
-/// keeps go to `keep` with why; on `Err`, retry the value later.
+/// keeps go to `keep` with why. `dirty`: a new one per call, kept until an
+/// `Err`'s retry (with a `Backing` of the same `dirty`) has finished.
 #[allow(clippy::result_large_err)] // the retry owns the batch: 2.5 KiB, no heap
 pub fn reclaim(
     mapper: &mut OffsetPageTable,
     mm: &MmTlbState,
+    dirty: &Dirty,
     frames: &mut impl FrameDeallocator<Size4KiB>,
     candidates: &[(PhysFrame, u64)],
     keep: &mut dyn FnMut(OwnedFrame, Verdict),
 ) -> Result<ReclaimSummary, ReclaimRetry<RECLAIM_BATCH>> {
     let space = OffsetSpace::new(mapper, mm);
-    let dirty = Dirty::default();
     // SAFETY: every mapping of each frame offered below is added first.
-    let mut rmap = unsafe { BoundedRmap::<_, _, RECLAIM_BATCH>::new(&dirty) };
+    let mut rmap = unsafe { BoundedRmap::<_, _, RECLAIM_BATCH>::new(dirty) };
     let mut offered = heapless::Vec::<OwnedFrame, RECLAIM_BATCH>::new();
     for &(frame, va) in candidates {
         // SAFETY: the page cache's claim on the frame, which it gives up.
@@ -82,8 +94,7 @@ pub fn reclaim(
         }
     }
     // SAFETY: frames are not reference-counted, and all came from `frames`.
-    let frees = unsafe { DeallocatorFrees::new(frames) };
-    let mut backing = Backing { dirty: &dirty, frees };
+    let mut backing = unsafe { Backing::new(dirty, frames) };
     let mut batch = UnmapBatch::new();
     tlb_batch::shrink_page_list(arch(), &rmap, &mut backing, &mut batch, offered, keep)
 }
