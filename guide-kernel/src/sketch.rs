@@ -1,12 +1,12 @@
 //! The README's sketch: the whole embedding in one screen, the crate's
 //! calls written out (the guide's modules split the same calls up).
 
+// guide: sketch
 use tlb_batch::arch::x86_64::{CpuTable, Features, LocalApic, X86_64};
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
 use tlb_batch::{Error, MmTlbState, PageGather, PageRange, TeardownSummary, TlbShootdown};
 use x86_64::structures::paging::{FrameDeallocator, OffsetPageTable, Size4KiB};
 
-// guide: sketch
 static CPUS: CpuTable = CpuTable::new();
 static TLB: TlbShootdown = TlbShootdown::new();
 
@@ -14,9 +14,10 @@ static TLB: TlbShootdown = TlbShootdown::new();
 /// calls `arch.flush_ipi_entry()`. Load every page-table root with
 /// `tlb_batch::switch_mm(&arch, prev, next)` from then on.
 pub fn start(apic: LocalApic) -> Result<X86_64, Error> {
-    CPUS.register(0, apic.id())?; // each CPU: index and APIC ID
-                                  // SAFETY: ring 0; every CPU is registered and routes 0xf0 before it
-                                  // comes online, and enables what this one did.
+    CPUS.register(0, apic.id())?; // every CPU, with its APIC ID
+
+    // SAFETY: ring 0; every CPU is registered and routes 0xf0 before it
+    // comes online, and enables what this one did.
     let arch = unsafe { X86_64::new(apic, 0xf0, &CPUS, &TLB, Features::detect()) }?;
     arch.bring_online()?; // on every CPU, as it starts
     Ok(arch)
@@ -25,7 +26,8 @@ pub fn start(apic: LocalApic) -> Result<X86_64, Error> {
 /// munmap: entries cleared, one flush, then frames and emptied tables freed.
 pub fn munmap(
     arch: &X86_64,
-    (mapper, mm): (&mut OffsetPageTable, &MmTlbState),
+    mapper: &mut OffsetPageTable,
+    mm: &MmTlbState,
     gather: &mut PageGather,
     frames: &mut impl FrameDeallocator<Size4KiB>,
     range: PageRange,
