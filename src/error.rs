@@ -110,8 +110,13 @@ pub enum Error {
         /// The running CPU.
         cpu: usize,
     },
-    /// A CPU asked to go offline is not in the online set (it never came
-    /// online, or already left). Nothing changed.
+    /// The CPU is not in the online set (it never came online, or already
+    /// left): a crate call that flushes, defers a flush or loads a user
+    /// address space on it (shootdowns reach online CPUs only, its own
+    /// flush included), or a CPU asked to go offline that is not online.
+    /// Nothing changed; bring it online first
+    /// ([`prepare_cpu_online`](crate::prepare_cpu_online) and the `Arch`'s
+    /// online path).
     CpuNotOnline {
         /// The CPU index.
         cpu: usize,
@@ -165,6 +170,17 @@ pub enum Error {
         feature: &'static str,
         /// Whether the CPU supports it (then it is only not enabled).
         supported: bool,
+    },
+    /// The kernel's CPU index for the running CPU
+    /// (`arch::x86_64::X86_64::with_cpu_index`)
+    /// names another CPU than the one its hardware identifier is registered
+    /// as: every crate call would act as that other CPU. Found when the CPU
+    /// comes online; nothing changed, and the CPU must not run crate code.
+    CpuIndexMismatch {
+        /// The index the kernel's hook gave.
+        given: usize,
+        /// The index the CPU is registered under.
+        registered: usize,
     },
 }
 
@@ -227,6 +243,12 @@ impl fmt::Display for Error {
             }
             Error::FrameOutOfRange { frame } => {
                 write!(f, "{frame:?} lies beyond 52 bits of physical address")
+            }
+            Error::CpuIndexMismatch { given, registered } => {
+                write!(
+                    f,
+                    "the kernel's CPU index {given} names another CPU than the running one ({registered})"
+                )
             }
             Error::FeatureUnavailable { feature, supported } => {
                 if supported {

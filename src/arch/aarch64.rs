@@ -19,8 +19,11 @@
 //!    [`Aarch64::flush_ipi_entry`], calls [`Aarch64::bring_online`]: it
 //!    flushes the CPU's whole TLB, joins the set of CPUs that shootdowns
 //!    reach, and flushes again. An unregistered CPU is refused there
-//!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
-//!    rather than act as another CPU;
+//!    ([`Error::UnregisteredCpu`]), and so is every crate call made on
+//!    one later (the same error, nothing changed) rather than act as
+//!    another CPU; a registered CPU that is not online yet is refused by
+//!    every call that flushes or loads a user space
+//!    ([`Error::CpuNotOnline`]);
 //! 3. a CPU that goes offline calls [`Aarch64::take_offline`] on itself,
 //!    with interrupts masked and an address space loaded whose tables stay
 //!    (the kernel's): it leaves the online set once no IPI sync can still

@@ -14,8 +14,11 @@
 //!    vector to a handler that calls [`X86_64::flush_ipi_entry`], calls
 //!    [`X86_64::bring_online`]: it flushes its whole TLB and joins the set
 //!    of CPUs that shootdowns reach. An unregistered CPU is refused there
-//!    ([`Error::UnregisteredCpu`]), and a crate function run on one panics
-//!    rather than act as another CPU;
+//!    ([`Error::UnregisteredCpu`]), and so is every crate call made on
+//!    one later (the same error, nothing changed) rather than act as
+//!    another CPU; a registered CPU that is not online yet is refused by
+//!    every call that flushes or loads a user space
+//!    ([`Error::CpuNotOnline`]);
 //! 3. a CPU that goes offline calls [`X86_64::take_offline`] on itself,
 //!    with interrupts off and an address space loaded whose tables stay
 //!    (the kernel's): it leaves the online set once no shootdown can still
@@ -283,13 +286,27 @@ impl X86_64 {
     /// before the flush.
     ///
     /// Errors: [`Error::UnregisteredCpu`] when this CPU's APIC ID is not in
-    /// the table; nothing changes, and the CPU must not run crate code.
+    /// the table; [`Error::CpuIndexMismatch`] when the kernel's index
+    /// ([`with_cpu_index`](Self::with_cpu_index)) names another CPU than
+    /// the one this APIC ID is registered as. Nothing changes, and the CPU
+    /// must not run crate code.
     pub fn bring_online(&self) -> Result<CpuId, Error> {
         let apic_id = self.apic.id();
         let cpu = self
             .cpus
             .cpu_of(apic_id)
             .ok_or(Error::UnregisteredCpu { hw_id: apic_id })?;
+        // The kernel's index, when it gives one, must name this very CPU:
+        // checked here, once, against the APIC ID.
+        if let Some(index) = self.cpu_index {
+            let given = index();
+            if given != cpu.index() {
+                return Err(Error::CpuIndexMismatch {
+                    given,
+                    registered: cpu.index(),
+                });
+            }
+        }
         crate::prepare_cpu_online(self)?;
         self.cpus.join(cpu);
         // The join is visible (SeqCst) before the second flush starts.
