@@ -344,6 +344,12 @@ impl<const N: usize> ReclaimRetry<N> {
     /// not written yet, the flush, the batched free and the hand-backs. The
     /// summary covers the whole reclaim, the first call's scan included.
     /// Errors: the work is handed back again, with the new error.
+    ///
+    /// `backing` is asked again which frames are dirty: give it one that
+    /// answers as the first call's did (the dirty state belongs with the
+    /// frame, in the kernel's page structure, not in a backing built for
+    /// one call). A backing that forgot would have a dirty frame freed
+    /// without its page-out.
     #[allow(clippy::result_large_err)] // as for the driver itself
     pub fn retry<A, B>(
         mut self,
