@@ -177,6 +177,10 @@ mod error;
 mod gather;
 pub mod generation;
 mod lifecycle;
+// The loom models: unit tests of the crate's own atomics under `--cfg loom`
+// (scripts/loom.sh).
+#[cfg(all(test, loom))]
+mod loom;
 #[cfg(feature = "x86_64-mapper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "x86_64-mapper")))]
 pub mod mapper;
