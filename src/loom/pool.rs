@@ -285,8 +285,9 @@ fn pool_model(name: &str, pass: Pass) {
                 Pass::Quiescent => {
                     assert!(quiescent_flush(&cpu), "cpu1 owes page 1's generation a flush");
                 }
-                // SAFETY (both): a model: the roots are never dereferenced.
+                // SAFETY: a model: the roots are never dereferenced.
                 Pass::SwitchAway => unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() },
+                // SAFETY: as above.
                 Pass::SwitchIn => unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() },
             }
             // Takes interrupts until both are done: in (h'') CPU 0's unmap
@@ -419,8 +420,9 @@ fn l_tagged_switch_away_and_back_while_the_pool_releases() {
             usize::from(back)
         });
         let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
-            // SAFETY (both): a model: the roots are never dereferenced.
+            // SAFETY: a model: the roots are never dereferenced.
             unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() };
+            // SAFETY: as above.
             unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() };
             // Back on the space: if the frame came back already, the entry
             // must be gone before this CPU could use it.
