@@ -5,7 +5,9 @@
 # (i), (l)), over the model machine of src/loom/machine.rs and run.rs,
 # compiled only under `cfg(all(test, loom))`.
 #
-# Under `--cfg loom` the crate's atomics come from loom (src/sync.rs), with
+# In the library's own test harness built with `--cfg loom` (and only
+# there: the plain library keeps core's atomics, so loom is only a
+# dev-dependency) the crate's atomics come from loom (src/sync.rs), with
 # MAX_CPUS = 64 and MAX_FLUSH_ENTRIES = 4 to keep the state small, so loom
 # explores the interleavings and weak-memory outcomes of the real
 # `shootdown`, `ipi_sync` and `handle_flush_ipi` (inboxes, `ipi_pending`

@@ -3,9 +3,12 @@
 //! `RUSTFLAGS="--cfg loom" cargo test --release --lib loom::`).
 //!
 //! They are compiled only in the crate's own test harness built with
-//! `--cfg loom` (`cfg(all(test, loom))`), in which the crate's atomics are
-//! loom's (`src/sync.rs`): the models run the real `shootdown`,
-//! `switch_mm`, `FramePool` and the rest, not a copy.
+//! `--cfg loom` (`cfg(all(test, loom))`), the one build in which the
+//! crate's atomics are loom's (`src/sync.rs`): the models run the real
+//! `shootdown`, `switch_mm`, `FramePool` and the rest, not a copy. Every
+//! other build, the plain library that dependents and this crate's
+//! integration tests link included, keeps `core`'s atomics, which is why
+//! loom is only a dev-dependency.
 //!
 //! - `machine.rs`: the model machine, simulated CPUs with an `Arch` of
 //!   their own, and the bounds the models run under;
