@@ -68,9 +68,9 @@
 # untaken, and the crate's counters agree with what the simulated CPUs did.
 #
 # Each model has a preemption bound (in its file); LOOM_MAX_PREEMPTIONS
-# overrides it for all of them. About 5 minutes on 2 cores. Which model
-# catches the weakening of each ordering in shootdown.rs and mm.rs is noted
-# beside the ordering.
+# overrides it for all of them. About 8 minutes on 2 cores, most of it
+# model (b). Which model catches the weakening of each ordering in
+# shootdown.rs and mm.rs is noted beside the ordering.
 #
 # Usage: scripts/loom.sh [FILTER] [cargo test arguments...]. FILTER, if the
 # first argument is not an option, replaces the default `loom::` (all the

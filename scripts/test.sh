@@ -5,7 +5,8 @@
 #      aarch64 code on QEMU's virt machine (scripts/qemu-test-aarch64.sh),
 #      and the barriers and TLBIs its flushes compile to
 #      (scripts/aarch64-flush-sequences.sh);
-#   2. loom models of the shootdown protocol (scripts/loom.sh);
+#   2. loom models of the shootdown protocol (scripts/loom.sh: unit tests of
+#      the library in src/loom/, built under `--cfg loom`);
 #   3. with a nightly toolchain: Miri over the protocol, batch and mock
 #      machine tests (scripts/miri.sh) and a short run of each fuzz target
 #      (scripts/fuzz.sh, FUZZ_SECONDS each, 20 by default here);
