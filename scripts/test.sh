@@ -7,7 +7,8 @@
 #      (scripts/aarch64-flush-sequences.sh); the guide's kernel glue built
 #      for x86_64-unknown-none, its snippets checked against it
 #      (scripts/guide-check.sh, seconds);
-#   2. loom models of the shootdown protocol (scripts/loom.sh);
+#   2. loom models of the shootdown protocol (scripts/loom.sh: unit tests of
+#      the library in src/loom/, built under `--cfg loom`);
 #   3. with a nightly toolchain: Miri over the protocol, batch and mock
 #      machine tests (scripts/miri.sh) and a short run of each fuzz target
 #      (scripts/fuzz.sh, FUZZ_SECONDS each, 20 by default here);

@@ -9,12 +9,12 @@ use crate::Error;
 
 /// The number of CPUs a [`CpuSet`] can name. CPU indices run from 0 to
 /// `MAX_CPUS - 1`.
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 pub const MAX_CPUS: usize = 256;
 
-/// Under `--cfg loom` one word of CPUs keeps the state the model checker
-/// tracks small (tests/loom_*.rs).
-#[cfg(loom)]
+/// In the loom harness (`cfg(all(test, loom))`) one word of CPUs keeps the
+/// state the model checker tracks small (src/loom/).
+#[cfg(all(test, loom))]
 pub const MAX_CPUS: usize = 64;
 
 const WORDS: usize = MAX_CPUS / 64;

@@ -108,11 +108,12 @@ use crate::sync::{atomic_array, fence, maybe_const_fn, AtomicU32, AtomicU64, Ato
 /// How many ASIDs each CPU remembers a generation for. An ASID evicted from
 /// a CPU's slots is flushed at its next load on that CPU unless a full local
 /// flush came in between.
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 pub const ASID_SLOTS: usize = 8;
 
-/// Under `--cfg loom`, two slots keep the modelled state small.
-#[cfg(loom)]
+/// In the loom harness (`cfg(all(test, loom))`), two slots keep the
+/// modelled state small.
+#[cfg(all(test, loom))]
 pub const ASID_SLOTS: usize = 2;
 
 static_assertions::const_assert!(ASID_SLOTS <= u8::MAX as usize);

@@ -183,6 +183,10 @@ mod error;
 mod gather;
 pub mod generation;
 mod lifecycle;
+// The loom models: unit tests of the crate's own atomics under `--cfg loom`
+// (scripts/loom.sh).
+#[cfg(all(test, loom))]
+mod loom;
 #[cfg(feature = "offset-tables")]
 #[cfg_attr(docsrs, doc(cfg(feature = "offset-tables")))]
 pub mod mapper;

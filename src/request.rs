@@ -8,22 +8,24 @@ use crate::Error;
 
 /// The most page ranges a request carries, and so the largest useful
 /// [`Arch::FULL_FLUSH_CEILING`](crate::Arch::FULL_FLUSH_CEILING).
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 pub const MAX_FLUSH_ENTRIES: usize = 64;
 
-/// Under `--cfg loom` a request carries few ranges, which keeps the request
-/// slots the model checker tracks small (tests/loom_*.rs).
-#[cfg(loom)]
+/// In the loom harness (`cfg(all(test, loom))`) a request carries few
+/// ranges, which keeps the request slots the model checker tracks small
+/// (src/loom/).
+#[cfg(all(test, loom))]
 pub const MAX_FLUSH_ENTRIES: usize = 4;
 
 /// The most distinct ASIDs a request names before it degrades to "flush
 /// everything".
-#[cfg(not(loom))]
+#[cfg(not(all(test, loom)))]
 pub const MAX_FLUSH_ASIDS: usize = 8;
 
-/// Under `--cfg loom` a request names two ASIDs (the models use at most
-/// two address spaces), which keeps the request slots small.
-#[cfg(loom)]
+/// In the loom harness (`cfg(all(test, loom))`) a request names two ASIDs
+/// (the models use at most two address spaces), which keeps the request
+/// slots small.
+#[cfg(all(test, loom))]
 pub const MAX_FLUSH_ASIDS: usize = 2;
 
 /// A run of consecutive pages of one address space.

@@ -7,8 +7,8 @@
 //! count a CPU as running the space it loads from before the load, and
 //! never count a pass for entries filled after the epoch it read.
 //!
-//! Loom explores the same window exhaustively in tests/loom_mm.rs (model
-//! (e)) and tests/loom_pool.rs (models (h') and (h'')); here it is one
+//! Loom explores the same window exhaustively in src/loom/mm.rs (model
+//! (e)) and src/loom/pool.rs (models (h') and (h'')); here it is one
 //! fixed interleaving, on the whole crate (reverse-map walk, batch,
 //! shootdown, pool, kernel free), judged by the oracle and by counts,
 //! never by timing.

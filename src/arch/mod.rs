@@ -12,39 +12,43 @@
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock;
-// Not under `--cfg loom`: its `static`-friendly `const` constructors use
-// `core` atomics, and the loom models (tests/loom_*.rs) bring their own Arch.
-#[cfg(all(target_arch = "x86_64", not(loom)))]
+// Not in the loom harness (`cfg(all(test, loom))`): its `static`-friendly
+// `const` constructors use `core` atomics, and the loom models (src/loom/)
+// bring their own Arch. The plain library has it under `--cfg loom` too.
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "x86_64")))]
 pub mod x86_64;
 // Its instruction wrappers, local APIC, CPU table and feature detection,
 // which `x86_64` re-exports.
-#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 mod x86_64_apic;
-#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 mod x86_64_cpus;
-#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 mod x86_64_features;
-#[cfg(all(target_arch = "x86_64", not(loom)))]
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 mod x86_64_instructions;
 // As for x86_64. The arithmetic of the aarch64 `Arch` (register fields,
 // TLBI operands, the CPU table) lives in modules of its own that compile on
 // the host as well, where their unit tests run; `aarch64` re-exports it.
-#[cfg(all(target_arch = "aarch64", not(loom)))]
+#[cfg(all(target_arch = "aarch64", not(all(test, loom))))]
 #[cfg_attr(docsrs, doc(cfg(target_arch = "aarch64")))]
 pub mod aarch64;
-#[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
+#[cfg(all(not(all(test, loom)), any(test, target_arch = "aarch64")))]
 mod aarch64_cpus;
 // Its instruction wrappers, which `aarch64` re-exports, and the barrier
 // and TLBI sequence of each of its flushes.
-#[cfg(all(target_arch = "aarch64", not(loom)))]
+#[cfg(all(target_arch = "aarch64", not(all(test, loom))))]
 mod aarch64_instructions;
-#[cfg(all(target_arch = "aarch64", not(loom)))]
+#[cfg(all(target_arch = "aarch64", not(all(test, loom))))]
 mod aarch64_sequences;
 // The CPU table both hardware `Arch`es wrap.
-#[cfg(all(not(loom), any(test, target_arch = "aarch64")))]
+#[cfg(all(not(all(test, loom)), any(test, target_arch = "aarch64")))]
 mod aarch64_encoding;
-#[cfg(all(not(loom), any(test, target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(all(
+    not(all(test, loom)),
+    any(test, target_arch = "x86_64", target_arch = "aarch64")
+))]
 mod cpu_registry;
 
 pub use crate::asid::Asid;

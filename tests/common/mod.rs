@@ -2,8 +2,6 @@
 #![allow(dead_code)]
 
 pub mod bounded_rmap;
-#[cfg(loom)]
-pub mod loom_model;
 pub mod pool;
 pub mod soundness;
 #[cfg(all(feature = "x86_64-mapper", feature = "mock"))]

@@ -1,5 +1,5 @@
 //! Model checks with loom of what an address space's fences guarantee
-//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_mm`):
+//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --lib loom::mm`):
 //! `switch_mm` against the flush targets of an unmap, and deferred flushes
 //! against `flush_tlb_batched_pending`.
 //!
@@ -35,16 +35,15 @@
 //!   it once it switched away.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
-//! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
-//! `loom_shootdown.rs`, the frame pool's (h) to (i) in `loom_pool.rs`.
-#![cfg(loom)]
+//! `machine.rs`, running a model in `run.rs`; the shootdown models (a) to
+//! (d) are in `shootdown.rs`, the frame pool's (h) to (i) in `pool.rs`.
 
-mod common;
-
-use common::loom_model::{asid, cached_on, check, cpu_id, spawn_cpu, Machine, BASE, EMPTY, MAPPED};
 use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
-use tlb_batch::{
+
+use super::machine::{asid, cpu_id, Cpu, Machine, BASE, EMPTY, MAPPED};
+use super::run::{cached_on, check, spawn_cpu};
+use crate::{
     enter_lazy_tlb, flush_tlb_batched_pending, flush_tlb_page, leave_lazy_tlb, switch_mm, Asid, Frame,
     MmTlbState, Pte, PteFlags, TlbFlushUnmapBatch,
 };
@@ -188,7 +187,7 @@ fn j_tagged_switch_back_races_with_an_unmapper() {
         let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
         let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
         cached_on(&m, seen, 1, &mm);
-        let away = common::loom_model::Cpu::detached(1, &m, seen);
+        let away = Cpu::detached(1, &m, seen);
         // SAFETY: a model: the roots are never dereferenced.
         unsafe { switch_mm(&away, Some(&mm), &other).unwrap() };
         assert!(m.caches(1), "a tagged TLB keeps the entry");
@@ -226,7 +225,7 @@ fn k_lazy_cpu_resumes_while_an_unmapper_skips_it() {
         let m = Machine::new(2);
         let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
         cached_on(&m, seen, 1, &mm);
-        enter_lazy_tlb(&common::loom_model::Cpu::detached(1, &m, seen), &mm).unwrap();
+        enter_lazy_tlb(&Cpu::detached(1, &m, seen), &mm).unwrap();
         let mm0 = mm.clone();
         let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
             assert_eq!(cpu.m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
@@ -326,7 +325,7 @@ fn n_a_page_flush_step_races_with_a_batched_unmap() {
             // Page flushes of page 0 (the batch's, if it interrupts CPU 1)
             // drop the entry, and loading the space may walk it again.
             cpu.refill_after_flush.set(true);
-            flush_tlb_page(&cpu, &mm, BASE + tlb_batch::PAGE_SIZE).unwrap();
+            flush_tlb_page(&cpu, &mm, BASE + crate::PAGE_SIZE).unwrap();
             // SAFETY: a model: the roots are never dereferenced.
             unsafe {
                 switch_mm(&cpu, Some(&mm), &other).unwrap();

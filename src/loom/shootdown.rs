@@ -1,5 +1,5 @@
 //! Model checks of the cross-CPU shootdown protocol with loom
-//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_shootdown`):
+//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --lib loom::shootdown`):
 //! the real `shootdown`, `ipi_sync` and `handle_flush_ipi`, their inboxes,
 //! `ipi_pending` flags and acknowledgement counters.
 //!
@@ -27,18 +27,19 @@
 //! untaken, and the crate's counters agree with what the CPUs did.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
-//! `tests/common/loom_model.rs`; the address-space models (e) to (g) are in
-//! `loom_mm.rs`, the frame pool's (h) to (i) in `loom_pool.rs`.
-#![cfg(loom)]
-
-mod common;
+//! `machine.rs`, running a model and the end-of-model checks in `run.rs`;
+//! the address-space models (e) to (g) are in `mm.rs`, the frame pool's
+//! (h) to (i) in `pool.rs`.
 
 use std::sync::atomic::Ordering as StdOrdering;
+use std::vec::Vec;
 
-use common::loom_model::{check, cpu_id, cpu_set, nothing_lost, request_of, spawn_cpu, Cpu, Machine};
 use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::sync::Arc;
-use tlb_batch::{ipi_sync, shootdown, take_cpu_offline};
+
+use super::machine::{cpu_id, cpu_set, request_of, Cpu, Machine};
+use super::run::{check, nothing_lost, spawn_cpu};
+use crate::{ipi_sync, shootdown, take_cpu_offline};
 
 /// (a) CPU 0 and CPU 1 shoot at each other at the same time, both with
 /// interrupts disabled. Neither can take the other's IPI; each must serve

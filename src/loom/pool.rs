@@ -1,5 +1,5 @@
 //! Model checks with loom of the real `FramePool`'s flush epochs and passes
-//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --test loom_pool`).
+//! (`scripts/loom.sh`: `RUSTFLAGS="--cfg loom" cargo test --release --lib loom::pool`).
 //!
 //! The models:
 //!
@@ -31,21 +31,21 @@
 //!   entry after the frame came back.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
-//! `tests/common/loom_model.rs`; the shootdown models (a) to (d) are in
-//! `loom_shootdown.rs`, the address-space models (e) to (g) in `loom_mm.rs`.
-#![cfg(loom)]
-
-mod common;
+//! `machine.rs`, running a model in `run.rs`; the shootdown models (a) to
+//! (d) are in `shootdown.rs`, the address-space models (e) to (g) in
+//! `mm.rs`.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering as StdOrdering;
 
-use common::loom_model::{asid, cached_on, check, spawn_cpu, Cpu, Machine, BASE, EMPTY, MAPPED, YOUNG};
 use loom::sync::atomic::AtomicU64;
 use loom::sync::atomic::Ordering;
 use loom::sync::Arc;
 use loom::thread;
-use tlb_batch::{
+
+use super::machine::{asid, Cpu, Machine, BASE, EMPTY, MAPPED, YOUNG};
+use super::run::{cached_on, check, spawn_cpu};
+use crate::{
     page_referenced, quiescent_flush, switch_mm, Asid, Frame, FramePool, Mapping, MappingFlags, MmTlbState,
     OwnedFrame, PageTable, Pte, PteFlags, Rmap, SwapResult, TlbFlushUnmapBatch, TtuFlags, UnmapBatch,
     Unmapped, PAGE_SIZE,
@@ -285,8 +285,9 @@ fn pool_model(name: &str, pass: Pass) {
                 Pass::Quiescent => {
                     assert!(quiescent_flush(&cpu), "cpu1 owes page 1's generation a flush");
                 }
-                // SAFETY (both): a model: the roots are never dereferenced.
+                // SAFETY: a model: the roots are never dereferenced.
                 Pass::SwitchAway => unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() },
+                // SAFETY: as above.
                 Pass::SwitchIn => unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() },
             }
             // Takes interrupts until both are done: in (h'') CPU 0's unmap
@@ -419,8 +420,9 @@ fn l_tagged_switch_away_and_back_while_the_pool_releases() {
             usize::from(back)
         });
         let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
-            // SAFETY (both): a model: the roots are never dereferenced.
+            // SAFETY: a model: the roots are never dereferenced.
             unsafe { switch_mm(&cpu, Some(&mm), &other).unwrap() };
+            // SAFETY: as above.
             unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() };
             // Back on the space: if the frame came back already, the entry
             // must be gone before this CPU could use it.
