@@ -3,6 +3,7 @@
 //! through ([`PtmSpace::for_teardown`]), and its [`TableTeardown`], which
 //! unlinks the page-table frames a teardown left empty.
 
+use core::fmt;
 use core::sync::atomic::Ordering;
 
 use page_table_multiarch::PagingHandler;
@@ -31,9 +32,16 @@ use crate::Error;
 /// A range any of which a 2 MiB or 1 GiB page maps is refused with
 /// [`Error::HugePage`] before anything changes
 /// ([`PageTable::check_range`] runs [`PtmSpace::check_no_huge`]).
-#[derive(Debug)]
 pub struct PtmTeardown<'a, H: PagingHandler> {
     space: PtmSpace<'a, H>,
+}
+
+impl<H: PagingHandler> fmt::Debug for PtmTeardown<'_, H> {
+    // By hand: a derive would ask `H: Debug` of the handler, which
+    // `PagingHandler` does not.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PtmTeardown").field("space", &self.space).finish()
+    }
 }
 
 impl<'a, H: PagingHandler> PtmSpace<'a, H> {
