@@ -158,7 +158,6 @@ fn mmu_gather_frees_data_after_the_flush_then_the_tables_it_unlinked() {
         "inside one table"
     );
     assert_eq!(m.violations(), []);
-    drop(space);
     // The table itself still reaches what is left, and frees the rest
     // (not the unlinked tables again) when dropped.
     let before = deallocated().len();
