@@ -205,6 +205,16 @@ mod pte;
 )]
 pub mod ptm;
 mod range;
+/// The example of `docs/page-table-multiarch.md`, compiled and run by
+/// `cargo test --doc` (only then: the file is not in the package).
+#[cfg(all(
+    doctest,
+    feature = "page-table-multiarch",
+    feature = "mock",
+    target_arch = "x86_64"
+))]
+#[doc = include_str!("../docs/page-table-multiarch.md")]
+pub struct PageTableMultiarchGuide;
 mod reclaim;
 mod request;
 pub mod rmap;
