@@ -181,8 +181,9 @@ impl<'a, H: PagingHandler> PtmSpace<'a, H> {
     /// writable at `H::phys_to_virt` of its physical address; no table
     /// frame is freed; and other code changes its entries only atomically
     /// or under the page-table lock the crate's callers hold (see
-    /// [`PageTable`]), never through a `&mut` to an entry while the crate
-    /// runs.
+    /// [`PageTable`]): while the crate runs, no cursor of the table and no
+    /// `query` or `walk` of it (plain reads and writes of the same words)
+    /// runs on another CPU.
     pub unsafe fn from_root(root_paddr: usize, tlb: &'a MmTlbState) -> Self {
         PtmSpace {
             root: root_paddr as u64,

@@ -345,3 +345,21 @@ fn next_populated_follows_the_tables_across_both_halves() {
     assert_eq!(space.next_populated(leaf), None);
     assert_eq!(space.next_populated(PageRange::EMPTY), None);
 }
+
+/// A kernel that keeps its table behind its own lock passes the root: the
+/// same entries, the same changes.
+#[test]
+fn from_root_sees_and_changes_what_new_does() {
+    let mut t = table();
+    map(&mut t, va(0), Frame(0x42), PageSize::Size4K, user_rw());
+    let root = t.root_paddr().as_usize();
+    let tlb = MmTlbState::new(asid(1), root as u64);
+    let by_borrow = PtmSpace::new(&mut t, &tlb).lookup(va(0));
+    // SAFETY: `t` is live, its handler maps every table frame, and
+    // nothing else touches it while `space` lives.
+    let space = unsafe { PtmSpace::<common::ptm_tables::HostPaging>::from_root(root, &tlb) };
+    assert_eq!(space.root_paddr(), root as u64);
+    assert_eq!(space.lookup(va(0)), by_borrow);
+    assert!(space.clear(va(0)).maps(Frame(0x42)));
+    assert_eq!(query(&t, va(0)), Err(PagingError::NotMapped));
+}
