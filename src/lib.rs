@@ -70,6 +70,12 @@
 //!   the `x86_64` crate, built from the tables' addresses
 //!   (`OffsetSpace::from_addresses`): for a kernel on another version of
 //!   that crate (0.14) or with tables of its own making.
+//! - `page-table-multiarch`: `ptm::PtmSpace`, the [`PageTable`] of an
+//!   x86_64 table built with the `page_table_multiarch` crate
+//!   (`X64PageTable`, as ArceOS and StarryOS use), and `ptm::PtmTeardown`
+//!   for [`MmuGather`]; on x86_64 targets only, and with Rust 1.88 or newer
+//!   (that crate's edition and syntax). Its guide is
+//!   `docs/page-table-multiarch.md`.
 //! - `std`: links the standard library (the mock needs it).
 //!
 //! # Bad input and failures
@@ -196,7 +202,23 @@ mod mprotect;
 mod percpu;
 pub mod pool;
 mod pte;
+#[cfg(all(feature = "page-table-multiarch", target_arch = "x86_64"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(all(feature = "page-table-multiarch", target_arch = "x86_64")))
+)]
+pub mod ptm;
 mod range;
+/// The example of `docs/page-table-multiarch.md`, compiled and run by
+/// `cargo test --doc` (only then: the file is not in the package).
+#[cfg(all(
+    doctest,
+    feature = "page-table-multiarch",
+    feature = "mock",
+    target_arch = "x86_64"
+))]
+#[doc = include_str!("../docs/page-table-multiarch.md")]
+pub struct PageTableMultiarchGuide;
 mod reclaim;
 mod request;
 pub mod rmap;

@@ -3,6 +3,8 @@
 
 pub mod bounded_rmap;
 pub mod pool;
+#[cfg(all(feature = "page-table-multiarch", feature = "mock", target_arch = "x86_64"))]
+pub mod ptm_tables;
 pub mod soundness;
 #[cfg(all(feature = "x86_64-mapper", feature = "mock"))]
 pub mod x86_tables;
