@@ -181,7 +181,10 @@ fn arch() -> X86_64 {
 }
 
 fn me() -> usize {
-    arch().current_cpu().expect("every CPU of the test kernel is registered").index()
+    arch()
+        .current_cpu()
+        .expect("every CPU of the test kernel is registered")
+        .index()
 }
 
 fn say(args: core::fmt::Arguments<'_>) {
