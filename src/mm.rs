@@ -12,7 +12,7 @@ use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, maybe_const_fn, AtomicBool, AtomicU64, Ordering};
 use crate::validate::{check_asid, check_range, check_va};
-use crate::verify::space_caller;
+use crate::verify::{bind_machine, space_caller};
 use crate::Error;
 
 /// The TLB-related state of one address space (the fields Linux keeps in
@@ -52,12 +52,24 @@ pub struct MmTlbState {
     /// generation advance known to follow its PTE clears: then
     /// [`flush_tlb_batched_pending`] reaches every CPU running the space.
     untracked: AtomicBool,
+    /// 0 until the space is first used; then the id of the machine it
+    /// was used on (the address of its [`TlbShootdown`]).
+    pub(crate) machine: AtomicU64,
 }
 
 impl MmTlbState {
     maybe_const_fn! {
         /// The state of a user address space with this ASID and page-table
         /// root (opaque here; passed to [`Arch::switch_address_space`]).
+        ///
+        /// One state per address space, shared by every CPU that runs it,
+        /// each loading it only through [`switch_mm`] with this state: the
+        /// state's CPU set is what flushes reach. A second state for the
+        /// same root (or the root loaded another way) has CPUs the first
+        /// state's flushes skip. The calling CPU's side of that is refused
+        /// ([`Error::UntrackedRoot`]); [`check_cpu_state`](crate::check_cpu_state)
+        /// finds it on any CPU. Give each live address space its own ASID,
+        /// and use the state on one machine only ([`Error::OtherMachine`]).
         pub fn new(asid: Asid, root: u64) -> Self {
             MmTlbState {
                 asid,
@@ -67,6 +79,7 @@ impl MmTlbState {
                 batch_pending: AtomicU64::new(0),
                 batch_flushed: AtomicU64::new(0),
                 untracked: AtomicBool::new(false),
+                machine: AtomicU64::new(0),
             }
         }
     }
@@ -284,7 +297,8 @@ impl MmTlbState {
 /// hardware's ([`Arch::asid_bits`]), since the hardware would tag its
 /// entries as another address space's; [`Error::CpuNotOnline`] when `next`
 /// is a user space and this CPU is not online (flushes would not reach
-/// it: bring it online first, loading the kernel's space meanwhile); the
+/// it: bring it online first, loading the kernel's space meanwhile);
+/// [`Error::OtherMachine`] when `next` was used on another machine; the
 /// error of [`Arch::current_cpu`] when the CPU cannot be told.
 ///
 /// # Safety
@@ -298,6 +312,7 @@ pub unsafe fn switch_mm<A: Arch>(
     next: &MmTlbState,
 ) -> Result<(), Error> {
     check_asid(arch, next.asid)?;
+    bind_machine(arch, next)?;
     // A user space loaded on a CPU that flushes do not reach would keep
     // its entries through every flush; the kernel's may be loaded on a CPU
     // coming up, which flushes everything as it joins.

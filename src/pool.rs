@@ -574,8 +574,10 @@ impl<const N: usize> FramePool<N> {
     /// those and any other a CPU's flush has covered meanwhile. The
     /// younger generations keep waiting for the CPUs' own flushes, which
     /// they are the likeliest not to have had yet. For when the pool is
-    /// full, or the kernel needs some frames now. Errors: as for `flush`,
-    /// with the pool unchanged.
+    /// full, or the kernel needs some frames now. With `frames` 0 it
+    /// interrupts no CPU: only the generations no CPU can cache any more
+    /// come back, as from [`release_passed`](Self::release_passed). Errors:
+    /// as for `flush`, with the pool unchanged.
     pub fn flush_oldest<A: Arch>(&mut self, arch: &A, frames: usize) -> Result<Flushed<N>, Error> {
         self.check_machine(arch)?;
         let state = arch.shootdown_state();

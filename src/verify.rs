@@ -18,13 +18,16 @@ use crate::mm::MmTlbState;
 use crate::Error;
 
 /// The calling CPU, for a crate function about to flush `mm` (or to defer
-/// a flush of it): refused when the CPU is not online
+/// a flush of it): refused when `mm` belongs to another machine
+/// ([`Error::OtherMachine`]: its CPU set names that machine's CPUs), when
+/// the CPU is not online
 /// ([`Error::CpuNotOnline`]), cannot be told (the error of
 /// [`Arch::current_cpu`]), or has `mm`'s root loaded without the crate
 /// counting it among the CPUs that run `mm` ([`Error::UntrackedRoot`],
 /// where [`Arch::root_loaded`] can tell): the flush would skip its own
 /// TLB.
 pub(crate) fn space_caller<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<CpuId, Error> {
+    bind_machine(arch, mm)?;
     let me = online_caller(arch)?;
     if !mm.is_kernel() && arch.root_loaded(mm.root()) == Some(true) && !tracked_on(arch, mm, me) {
         return Err(Error::UntrackedRoot { cpu: me.index() });
@@ -63,5 +66,29 @@ pub fn check_cpu_state<A: Arch>(arch: &A, current: &MmTlbState) -> Result<(), Er
     if !current.is_kernel() && !tracked_on(arch, current, me) {
         return Err(Error::UntrackedRoot { cpu: me.index() });
     }
+    Ok(())
+}
+
+/// Binds `mm` to the machine of `arch` at its first use, and refuses it
+/// ([`Error::OtherMachine`]) on another machine afterwards: its CPU set
+/// and generation describe the first machine's CPUs, so a flush through
+/// another machine's `Arch` would reach none of them. (Not in the loom
+/// harness, whose models run one machine.)
+pub(crate) fn bind_machine<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<(), Error> {
+    #[cfg(not(all(test, loom)))]
+    {
+        use crate::sync::Ordering;
+        let id = arch.shootdown_state() as *const crate::TlbShootdown as u64;
+        match mm
+            .machine
+            .compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {}
+            Err(bound) if bound == id => {}
+            Err(_) => return Err(Error::OtherMachine),
+        }
+    }
+    #[cfg(all(test, loom))]
+    let _ = (arch, mm);
     Ok(())
 }

@@ -264,3 +264,36 @@ fn a_cpu_the_arch_cannot_tell_gets_its_error_everywhere_and_nothing_changes() {
     assert_eq!(m.online(), CpuSet::first(2).unwrap());
     assert_eq!(m.violations(), []);
 }
+
+#[test]
+fn a_space_used_on_one_machine_is_refused_on_another() {
+    let m1 = MockMachine::new(config(2, 16)).unwrap();
+    let m2 = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, f) = one_page(&m1);
+    let mm = rmap.spaces()[0].mm();
+    for c in m1.cpus() {
+        c.switch_to(mm).unwrap();
+        c.write(va(0), 1).unwrap();
+    }
+    // The other machine's CPUs are not the ones the space's CPU set
+    // names: every flush through them would reach nobody.
+    let other = m2.cpu(0).unwrap();
+    every_flush_is_refused(&m1, &rmap, f, &other, Error::OtherMachine);
+    // SAFETY: the mock's own root; the call is refused.
+    assert_eq!(unsafe { switch_mm(&other, None, mm) }, Err(Error::OtherMachine));
+    assert_eq!(mm.cpus(), m1.online(), "nothing changed");
+    // Its own machine still flushes it.
+    let cpu0 = m1.cpu(0).unwrap();
+    let mut batch = TlbFlushUnmapBatch::new();
+    let _ = try_to_unmap(
+        &cpu0,
+        &rmap,
+        f,
+        TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+        &mut batch,
+    )
+    .unwrap();
+    batch.flush(&cpu0).unwrap();
+    common::free_and_check(&m1, vec![f]);
+    assert_eq!(m2.violations(), []);
+}

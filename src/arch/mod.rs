@@ -284,6 +284,13 @@ pub unsafe trait Arch {
     /// root (opaque to the crate, for example a physical address for CR3) is
     /// `root`.
     ///
+    /// [`switch_mm`](crate::switch_mm) calls it, and a kernel loads roots
+    /// only through `switch_mm`: a root loaded by calling this directly is
+    /// outside the crate's bookkeeping, so flushes of that address space
+    /// skip the CPU (the calling CPU's own case is refused,
+    /// [`Error::UntrackedRoot`](crate::Error::UntrackedRoot), and
+    /// [`check_cpu_state`](crate::check_cpu_state) finds it on any CPU).
+    ///
     /// # Safety
     ///
     /// `root` must be a valid page-table root that maps the code and data

@@ -19,6 +19,18 @@ type Entry = (usize, u64, MappingFlags);
 
 /// A reverse map over a fixed list of address spaces of one machine, keyed
 /// by frame (hash map: fast enough for benchmark-sized runs).
+///
+/// It keeps the aging epochs the crate stores
+/// ([`Rmap::aged_epoch`]), and forgets a frame's whenever it maps the
+/// frame ([`map`](Self::map)), as [`Rmap`]'s contract asks of a kernel.
+/// The machine's own PTE writers do not reach it:
+/// [`MockMachine::map`], [`MockMachine::exchange_pte`],
+/// [`MockMachine::test_and_clear_accessed`] and the spaces' `PageTable`
+/// methods called by a test directly. A test that stands for the kernel's
+/// own aging or remapping through those must forget the frame's epoch
+/// first (`set_aged_epoch(frame, None)`); otherwise the crate trusts an
+/// epoch that no longer holds, a pool may hand back a frame a CPU still
+/// caches, and the oracle reports it (`FreedWhileCached`).
 pub struct MockRmap<'m, M: Model = X86Like> {
     machine: &'m MockMachine<M>,
     spaces: Vec<MockSpace<'m, M>>,
