@@ -73,8 +73,7 @@
 //! - `page-table-multiarch`: `ptm::PtmSpace`, the [`PageTable`] of an
 //!   x86_64 table built with the `page_table_multiarch` crate
 //!   (`X64PageTable`, as ArceOS and StarryOS use), and `ptm::PtmTeardown`
-//!   for [`MmuGather`]; on x86_64 targets only, and with Rust 1.88 or newer
-//!   (that crate's edition and syntax). Its guide is
+//!   for [`MmuGather`]; on x86_64 targets only. Its guide is
 //!   `docs/page-table-multiarch.md`.
 //! - `std`: links the standard library (the mock needs it).
 //!
