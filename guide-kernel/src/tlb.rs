@@ -1,8 +1,8 @@
 //! Setting the crate up: the statics, the `Arch`, the CPUs, the xAPIC
 //! page, the flush-IPI entry, bring-up and the address-space switch.
 
-use tlb_batch::arch::x86_64::{rdmsr, wrmsr, CpuTable, Features, LocalApic, IA32_APIC_BASE, X86_64};
-use tlb_batch::mapper::xapic::{map_xapic, XapicMapError, XapicPage};
+use tlb_batch::arch::x86_64::{wrmsr, CpuTable, Features, LocalApic, X86_64};
+use tlb_batch::mapper::xapic::{map_local_xapic, XapicMapError, XapicPage};
 use tlb_batch::{CpuId, Error, MmTlbState, TlbShootdown};
 use x86_64::structures::idt::InterruptDescriptorTable;
 use x86_64::structures::paging::{FrameAllocator, OffsetPageTable, Page, Size4KiB};
@@ -35,13 +35,9 @@ pub fn map_local_apic(
     frames: &mut impl FrameAllocator<Size4KiB>,
 ) -> Result<LocalApic, XapicMapError> {
     let page = Page::containing_address(VirtAddr::new(XAPIC_PAGE));
-    // SAFETY: ring 0; IA32_APIC_BASE exists on every CPU with a local APIC.
-    let apic_base = unsafe { rdmsr(IA32_APIC_BASE) };
-    // SAFETY: `frames` hands out unused frames; nothing else uses the APIC's
-    // page or `page` as memory.
-    unsafe { map_xapic(mapper, frames, page, apic_base, XapicPage::default()) }?.flush();
-    // SAFETY: mapped above as `LocalApic::xapic` requires, for good.
-    Ok(unsafe { LocalApic::xapic(XAPIC_PAGE as usize) })
+    // SAFETY: ring 0; `frames` hands out unused frames; nothing else uses
+    // the APIC's page or `page` as memory; the mapping stays for good.
+    unsafe { map_local_xapic(mapper, frames, page, XapicPage::default()) }
 }
 // guide: end
 
@@ -73,27 +69,14 @@ extern "C" fn tlb_flush_handler() {
     arch().flush_ipi_entry(); // serves the requests, then the EOI
 }
 
-/// The interrupt entry: saves the registers a Rust function may change,
-/// calls the handler with the stack 16-byte aligned, returns with `iretq`.
-#[unsafe(naked)]
-extern "C" fn tlb_flush_entry() {
-    core::arch::naked_asm!(
-        "push rax", "push rcx", "push rdx", "push rsi", "push rdi",
-        "push r8", "push r9", "push r10", "push r11",
-        "cld",
-        "call {handler}",
-        "pop r11", "pop r10", "pop r9", "pop r8",
-        "pop rdi", "pop rsi", "pop rdx", "pop rcx", "pop rax",
-        "iretq",
-        handler = sym tlb_flush_handler,
-    );
-}
+// The interrupt entry around it (registers saved, `iretq`), on stable Rust.
+tlb_batch::x86_64_flush_ipi_entry!(tlb_flush_entry => tlb_flush_handler);
 
 /// Where the kernel builds its IDT, next to its exception handlers.
 pub fn route_flush_ipi(idt: &mut InterruptDescriptorTable) {
     let entry = VirtAddr::from_ptr(tlb_flush_entry as *const ());
     // SAFETY: `tlb_flush_entry` is an interrupt entry: it keeps every
-    // register and ends with `iretq`.
+    // register the handler may change and ends with `iretq`.
     unsafe { idt[TLB_VECTOR].set_handler_addr(entry) };
 }
 // guide: end

@@ -24,6 +24,9 @@ pub mod x86_64;
 mod x86_64_apic;
 #[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 mod x86_64_cpus;
+// The stable-Rust interrupt entry for the flush IPI (a macro).
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
+mod x86_64_entry;
 #[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 mod x86_64_features;
 #[cfg(all(target_arch = "x86_64", not(all(test, loom))))]

@@ -115,3 +115,26 @@ fn a_kernel_given_cpu_index_is_checked_against_the_table() {
     let wild = unsafe { X86_64 { ..one }.with_cpu_index(|| usize::MAX) };
     assert!(matches!(wild.current_cpu(), Err(Error::CpuOutOfRange { .. })));
 }
+
+/// The entry macro assembles to the interrupt entry its docs describe:
+/// nine pushes, `cld`, a call, nine pops and `iretq` (it is never called:
+/// it ends with `iretq`; its bytes are read instead).
+#[test]
+fn the_flush_ipi_entry_macro_defines_an_interrupt_entry() {
+    extern "C" fn handler() {}
+    crate::x86_64_flush_ipi_entry!(entry => handler);
+    let start = entry as unsafe extern "C" fn() as *const u8;
+    // SAFETY: the function's code is mapped readable; 40 bytes cover it.
+    let code = unsafe { core::slice::from_raw_parts(start, 40) };
+    let pushes = [
+        0x50, 0x51, 0x52, 0x56, 0x57, 0x41, 0x50, 0x41, 0x51, 0x41, 0x52, 0x41, 0x53,
+    ];
+    assert_eq!(&code[..13], &pushes, "push rax..r11");
+    assert_eq!(code[13], 0xfc, "cld");
+    assert_eq!(code[14], 0xe8, "call rel32");
+    let pops = [
+        0x41, 0x5b, 0x41, 0x5a, 0x41, 0x59, 0x41, 0x58, 0x5f, 0x5e, 0x5a, 0x59, 0x58,
+    ];
+    assert_eq!(&code[19..32], &pops, "pop r11..rax");
+    assert_eq!(&code[32..34], &[0x48, 0xcf], "iretq");
+}

@@ -169,6 +169,48 @@ where
     unsafe { mapper.map_to(page, frame, options.flags(), frames) }.map_err(XapicMapError::Map)
 }
 
+/// The whole xAPIC set-up on the running CPU, for a kernel whose tables
+/// the `x86_64` crate manages: reads IA32_APIC_BASE, maps its register
+/// page at `page` ([`map_xapic`]), flushes that page from this CPU's TLB,
+/// and returns the [`LocalApic`](crate::arch::x86_64::LocalApic) that
+/// reaches it (for [`X86_64::new`](crate::arch::x86_64::X86_64::new)).
+/// Call it once, on the boot CPU: every CPU's registers are at the same
+/// address (each reaches its own APIC there), and the mapping belongs to
+/// the kernel's half, which every address space shares.
+///
+/// Errors: as for [`map_xapic`], with nothing mapped.
+///
+/// # Safety
+///
+/// Ring 0 (it reads an MSR), and [`map_xapic`]'s: `frames` hands out only
+/// unused frames, nothing treats the APIC's physical page or `page` as
+/// memory, and the mapping stays for as long as the returned value or a
+/// copy of it is used.
+pub unsafe fn map_local_xapic<M, A>(
+    mapper: &mut M,
+    frames: &mut A,
+    page: Page<Size4KiB>,
+    options: XapicPage,
+) -> Result<crate::arch::x86_64::LocalApic, XapicMapError>
+where
+    M: Mapper<Size4KiB>,
+    A: FrameAllocator<Size4KiB> + ?Sized,
+{
+    use crate::arch::x86_64::{invlpg, rdmsr, LocalApic, IA32_APIC_BASE};
+    // SAFETY: ring 0 (the caller's promise); the MSR exists on every CPU
+    // with a local APIC.
+    let apic_base = unsafe { rdmsr(IA32_APIC_BASE) };
+    // SAFETY: the caller's promise is `map_xapic`'s. The flush is done
+    // below, by the crate's own `invlpg` (the `x86_64` crate's needs its
+    // `instructions` feature).
+    unsafe { map_xapic(mapper, frames, page, apic_base, options) }?.ignore();
+    // SAFETY: ring 0 (the caller's promise).
+    unsafe { invlpg(page.start_address().as_u64()) };
+    // SAFETY: the page maps the APIC's registers uncached, as
+    // `LocalApic::xapic` asks, for as long as the caller uses the value.
+    Ok(unsafe { LocalApic::xapic(page.start_address().as_u64() as usize) })
+}
+
 #[cfg(test)]
 mod tests {
     //! The decoding and the flags; the mapping itself is tested over real
