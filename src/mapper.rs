@@ -107,6 +107,8 @@
 //! assert!(space.lookup(va).maps(data) && !space.lookup(va).is_writable());
 //! # }
 //! ```
+//!
+//! [`Pte::EMPTY`]: crate::Pte::EMPTY
 
 // The docs name the `x86_64` crate's items, which only `x86_64-mapper`
 // brings in: with `offset-tables` alone they print as plain names.
@@ -121,10 +123,10 @@ use core::marker::PhantomData;
 use x86_64::structures::paging::{OffsetPageTable, PageTableFlags, PhysFrame};
 
 use crate::mm::MmTlbState;
-use crate::pte::{Frame, Pte};
+use crate::pte::Frame;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
-use crate::x86_walk::{TableFrames, Walk, ENTRIES};
+use crate::x86_walk::{walk_table_ops, TableFrames, Walk, ENTRIES};
 
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
@@ -301,22 +303,7 @@ unsafe impl PageTable for OffsetSpace<'_> {
         self.tlb
     }
 
-    fn lookup(&self, va: u64) -> Pte {
-        self.walk().lookup(va)
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        // A huge page stays as it is: no 4 KiB entry to replace.
-        self.walk().exchange(va, new)
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        self.walk().test_and_clear_accessed(va)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        self.walk().set(va, pte);
-    }
+    walk_table_ops!(walk);
 
     /// Refuses a range that a huge page maps any of
     /// ([`check_no_huge`](OffsetSpace::check_no_huge), as
@@ -324,9 +311,5 @@ unsafe impl PageTable for OffsetSpace<'_> {
     /// operations change 4 KiB entries only, and would skip it.
     fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
         self.check_no_huge(range).map_err(crate::Error::from)
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        self.walk().next_populated(range)
     }
 }

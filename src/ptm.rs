@@ -59,6 +59,9 @@
 //!
 //! See `docs/page-table-multiarch.md` for wiring a kernel, with a compiled
 //! example.
+//!
+//! [`Pte::EMPTY`]: crate::Pte::EMPTY
+//! [`Pte`]: crate::Pte
 
 use core::fmt;
 use core::marker::PhantomData;
@@ -67,10 +70,9 @@ use page_table_multiarch::x86_64::X64PageTable;
 use page_table_multiarch::PagingHandler;
 
 use crate::mm::MmTlbState;
-use crate::pte::Pte;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
-use crate::x86_walk::{TableFrames, Walk};
+use crate::x86_walk::{walk_table_ops, TableFrames, Walk};
 use crate::Error;
 
 // `PtmTeardown` and its `TableTeardown`: emptied tables detached.
@@ -200,26 +202,7 @@ unsafe impl<H: PagingHandler> PageTable for PtmSpace<'_, H> {
         self.tlb
     }
 
-    fn lookup(&self, va: u64) -> Pte {
-        self.walk().lookup(va)
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        // No 4 KiB entry: nothing removed, a huge page left whole.
-        self.walk().exchange(va, new)
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        self.walk().test_and_clear_accessed(va)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        self.walk().set(va, pte);
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        self.walk().next_populated(range)
-    }
+    walk_table_ops!(walk);
 
     /// Refuses a range any of which a huge page maps, with
     /// [`Error::HugePage`] ([`check_no_huge`](PtmSpace::check_no_huge)):

@@ -387,3 +387,33 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
         (0..ENTRIES).all(|i| self.word(table, i).is_some_and(|w| w.load(Ordering::SeqCst) == 0))
     }
 }
+
+/// The [`PageTable`](crate::PageTable) methods that are the walk's own
+/// (`lookup`, `exchange`, `test_and_clear_accessed`, `set`,
+/// `next_populated`), for an impl whose type answers its [`Walk`] from the
+/// method `$walk`. The impl's `// SAFETY:` comment still says why they
+/// keep the trait's contract.
+macro_rules! walk_table_ops {
+    ($walk:ident) => {
+        fn lookup(&self, va: u64) -> $crate::Pte {
+            self.$walk().lookup(va)
+        }
+
+        fn exchange(&self, va: u64, new: $crate::Pte) -> $crate::Pte {
+            self.$walk().exchange(va, new)
+        }
+
+        fn test_and_clear_accessed(&self, va: u64) -> bool {
+            self.$walk().test_and_clear_accessed(va)
+        }
+
+        fn set(&self, va: u64, pte: $crate::Pte) {
+            self.$walk().set(va, pte);
+        }
+
+        fn next_populated(&self, range: $crate::PageRange) -> Option<u64> {
+            self.$walk().next_populated(range)
+        }
+    };
+}
+pub(crate) use walk_table_ops;

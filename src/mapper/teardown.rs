@@ -9,9 +9,9 @@
 use super::OffsetSpace;
 use crate::gather::{DetachedTable, TableTeardown};
 use crate::mm::MmTlbState;
-use crate::pte::Pte;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
+use crate::x86_walk::{walk_table_ops, Walk};
 use crate::Error;
 
 /// An [`OffsetSpace`] whose kernel lets [`MmuGather`](crate::MmuGather)
@@ -57,34 +57,22 @@ impl<'a> OffsetTeardown<'a> {
     pub fn space(&self) -> &OffsetSpace<'a> {
         &self.space
     }
+
+    /// The shared walk over the space's tables.
+    fn walk(&self) -> Walk<'_, OffsetSpace<'a>> {
+        self.space.walk()
+    }
 }
 
-// SAFETY: every operation is the wrapped `OffsetSpace`'s (see its
+// SAFETY: every operation is the wrapped `OffsetSpace`'s, or the same
+// `Walk` over its tables that its own operations use (see its
 // `PageTable` impl).
 unsafe impl PageTable for OffsetTeardown<'_> {
     fn tlb_state(&self) -> &MmTlbState {
         self.space.tlb_state()
     }
 
-    fn lookup(&self, va: u64) -> Pte {
-        self.space.lookup(va)
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        self.space.exchange(va, new)
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        self.space.test_and_clear_accessed(va)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        self.space.set(va, pte);
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        self.space.next_populated(range)
-    }
+    walk_table_ops!(walk);
 
     /// Refuses a range that a huge page maps any of, with
     /// [`Error::HugePage`]: the teardown clears 4 KiB entries only, and
@@ -102,6 +90,6 @@ unsafe impl PageTable for OffsetTeardown<'_> {
 // that a cleared present entry's claim passes to the gather.
 unsafe impl TableTeardown for OffsetTeardown<'_> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
-        self.space.walk().detach_table(range)
+        self.walk().detach_table(range)
     }
 }

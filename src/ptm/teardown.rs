@@ -10,9 +10,9 @@ use page_table_multiarch::PagingHandler;
 use super::PtmSpace;
 use crate::gather::{DetachedTable, TableTeardown};
 use crate::mm::MmTlbState;
-use crate::pte::Pte;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
+use crate::x86_walk::{walk_table_ops, Walk};
 use crate::Error;
 
 /// A [`PtmSpace`] whose kernel lets [`MmuGather`](crate::MmuGather) take
@@ -67,33 +67,21 @@ impl<'a, H: PagingHandler> PtmTeardown<'a, H> {
     pub fn space(&self) -> &PtmSpace<'a, H> {
         &self.space
     }
+
+    /// The shared walk over the space's tables.
+    fn walk(&self) -> Walk<'_, PtmSpace<'a, H>> {
+        self.space.walk()
+    }
 }
 
-// SAFETY: every operation is the wrapped `PtmSpace`'s (see its impl).
+// SAFETY: every operation is the wrapped `PtmSpace`'s, or the same
+// `Walk` over its tables that its own operations use (see its impl).
 unsafe impl<H: PagingHandler> PageTable for PtmTeardown<'_, H> {
     fn tlb_state(&self) -> &MmTlbState {
         self.space.tlb_state()
     }
 
-    fn lookup(&self, va: u64) -> Pte {
-        self.space.lookup(va)
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        self.space.exchange(va, new)
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        self.space.test_and_clear_accessed(va)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        self.space.set(va, pte);
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        self.space.next_populated(range)
-    }
+    walk_table_ops!(walk);
 
     fn check_range(&self, range: PageRange) -> Result<(), Error> {
         self.space.check_range(range)
@@ -109,6 +97,6 @@ unsafe impl<H: PagingHandler> PageTable for PtmTeardown<'_, H> {
 // the gather.
 unsafe impl<H: PagingHandler> TableTeardown for PtmTeardown<'_, H> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
-        self.space.walk().detach_table(range)
+        self.walk().detach_table(range)
     }
 }
