@@ -46,8 +46,9 @@
 //! Frames and flags convert both ways: [`Frame`] from a
 //! [`PhysFrame`] of any size (its first 4 KiB frame) and back with
 //! `PhysFrame::try_from` ([`MapperError::FrameOutOfRange`] above 52 bits
-//! of physical address), [`PteFlags`](crate::PteFlags) from [`PageTableFlags`] (bits the
-//! crate does not name are dropped) and back (every flag has its bit).
+//! of physical address), [`PteFlags`](crate::PteFlags) from
+//! [`PageTableFlags`] (bits the crate does not name are dropped) and back
+//! (every flag has its bit).
 //!
 //! # Example
 //!
