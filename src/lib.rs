@@ -208,6 +208,12 @@ mod pte;
 )]
 pub mod ptm;
 mod range;
+// The four-level x86_64 walk `mapper` and `ptm` share.
+#[cfg(any(
+    feature = "offset-tables",
+    all(feature = "page-table-multiarch", target_arch = "x86_64")
+))]
+mod x86_walk;
 /// The example of `docs/page-table-multiarch.md`, compiled and run by
 /// `cargo test --doc` (only then: the file is not in the package).
 #[cfg(all(

@@ -46,8 +46,9 @@
 //! Frames and flags convert both ways: [`Frame`] from a
 //! [`PhysFrame`] of any size (its first 4 KiB frame) and back with
 //! `PhysFrame::try_from` ([`MapperError::FrameOutOfRange`] above 52 bits
-//! of physical address), [`PteFlags`] from [`PageTableFlags`] (bits the
-//! crate does not name are dropped) and back (every flag has its bit).
+//! of physical address), [`PteFlags`](crate::PteFlags) from
+//! [`PageTableFlags`] (bits the crate does not name are dropped) and back
+//! (every flag has its bit).
 //!
 //! # Example
 //!
@@ -107,6 +108,8 @@
 //! assert!(space.lookup(va).maps(data) && !space.lookup(va).is_writable());
 //! # }
 //! ```
+//!
+//! [`Pte::EMPTY`]: crate::Pte::EMPTY
 
 // The docs name the `x86_64` crate's items, which only `x86_64-mapper`
 // brings in: with `offset-tables` alone they print as plain names.
@@ -114,7 +117,6 @@
 
 use core::fmt;
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicU64, Ordering};
 
 // For the docs' links to the `x86_64` crate's items.
 #[cfg(feature = "x86_64-mapper")]
@@ -122,9 +124,10 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use x86_64::structures::paging::{OffsetPageTable, PageTableFlags, PhysFrame};
 
 use crate::mm::MmTlbState;
-use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
-use crate::range::{is_canonical, PageRange};
+use crate::pte::Frame;
+use crate::range::PageRange;
 use crate::rmap::PageTable;
+use crate::x86_walk::{walk_table_ops, TableFrames, Walk, ENTRIES};
 
 // The teardown view of an `OffsetSpace` (`for_teardown`) and its
 // `TableTeardown`, which detaches emptied page-table frames.
@@ -145,31 +148,6 @@ pub mod xapic;
 #[cfg(feature = "x86_64-mapper")]
 pub use dealloc::DeallocatorFrees;
 pub use teardown::OffsetTeardown;
-
-/// The physical-address bits of an entry (bits 12 to 51).
-const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
-/// Entries per table.
-const ENTRIES: u64 = 512;
-/// The page-size bit of a level-3 or level-2 entry (a 1 GiB or 2 MiB page).
-const HUGE: u64 = 1 << 7;
-/// The PAT bit of a huge entry (bit 7 in a 4 KiB entry).
-const HUGE_PAT: u64 = 1 << 12;
-/// Virtual-address bits a four-level table translates.
-const VA_BITS: u32 = 48;
-/// The first address of the upper half.
-const UPPER_HALF: u64 = 0xffff_8000_0000_0000;
-/// The first address past the lower half.
-const LOWER_END: u64 = 0x0000_8000_0000_0000;
-
-/// Bytes one entry at `level` maps (level 1: a 4 KiB page).
-const fn span(level: u32) -> u64 {
-    PAGE_SIZE << (9 * (level - 1))
-}
-
-/// The index of `va`'s entry in its table at `level`.
-const fn index(va: u64, level: u32) -> u64 {
-    (va >> (PAGE_SHIFT + 9 * (level - 1))) & (ENTRIES - 1)
-}
 
 /// What this module refuses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -215,17 +193,6 @@ impl From<MapperError> for crate::Error {
             MapperError::FrameOutOfRange { frame } => crate::Error::FrameOutOfRange { frame },
         }
     }
-}
-
-/// Where the entry for an address is.
-enum Slot<'t> {
-    /// No table holds it: the entry at `level` is empty (or unusable), so
-    /// the whole `span(level)` around the address has no entry.
-    Absent { level: u32 },
-    /// A 4 KiB entry, in the leaf table at virtual address `table`.
-    Page { entry: &'t AtomicU64, table: u64 },
-    /// A huge page's entry at `level` (3: 1 GiB, 2: 2 MiB).
-    Huge { entry: &'t AtomicU64, level: u32 },
 }
 
 /// An address space whose page table the `x86_64` crate built: a
@@ -293,123 +260,42 @@ impl<'a> OffsetSpace<'a> {
     /// table: absent entries are stepped over whole, and leaf tables are
     /// not read.
     pub fn check_no_huge(&self, range: PageRange) -> Result<(), MapperError> {
-        let Some(last) = range.last() else {
-            return Ok(());
-        };
-        let mut va = range.start();
-        loop {
-            let level = match self.slot(va) {
-                Slot::Huge { level, .. } => {
-                    return Err(MapperError::HugePage {
-                        va: va & !(span(level) - 1),
-                        size: span(level),
-                    })
-                }
-                Slot::Absent { level } => level,
-                Slot::Page { .. } => 2,
-            };
-            match next_boundary(va, span(level)) {
-                Some(next) if next <= last => va = next,
-                _ => return Ok(()),
-            }
-        }
+        self.walk()
+            .check_no_huge(range)
+            .map_err(|huge| MapperError::HugePage {
+                va: huge.va,
+                size: huge.size,
+            })
     }
 
-    /// The entry word at `index` of the table whose virtual address is
-    /// `table`, or `None` if that address cannot hold a table.
-    fn word(&self, table: u64, index: u64) -> Option<&AtomicU64> {
-        if table % PAGE_SIZE != 0 || index >= ENTRIES {
-            return None;
-        }
-        let addr = table.checked_add(index * 8)?;
-        let ptr = usize::try_from(addr).ok()? as *const AtomicU64;
-        // SAFETY: `table` is the level-4 table's address or the offset
-        // mapping of a table frame an entry below it names; by the promise
-        // of `new` (`OffsetPageTable::new`'s, and the mapper borrowed for
-        // 'a) or of `from_raw_parts`, that is a live, writable page-table
-        // page for 'a, and `index` < 512 keeps the word inside it, 8-byte
-        // aligned (the table is page-aligned, checked above). Hardware and
-        // other CPUs change these words too, which is why they are only
-        // ever accessed atomically here: `AtomicU64` has the layout of the
-        // `u64` the x86_64 crate's `PageTableEntry` wraps, and an x86
-        // atomic RMW on it is atomic with respect to the MMU's own locked
-        // updates of accessed and dirty bits. The kernel changes the table
-        // through its mapper only where the crate is not running (the
-        // mapper is borrowed by `new`; `from_raw_parts` puts it under the
-        // caller's lock).
-        Some(unsafe { &*ptr })
-    }
-
-    /// The virtual address of the table an upper-level entry names.
-    fn next_table(&self, raw: u64) -> Option<u64> {
-        self.offset.checked_add(raw & ADDR_MASK)
-    }
-
-    /// Walks to the entry for `va`.
-    fn slot(&self, va: u64) -> Slot<'_> {
-        if !is_canonical(va, VA_BITS) {
-            return Slot::Absent { level: 4 };
-        }
-        let mut table = self.level_4;
-        let mut level = 4;
-        loop {
-            let Some(entry) = self.word(table, index(va, level)) else {
-                return Slot::Absent { level };
-            };
-            if level == 1 {
-                return Slot::Page { entry, table };
-            }
-            let raw = entry.load(Ordering::SeqCst);
-            if raw & PteFlags::PRESENT.bits() == 0 {
-                return Slot::Absent { level };
-            }
-            if raw & HUGE != 0 {
-                // Bit 7 is reserved in a level-4 entry: the hardware
-                // faults there, so nothing is mapped.
-                return if level == 4 {
-                    Slot::Absent { level }
-                } else {
-                    Slot::Huge { entry, level }
-                };
-            }
-            match self.next_table(raw) {
-                Some(next) => table = next,
-                None => return Slot::Absent { level },
-            }
-            level -= 1;
-        }
-    }
-
-    /// The 4 KiB view of the huge entry `raw` at `level` for `va`: the
-    /// piece's frame, the huge entry's flags with the page-size bit
-    /// dropped and the PAT bit moved to where a 4 KiB entry has it.
-    fn huge_piece(raw: u64, level: u32, va: u64) -> Pte {
-        let size = span(level);
-        let base = raw & ADDR_MASK & !(size - 1);
-        let mut flags = raw & !ADDR_MASK & !HUGE;
-        if raw & HUGE_PAT != 0 {
-            flags |= HUGE;
-        }
-        Pte(flags | base | (va & (size - 1) & !(PAGE_SIZE - 1)))
+    /// The shared four-level walk over these tables.
+    fn walk(&self) -> Walk<'_, Self> {
+        Walk::new(self)
     }
 }
 
-/// The first multiple of `span` above `va`, if below the top.
-fn next_boundary(va: u64, span: u64) -> Option<u64> {
-    let next = (va & !(span - 1)).checked_add(span)?;
-    // Past the lower half lies the hole: go on at the upper half.
-    Some(if (LOWER_END..UPPER_HALF).contains(&next) {
-        UPPER_HALF
-    } else {
-        next
-    })
+// SAFETY: the level-4 table's address and `offset` plus a table frame's
+// physical address are, by the promise of `new` (`OffsetPageTable::new`'s,
+// with the mapper borrowed for 'a) or of `from_addresses`/`from_raw_parts`,
+// live, writable page-table pages while this value lives, none is freed,
+// and the kernel changes them through its mapper only where the crate is
+// not running (the mapper is borrowed, or the caller's lock is held).
+unsafe impl TableFrames for OffsetSpace<'_> {
+    fn root_table(&self) -> Option<u64> {
+        Some(self.level_4)
+    }
+
+    fn table_of(&self, paddr: u64) -> Option<u64> {
+        self.offset.checked_add(paddr)
+    }
 }
 
 // SAFETY: `exchange` is one atomic swap and `test_and_clear_accessed` one
-// atomic fetch-and on the entry word the MMU updates (see `word`), so a
-// bit the hardware sets is in the old value or in the new entry; `lookup`
-// loads the word as it is (a huge page's piece as present, so it is never
-// taken for unmapped); `tlb_state` is the state given for this table;
+// atomic fetch-and on the entry word the MMU updates (the shared `Walk`
+// over this space's `TableFrames`), so a bit the hardware sets is in the
+// old value or in the new entry; `lookup` loads the word as it is (a huge
+// page's piece as present, so it is never taken for unmapped);
+// `tlb_state` is the state given for this table;
 // `next_populated` skips only what has no table or whose words are 0, which
 // `lookup` reports as `Pte::EMPTY`; `with_table_locked` is the default,
 // which calls `body` once.
@@ -418,41 +304,7 @@ unsafe impl PageTable for OffsetSpace<'_> {
         self.tlb
     }
 
-    fn lookup(&self, va: u64) -> Pte {
-        match self.slot(va) {
-            Slot::Absent { .. } => Pte::EMPTY,
-            Slot::Page { entry, .. } => Pte(entry.load(Ordering::SeqCst)),
-            Slot::Huge { entry, level } => {
-                let raw = entry.load(Ordering::SeqCst);
-                Self::huge_piece(raw, level, va)
-            }
-        }
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        match self.slot(va) {
-            Slot::Page { entry, .. } => Pte(entry.swap(new.0, Ordering::SeqCst)),
-            // No 4 KiB entry to replace: a huge page stays as it is.
-            Slot::Absent { .. } | Slot::Huge { .. } => Pte::EMPTY,
-        }
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        let bit = PteFlags::ACCESSED.bits();
-        match self.slot(va) {
-            // A huge page has one accessed bit for all its pieces.
-            Slot::Page { entry, .. } | Slot::Huge { entry, .. } => {
-                entry.fetch_and(!bit, Ordering::SeqCst) & bit != 0
-            }
-            Slot::Absent { .. } => false,
-        }
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        if let Slot::Page { entry, .. } = self.slot(va) {
-            entry.store(pte.0, Ordering::SeqCst);
-        }
-    }
+    walk_table_ops!(walk);
 
     /// Refuses a range that a huge page maps any of
     /// ([`check_no_huge`](OffsetSpace::check_no_huge), as
@@ -460,34 +312,5 @@ unsafe impl PageTable for OffsetSpace<'_> {
     /// operations change 4 KiB entries only, and would skip it.
     fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
         self.check_no_huge(range).map_err(crate::Error::from)
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        let last = range.last()?;
-        let mut va = range.start();
-        loop {
-            let skip = match self.slot(va) {
-                Slot::Huge { .. } => return Some(va),
-                Slot::Absent { level } => span(level),
-                Slot::Page { table, .. } => {
-                    // The rest of this leaf table, word by word.
-                    let table_base = va & !(span(2) - 1);
-                    for i in index(va, 1)..ENTRIES {
-                        let page = table_base + i * PAGE_SIZE;
-                        if page > last {
-                            return None;
-                        }
-                        if self.word(table, i).is_some_and(|w| w.load(Ordering::SeqCst) != 0) {
-                            return Some(page);
-                        }
-                    }
-                    span(2)
-                }
-            };
-            match next_boundary(va, skip) {
-                Some(next) if next <= last => va = next,
-                _ => return None,
-            }
-        }
     }
 }

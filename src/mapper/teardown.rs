@@ -6,14 +6,12 @@
 
 #![cfg_attr(not(feature = "x86_64-mapper"), allow(rustdoc::broken_intra_doc_links))]
 
-use core::sync::atomic::Ordering;
-
-use super::{index, span, OffsetSpace, ADDR_MASK, ENTRIES, HUGE, VA_BITS};
+use super::OffsetSpace;
 use crate::gather::{DetachedTable, TableTeardown};
 use crate::mm::MmTlbState;
-use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
-use crate::range::{is_canonical, PageRange};
+use crate::range::PageRange;
 use crate::rmap::PageTable;
+use crate::x86_walk::{walk_table_ops, Walk};
 use crate::Error;
 
 /// An [`OffsetSpace`] whose kernel lets [`MmuGather`](crate::MmuGather)
@@ -60,104 +58,21 @@ impl<'a> OffsetTeardown<'a> {
         &self.space
     }
 
-    /// Detaches the first empty table at `level` (2: a leaf table, 3: a
-    /// table of leaf tables, 4: one of those) below `table` (at
-    /// `table_level`, covering `base`) whose whole span lies in
-    /// `first..=last`.
-    fn detach_below(
-        &self,
-        table: u64,
-        table_level: u32,
-        base: u64,
-        first: u64,
-        last: u64,
-        level: u32,
-    ) -> Option<DetachedTable> {
-        let entry_span = span(table_level);
-        let lo = if first > base {
-            index(first, table_level)
-        } else {
-            0
-        };
-        for i in lo..ENTRIES {
-            // Level-4 entries 256 and up are the upper half.
-            let start = sign_extend(base.checked_add(i * entry_span)?);
-            if start > last {
-                return None;
-            }
-            let entry = self.space.word(table, i)?;
-            let raw = entry.load(Ordering::SeqCst);
-            if raw & PteFlags::PRESENT.bits() == 0 || raw & HUGE != 0 {
-                continue;
-            }
-            let child = self.space.next_table(raw)?;
-            // The entry's last page (`last` is the range's last page too).
-            let end = start.checked_add(entry_span - PAGE_SIZE);
-            let inside = start >= first && end.is_some_and(|e| e <= last);
-            if table_level == level {
-                if inside && self.table_is_empty(child) {
-                    // Unlink with one compare-exchange: an entry the kernel
-                    // changed meanwhile is left alone.
-                    if entry
-                        .compare_exchange(raw, 0, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_ok()
-                    {
-                        let pages = entry_span >> PAGE_SHIFT;
-                        let range = PageRange::new(start, pages).ok()?;
-                        return Some(DetachedTable {
-                            frame: Frame((raw & ADDR_MASK) >> PAGE_SHIFT),
-                            range,
-                        });
-                    }
-                }
-            } else if let Some(found) = self.detach_below(child, table_level - 1, start, first, last, level) {
-                return Some(found);
-            }
-        }
-        None
-    }
-
-    /// Whether every word of the table at `table` is 0.
-    fn table_is_empty(&self, table: u64) -> bool {
-        (0..ENTRIES).all(|i| {
-            self.space
-                .word(table, i)
-                .is_some_and(|w| w.load(Ordering::SeqCst) == 0)
-        })
+    /// The shared walk over the space's tables.
+    fn walk(&self) -> Walk<'_, OffsetSpace<'a>> {
+        self.space.walk()
     }
 }
 
-/// `va` with bits 48 to 63 copies of bit 47.
-fn sign_extend(va: u64) -> u64 {
-    (((va << 16) as i64) >> 16) as u64
-}
-
-// SAFETY: every operation is the wrapped `OffsetSpace`'s (see its
+// SAFETY: every operation is the wrapped `OffsetSpace`'s, or the same
+// `Walk` over its tables that its own operations use (see its
 // `PageTable` impl).
 unsafe impl PageTable for OffsetTeardown<'_> {
     fn tlb_state(&self) -> &MmTlbState {
         self.space.tlb_state()
     }
 
-    fn lookup(&self, va: u64) -> Pte {
-        self.space.lookup(va)
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        self.space.exchange(va, new)
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        self.space.test_and_clear_accessed(va)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        self.space.set(va, pte);
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        self.space.next_populated(range)
-    }
+    walk_table_ops!(walk);
 
     /// Refuses a range that a huge page maps any of, with
     /// [`Error::HugePage`]: the teardown clears 4 KiB entries only, and
@@ -175,14 +90,6 @@ unsafe impl PageTable for OffsetTeardown<'_> {
 // that a cleared present entry's claim passes to the gather.
 unsafe impl TableTeardown for OffsetTeardown<'_> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
-        let last = range.last()?;
-        let first = range.start();
-        if !is_canonical(first, VA_BITS) || !is_canonical(last, VA_BITS) {
-            return None;
-        }
-        let root = self.space.level_4;
-        // The deepest tables first: a parent empties only once its
-        // children are gone.
-        (2..=4).find_map(|level| self.detach_below(root, 4, 0, first, last, level))
+        self.walk().detach_table(range)
     }
 }

@@ -1,0 +1,117 @@
+use core::sync::atomic::{AtomicU64, Ordering};
+use std::boxed::Box;
+use std::vec::Vec;
+
+use super::{TableFrames, Walk, ENTRIES};
+use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT};
+use crate::range::PageRange;
+
+/// One 4 KiB table in host memory.
+#[repr(C, align(4096))]
+struct Table([AtomicU64; ENTRIES as usize]);
+
+/// Host tables at "physical" address = host address, with one physical
+/// address (`BAD`) the frames answer unusably and a root that may be
+/// replaced by any address.
+struct Host {
+    tables: Vec<Box<Table>>,
+    root: Option<u64>,
+    bad_answer: u64,
+}
+
+/// The physical address whose table `Host` answers with `bad_answer`.
+const BAD: u64 = 0x1000;
+const PRESENT: u64 = PteFlags::PRESENT.bits();
+
+impl Host {
+    fn new(bad_answer: u64) -> Self {
+        let mut host = Host {
+            tables: Vec::new(),
+            root: None,
+            bad_answer,
+        };
+        host.root = Some(host.table());
+        host
+    }
+
+    /// A new empty table's address.
+    fn table(&mut self) -> u64 {
+        let table = Box::new(Table(core::array::from_fn(|_| AtomicU64::new(0))));
+        let addr = &*table as *const Table as u64;
+        self.tables.push(table);
+        addr
+    }
+
+    /// Sets entry `i` of the table at `table`.
+    fn put(&self, table: u64, i: usize, raw: u64) {
+        let t = self
+            .tables
+            .iter()
+            .find(|t| &***t as *const Table as u64 == table)
+            .unwrap();
+        t.0[i].store(raw, Ordering::SeqCst);
+    }
+}
+
+// SAFETY: every address it answers other than `bad_answer` (and a root the
+// test replaced, which the tests set only to addresses `Walk` refuses) is a
+// table of `tables`, live, 4 KiB-aligned and only accessed atomically while
+// `Host` is borrowed.
+unsafe impl TableFrames for Host {
+    fn root_table(&self) -> Option<u64> {
+        self.root
+    }
+
+    fn table_of(&self, paddr: u64) -> Option<u64> {
+        Some(if paddr == BAD { self.bad_answer } else { paddr })
+    }
+}
+
+#[test]
+fn an_unusable_root_has_no_entries() {
+    for root in [0x1008, 0xffff_ffff_ffff_f000] {
+        let mut host = Host::new(0);
+        host.root = Some(root);
+        let walk = Walk::new(&host);
+        assert_eq!(walk.lookup(0x40_0000), Pte::EMPTY);
+        assert_eq!(walk.exchange(0x40_0000, Pte(0x1234_0000 | PRESENT)), Pte::EMPTY);
+        assert!(!walk.test_and_clear_accessed(0x40_0000));
+        let all = PageRange::new(0, 1 << 20).unwrap();
+        assert_eq!(walk.next_populated(all), None);
+        assert!(walk.check_no_huge(all).is_ok());
+        assert!(walk.detach_table(all).is_none());
+    }
+}
+
+#[test]
+fn a_table_address_whose_page_passes_the_top_is_absent() {
+    // Aligned, but the page would end past 2^64 - 1.
+    let host = Host::new(0xffff_ffff_ffff_f000);
+    let root = host.root.unwrap();
+    host.put(root, 0, BAD | PRESENT);
+    let walk = Walk::new(&host);
+    assert_eq!(walk.lookup(0), Pte::EMPTY);
+    assert_eq!(walk.next_populated(PageRange::new(0, 4).unwrap()), None);
+}
+
+#[test]
+fn teardown_steps_over_an_unusable_table_and_unlinks_the_next() {
+    let mut host = Host::new(0x1001);
+    let root = host.root.unwrap();
+    let l3 = host.table();
+    let l2 = host.table();
+    host.put(root, 0, l3 | PRESENT);
+    // Entry 0 of the level-3 table names a table that cannot be reached,
+    // entry 1 an empty level-2 table.
+    host.put(l3, 0, BAD | PRESENT);
+    host.put(l3, 1, l2 | PRESENT);
+    let walk = Walk::new(&host);
+    let gib = 1 << 30;
+    let two_gib = PageRange::new(0, (2 * gib) >> PAGE_SHIFT).unwrap();
+    let detached = walk.detach_table(two_gib).unwrap();
+    assert_eq!(detached.frame, Frame(l2 >> PAGE_SHIFT));
+    assert_eq!(detached.range, PageRange::new(gib, gib >> PAGE_SHIFT).unwrap());
+    assert_eq!(walk.lookup(gib), Pte::EMPTY);
+    // The unusable entry stays, and keeps the level-3 table attached.
+    assert!(walk.detach_table(two_gib).is_none());
+}
