@@ -205,7 +205,7 @@ impl fmt::Debug for Pte {
 /// Whether `va` is page-aligned; [`Error::Unaligned`](crate::Error::Unaligned)
 /// otherwise.
 pub fn check_aligned(va: u64) -> Result<(), crate::Error> {
-    if va % PAGE_SIZE == 0 {
+    if va.is_multiple_of(PAGE_SIZE) {
         Ok(())
     } else {
         Err(crate::Error::Unaligned { addr: va })

@@ -53,7 +53,7 @@ impl PageRange {
     /// unaligned `start`, [`Error::RangeOverflow`] when the range would run
     /// past the top of the address space.
     pub const fn new(start: u64, pages: u64) -> Result<Self, Error> {
-        if start % PAGE_SIZE != 0 {
+        if !start.is_multiple_of(PAGE_SIZE) {
             return Err(Error::Unaligned { addr: start });
         }
         // Pages from `start` to the top of the address space, inclusive:

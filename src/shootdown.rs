@@ -382,7 +382,7 @@ pub(crate) fn execute_local<A: Arch>(
     // Without tagged TLBs a CPU holds entries only of the loaded address
     // space (and global ones): switching flushed the rest. With no record
     // of what is loaded, assume it could be anything.
-    let may_hold = |asid: Asid| asid.is_kernel() || tagged || loaded.map_or(true, |l| l == asid);
+    let may_hold = |asid: Asid| asid.is_kernel() || tagged || loaded.is_none_or(|l| l == asid);
     let extent = match request.scope() {
         FlushScope::Ranges(ranges) => {
             let mut pages = 0usize;

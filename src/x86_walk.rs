@@ -147,7 +147,7 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
 
     /// Entry `index` of the table at virtual address `table`.
     fn word(&self, table: u64, index: u64) -> Option<&'t AtomicU64> {
-        if table % PAGE_SIZE != 0 || index >= ENTRIES {
+        if !table.is_multiple_of(PAGE_SIZE) || index >= ENTRIES {
             return None;
         }
         let addr = usize::try_from(table.checked_add(index * 8)?).ok()?;

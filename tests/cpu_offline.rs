@@ -64,7 +64,7 @@ fn offline_storm(cycles: u64) {
         }
         let mut round = 0u64;
         while !stop.load(Ordering::SeqCst) {
-            if round % 2 == 0 {
+            if round.is_multiple_of(2) {
                 cpu.disable_interrupts();
             }
             let frame = m.map_new(&mm, va(me), true).unwrap();

@@ -862,7 +862,7 @@ impl<'m, H: Hardware> Model<'m, H> {
         let n = self.cpus.len() as u64;
         let Some(timer) = self.cell.timer else { return };
         for c in 0..self.cpus.len() {
-            let turn = (self.now + c as u64 * timer / n) % timer == 0;
+            let turn = (self.now + c as u64 * timer / n).is_multiple_of(timer);
             if !turn || self.cpus[c].run == Run::Idle {
                 continue;
             }

@@ -92,7 +92,7 @@ impl<'m, M: Model> MockRmap<'m, M> {
         writable: bool,
         flags: MappingFlags,
     ) -> Result<(), MockError> {
-        let fresh = lock(&self.map).get(&frame).map_or(true, Vec::is_empty);
+        let fresh = lock(&self.map).get(&frame).is_none_or(Vec::is_empty);
         self.map(frame, space, va, writable, flags)?;
         if fresh {
             lock(&self.aged).insert(frame, 0);

@@ -35,7 +35,7 @@ pub fn map<'a, M: Model>(
 /// clears the accessed bit so that the page does not look young.
 pub fn touch<M: Model>(m: &MockMachine<M>, cpu: usize, mm: &Arc<MmTlbState>, page: usize, write: bool) {
     let c = m.cpu(cpu).unwrap();
-    if c.current_mm().map_or(true, |cur| !Arc::ptr_eq(&cur, mm)) {
+    if c.current_mm().is_none_or(|cur| !Arc::ptr_eq(&cur, mm)) {
         c.switch_to(mm).unwrap();
     }
     if write {

@@ -21,7 +21,7 @@ pub fn rmap_of(m: &MockMachine, spaces: usize) -> MockRmap<'_> {
 pub fn touch(m: &MockMachine, rmap: &MockRmap<'_>, cpu: usize, s: usize, va: u64, write: bool) {
     let c = m.cpu(cpu).unwrap();
     let mm = rmap.spaces()[s].mm();
-    if c.current_mm().map_or(true, |cur| !Arc::ptr_eq(&cur, mm)) {
+    if c.current_mm().is_none_or(|cur| !Arc::ptr_eq(&cur, mm)) {
         c.switch_to(mm).unwrap();
     }
     if write {

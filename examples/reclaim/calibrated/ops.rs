@@ -269,7 +269,7 @@ impl<'m, H: Hardware> Model<'m, H> {
             }
             return;
         }
-        if (self.tasks[t].pos + 7 * t) % BUFFER_EVERY != 0 {
+        if !(self.tasks[t].pos + 7 * t).is_multiple_of(BUFFER_EVERY) {
             return;
         }
         let made = self.ops.made[t];

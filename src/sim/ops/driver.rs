@@ -279,7 +279,7 @@ impl<'m, M: Model> Driver<'m, M> {
                 // space it is lazy on: the crate's catch-up, then the
                 // oracle's judgement), as does a CPU that runs another space.
                 if s < SPACES
-                    && (c.is_lazy() || c.current_mm().map_or(true, |cur| !Arc::ptr_eq(&cur, self.mm(s))))
+                    && (c.is_lazy() || c.current_mm().is_none_or(|cur| !Arc::ptr_eq(&cur, self.mm(s))))
                 {
                     c.switch_to(self.mm(s)).map_err(|e| format!("{e:?}"))?;
                 }
