@@ -89,6 +89,6 @@ pub(crate) fn bind_machine<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<(), Err
         }
     }
     #[cfg(all(test, loom))]
-    let _ = (arch, mm);
+    let _ = (arch, &mm.machine);
     Ok(())
 }

@@ -120,6 +120,7 @@ fn a_kernel_given_cpu_index_is_checked_against_the_table() {
 /// nine pushes, `cld`, a call, nine pops and `iretq` (it is never called:
 /// it ends with `iretq`; its bytes are read instead).
 #[test]
+#[cfg_attr(miri, ignore = "reads machine code through a function pointer")]
 fn the_flush_ipi_entry_macro_defines_an_interrupt_entry() {
     extern "C" fn handler() {}
     crate::x86_64_flush_ipi_entry!(entry => handler);

@@ -186,6 +186,7 @@ where
 /// unused frames, nothing treats the APIC's physical page or `page` as
 /// memory, and the mapping stays for as long as the returned value or a
 /// copy of it is used.
+#[cfg(all(target_arch = "x86_64", not(all(test, loom))))]
 pub unsafe fn map_local_xapic<M, A>(
     mapper: &mut M,
     frames: &mut A,

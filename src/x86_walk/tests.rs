@@ -14,7 +14,9 @@ struct Table([AtomicU64; ENTRIES as usize]);
 /// address (`BAD`) the frames answer unusably and a root that may be
 /// replaced by any address.
 struct Host {
-    tables: Vec<Box<Table>>,
+    /// Raw, from `Box::into_raw` and freed by `Drop`: no move of a `Box`
+    /// invalidates the addresses handed out meanwhile (Miri checks this).
+    tables: Vec<*mut Table>,
     root: Option<u64>,
     bad_answer: u64,
 }
@@ -36,20 +38,26 @@ impl Host {
 
     /// A new empty table's address.
     fn table(&mut self) -> u64 {
-        let table = Box::new(Table(core::array::from_fn(|_| AtomicU64::new(0))));
-        let addr = &*table as *const Table as u64;
+        let table = Box::into_raw(Box::new(Table(core::array::from_fn(|_| AtomicU64::new(0)))));
         self.tables.push(table);
-        addr
+        table as u64
     }
 
     /// Sets entry `i` of the table at `table`.
     fn put(&self, table: u64, i: usize, raw: u64) {
-        let t = self
-            .tables
-            .iter()
-            .find(|t| &***t as *const Table as u64 == table)
-            .unwrap();
-        t.0[i].store(raw, Ordering::SeqCst);
+        let t = *self.tables.iter().find(|t| **t as u64 == table).unwrap();
+        // SAFETY: a live table of `tables` (freed only by `drop`).
+        unsafe { (*t).0[i].store(raw, Ordering::SeqCst) };
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        for &t in &self.tables {
+            // SAFETY: each came from `Box::into_raw` and is freed once; no
+            // `Walk` over `self` outlives it (they borrow it).
+            drop(unsafe { Box::from_raw(t) });
+        }
     }
 }
 
