@@ -109,9 +109,11 @@ use crate::unmap::{Flushed, OwnedFrame, UnmapBatch};
 use crate::Error;
 
 mod generations;
+mod outcome;
 mod quiescent;
 
 use generations::Generation;
+pub use outcome::{PoolRefusal, PoolReleases};
 use quiescent::local_pass;
 pub use quiescent::quiescent_flush;
 
@@ -120,54 +122,6 @@ pub use quiescent::quiescent_flush;
 /// for the later of the two epochs): still exact about what is owed, only
 /// released a little later.
 pub const POOL_GENERATIONS: usize = 16;
-
-/// Why [`FramePool::defer`] left a batch as it was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PoolRefusal {
-    /// A frame the batch holds is still mapped somewhere (it is in use,
-    /// not reclaimed): flush the batch as usual.
-    StillMapped,
-    /// A deferred mapping was writable or dirty: a stale entry could still
-    /// write to the frame, so it must be flushed before page-out or reuse.
-    Writable,
-    /// The batch covers kernel pages, whose global entries a CPU's own
-    /// flush of every address space keeps.
-    Kernel,
-    /// The pool has room for fewer frames than the batch holds (this many).
-    NoRoom {
-        /// Frames the pool can still take.
-        room: usize,
-    },
-    /// The batch or the pool holds work of another machine
-    /// ([`Error::OtherMachine`]).
-    OtherMachine,
-    /// The calling CPU may not run crate code: it is not online
-    /// ([`Error::CpuNotOnline`]), or [`Arch::current_cpu`] cannot tell it
-    /// (its error).
-    Caller(Error),
-}
-
-/// How a [`FramePool`]'s frames went back, in frames, since the pool was
-/// made ([`FramePool::releases`]): what a kernel tunes its flush points by.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct PoolReleases {
-    /// Released with no IPI, their generation passed before it was even
-    /// pooled: every CPU it had to reach had flushed everything after the
-    /// frames' aging epoch ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch)).
-    pub aged: u64,
-    /// Released with no IPI once every CPU it had to reach had dropped its
-    /// whole TLB since: [`quiescent_flush`] (a tick, idle entry), an
-    /// address-space switch on an untagged TLB, a full flush it took.
-    pub passes: u64,
-    /// Released with no IPI while some CPU it had to reach had not flushed
-    /// everything, but could not use its entries: it was lazy, or ran
-    /// another address space (it flushes by generation before it loads the
-    /// frames' again), or had flushed the one it runs.
-    pub generations: u64,
-    /// Released by a shootdown the pool sent ([`FramePool::flush`],
-    /// [`FramePool::flush_oldest`]).
-    pub forced: u64,
-}
 
 /// Up to `N` unmapped frames whose TLB flush is still owed, kept allocated
 /// until every CPU that could cache them has flushed on its own (see the
