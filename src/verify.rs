@@ -79,6 +79,12 @@ pub(crate) fn bind_machine<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<(), Err
     {
         use crate::sync::Ordering;
         let id = arch.shootdown_state() as *const crate::TlbShootdown as u64;
+        // A plain load first: every flush of the space asks, and a bound
+        // space must not cost a locked instruction on a shared line each
+        // time (the value only ever goes from 0 to one id).
+        if mm.machine.load(Ordering::Relaxed) == id {
+            return Ok(());
+        }
         match mm
             .machine
             .compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst)
