@@ -47,10 +47,7 @@ pub fn map_local_apic(
 /// APIC IDs the ACPI MADT lists; `&[apic.id()]` on one CPU) and builds
 /// the `Arch`.
 pub fn init(apic: LocalApic, apic_ids: &[u32]) -> Result<(), Error> {
-    CPUS.set_present(apic_ids.len());
-    for (index, &apic_id) in apic_ids.iter().enumerate() {
-        CPUS.register(index, apic_id)?;
-    }
+    CPUS.register_all(apic_ids)?; // CPU i has APIC ID apic_ids[i]
     // SAFETY: ring 0.
     let features = unsafe { Features::detect() };
     // SAFETY: ring 0; every CPU is registered above before it runs crate
@@ -64,13 +61,9 @@ pub fn init(apic: LocalApic, apic_ids: &[u32]) -> Result<(), Error> {
 // guide: end
 
 // guide: idt
-/// The flush IPI's handler, called by `tlb_flush_entry`.
-extern "C" fn tlb_flush_handler() {
-    arch().flush_ipi_entry(); // serves the requests, then the EOI
-}
-
-// The interrupt entry around it (registers saved, `iretq`), on stable Rust.
-tlb_batch::x86_64_flush_ipi_entry!(tlb_flush_entry => tlb_flush_handler);
+// The flush IPI's interrupt entry, on stable Rust: registers saved, then
+// `arch().flush_ipi_entry()` (serves the requests, then the EOI), `iretq`.
+tlb_batch::x86_64_flush_ipi_entry!(tlb_flush_entry for arch());
 
 /// Where the kernel builds its IDT, next to its exception handlers.
 pub fn route_flush_ipi(idt: &mut InterruptDescriptorTable) {

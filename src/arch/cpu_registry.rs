@@ -81,6 +81,46 @@ impl<S: DirectSlots> HwIdTable<S> {
         Ok(cpu_id)
     }
 
+    /// Registers CPU `i` with hardware id `ids[i]`, for every `i`: the
+    /// whole list checked first, so on an error nothing is recorded. The
+    /// errors are [`register`](Self::register)'s, for the first CPU whose
+    /// pair is refused, and [`Error::InvalidHardwareId`] for an id listed
+    /// twice. Sorting a copy finds those in `O(n log n)` without
+    /// allocating.
+    pub(crate) fn register_all(&self, ids: &[u32]) -> Result<(), Error> {
+        if ids.len() > MAX_CPUS {
+            return Err(Error::CpuOutOfRange {
+                cpu: ids.len() - 1,
+                limit: MAX_CPUS,
+            });
+        }
+        for (cpu, &id) in ids.iter().enumerate() {
+            if id == NO_HW_ID {
+                return Err(Error::InvalidHardwareId { hw_id: id });
+            }
+            match self.cpu_of(id) {
+                Some(other) if other.index() != cpu => return Err(Error::InvalidHardwareId { hw_id: id }),
+                _ => {}
+            }
+            match self.ids[cpu].load(Ordering::Acquire) {
+                NO_HW_ID => {}
+                existing if existing == id => {}
+                _ => return Err(Error::CpuAlreadyRegistered { cpu }),
+            }
+        }
+        let mut sorted = [NO_HW_ID; MAX_CPUS];
+        let sorted = &mut sorted[..ids.len()];
+        sorted.copy_from_slice(ids);
+        sorted.sort_unstable();
+        if let Some(pair) = sorted.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(Error::InvalidHardwareId { hw_id: pair[0] });
+        }
+        for (cpu, &id) in ids.iter().enumerate() {
+            self.register(cpu, id)?;
+        }
+        Ok(())
+    }
+
     /// The online CPUs.
     pub(crate) fn online(&self) -> CpuSet {
         self.online.load(Ordering::SeqCst)
@@ -141,6 +181,53 @@ mod tests {
 
     fn cpu(i: usize) -> CpuId {
         CpuId::new(i).unwrap()
+    }
+
+    /// A list is checked whole before anything is recorded: a duplicate,
+    /// the broadcast id, a clash with an earlier registration or too many
+    /// CPUs leave the table as it was.
+    #[test]
+    fn registering_a_list_records_all_of_it_or_none() {
+        let t = HwIdTable::<Low>::new();
+        assert_eq!(
+            t.register_all(&[2, 7, 2]),
+            Err(Error::InvalidHardwareId { hw_id: 2 })
+        );
+        assert_eq!(
+            t.register_all(&[5, NO_HW_ID]),
+            Err(Error::InvalidHardwareId { hw_id: NO_HW_ID })
+        );
+        assert_eq!(
+            t.register_all(&[0; MAX_CPUS + 1]),
+            Err(Error::CpuOutOfRange {
+                cpu: MAX_CPUS,
+                limit: MAX_CPUS
+            })
+        );
+        assert_eq!((t.cpu_of(2), t.cpu_of(5), t.cpu_of(7)), (None, None, None));
+        assert_eq!(t.register_all(&[2, 9, 1]), Ok(()));
+        assert_eq!(
+            (t.cpu_of(2), t.cpu_of(9), t.cpu_of(1)),
+            (Some(cpu(0)), Some(cpu(1)), Some(cpu(2)))
+        );
+        assert_eq!(t.register_all(&[2, 9, 1]), Ok(()), "the same list again");
+        assert_eq!(
+            t.register_all(&[2, 9, 1, 4, 8]),
+            Ok(()),
+            "a longer list with the same start"
+        );
+        assert_eq!(
+            t.register_all(&[2, 3]),
+            Err(Error::CpuAlreadyRegistered { cpu: 1 })
+        );
+        assert_eq!(
+            t.register_all(&[9, 2]),
+            Err(Error::InvalidHardwareId { hw_id: 9 })
+        );
+        assert_eq!(
+            (t.cpu_of(3), t.id(cpu(3)), t.id(cpu(4))),
+            (None, Some(4), Some(8))
+        );
     }
 
     #[test]

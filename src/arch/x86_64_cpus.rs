@@ -67,6 +67,20 @@ impl CpuTable {
         self.table.register(cpu, apic_id)
     }
 
+    /// Registers the machine's CPUs in one call: CPU `i` gets APIC ID
+    /// `apic_ids[i]` (the boot CPU first, then the others in the order the
+    /// ACPI MADT lists them), and the count of CPUs becomes
+    /// `apic_ids.len()` ([`set_present`](Self::set_present)). The whole
+    /// list is checked first: on an error nothing is recorded.
+    ///
+    /// Errors: [`register`](Self::register)'s, for the first refused CPU,
+    /// and [`Error::InvalidHardwareId`] for an APIC ID listed twice.
+    pub fn register_all(&self, apic_ids: &[u32]) -> Result<(), Error> {
+        self.table.register_all(apic_ids)?;
+        self.set_present(apic_ids.len());
+        Ok(())
+    }
+
     /// Records how many CPUs the machine has: every processor the firmware
     /// lists as usable (ACPI MADT), started or not. Only when that many
     /// CPUs are online does [`X86_64`] send a flush IPI with the APIC's

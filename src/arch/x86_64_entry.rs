@@ -2,13 +2,19 @@
 //! [`x86_64_flush_ipi_entry!`](crate::x86_64_flush_ipi_entry).
 
 /// Defines an interrupt entry for the flush IPI's vector, on stable Rust
-/// (a kernel on nightly may use an `extern "x86-interrupt" fn` instead):
-/// `x86_64_flush_ipi_entry!(pub tlb_flush_entry => tlb_flush_handler);`
-/// defines `pub unsafe extern "C" fn tlb_flush_entry()`, whose address
-/// goes in the vector's IDT gate, and which calls `tlb_flush_handler`, an
-/// `extern "C" fn()` of the kernel's that calls
-/// [`X86_64::flush_ipi_entry`](crate::arch::x86_64::X86_64::flush_ipi_entry)
-/// (which also signals the end of interrupt).
+/// (a kernel on nightly may use an `extern "x86-interrupt" fn` instead).
+/// Two forms:
+///
+/// - `x86_64_flush_ipi_entry!(pub tlb_flush_entry for arch());` defines
+///   `pub unsafe extern "C" fn tlb_flush_entry()`, whose address goes in
+///   the vector's IDT gate, and which calls
+///   [`X86_64::flush_ipi_entry`](crate::arch::x86_64::X86_64::flush_ipi_entry)
+///   (which also signals the end of interrupt) on the `&X86_64` that the
+///   expression after `for` gives, evaluated in each interrupt.
+/// - `x86_64_flush_ipi_entry!(pub tlb_flush_entry => tlb_flush_handler);`
+///   calls `tlb_flush_handler` instead, an `extern "C" fn()` of the
+///   kernel's that must call `flush_ipi_entry` itself (for a kernel that
+///   counts or traces its interrupts there).
 ///
 /// The entry saves the nine registers the System V ABI lets a function
 /// change (`rax`, `rcx`, `rdx`, `rsi`, `rdi`, `r8` to `r11`), clears the
@@ -30,12 +36,25 @@
 /// Needs Rust 1.88 or newer in the kernel's crate (naked functions).
 #[macro_export]
 macro_rules! x86_64_flush_ipi_entry {
+    ($vis:vis $name:ident for $arch:expr) => {
+        $crate::x86_64_flush_ipi_entry!(@entry $vis $name, serve, {
+            /// Serves the flush requests on the `Arch` the macro was given.
+            extern "C" fn serve() {
+                let arch: &$crate::arch::x86_64::X86_64 = $arch;
+                arch.flush_ipi_entry();
+            }
+        });
+    };
     ($vis:vis $name:ident => $handler:path) => {
+        $crate::x86_64_flush_ipi_entry!(@entry $vis $name, $handler, {});
+    };
+    (@entry $vis:vis $name:ident, $handler:path, { $($item:item)* }) => {
         /// The flush IPI's interrupt entry
         /// (`tlb_batch::x86_64_flush_ipi_entry!`): an IDT gate's target,
         /// never a function to call.
         #[unsafe(naked)]
         $vis unsafe extern "C" fn $name() {
+            $($item)*
             // SAFETY: an interrupt entry: every register the handler (an
             // `extern "C" fn()`) may change is saved and restored, the
             // stack is aligned for the call, and `iretq` returns to the

@@ -118,13 +118,10 @@ fn a_kernel_given_cpu_index_is_checked_against_the_table() {
 
 /// The entry macro assembles to the interrupt entry its docs describe:
 /// nine pushes, `cld`, a call, nine pops and `iretq` (it is never called:
-/// it ends with `iretq`; its bytes are read instead).
-#[test]
-#[cfg_attr(miri, ignore = "reads machine code through a function pointer")]
-fn the_flush_ipi_entry_macro_defines_an_interrupt_entry() {
-    extern "C" fn handler() {}
-    crate::x86_64_flush_ipi_entry!(entry => handler);
-    let start = entry as unsafe extern "C" fn() as *const u8;
+/// it ends with `iretq`; its bytes are read instead). Returns where the
+/// call goes.
+fn check_entry_bytes(entry: unsafe extern "C" fn()) -> usize {
+    let start = entry as *const u8;
     // SAFETY: the function's code is mapped readable; 40 bytes cover it.
     let code = unsafe { core::slice::from_raw_parts(start, 40) };
     let pushes = [
@@ -138,4 +135,31 @@ fn the_flush_ipi_entry_macro_defines_an_interrupt_entry() {
     ];
     assert_eq!(&code[19..32], &pops, "pop r11..rax");
     assert_eq!(&code[32..34], &[0x48, 0xcf], "iretq");
+    let rel = i32::from_le_bytes([code[15], code[16], code[17], code[18]]);
+    (start as usize + 19).wrapping_add_signed(rel as isize)
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "reads machine code through a function pointer")]
+fn the_flush_ipi_entry_macro_defines_an_interrupt_entry() {
+    extern "C" fn handler() {}
+    crate::x86_64_flush_ipi_entry!(entry => handler);
+    assert_eq!(check_entry_bytes(entry), handler as extern "C" fn() as usize);
+}
+
+/// The `for` form: the same entry, calling a handler of its own (not the
+/// `=>` form's) that serves the `Arch` it was given.
+#[test]
+#[cfg_attr(miri, ignore = "reads machine code through a function pointer")]
+fn the_flush_ipi_entry_macro_serves_the_arch_it_is_given() {
+    static ARCH: spin::Once<X86_64> = spin::Once::new();
+    fn arch() -> &'static X86_64 {
+        ARCH.get().unwrap()
+    }
+    extern "C" fn other() {}
+    crate::x86_64_flush_ipi_entry!(entry => other);
+    crate::x86_64_flush_ipi_entry!(served for arch());
+    let target = check_entry_bytes(served);
+    assert_ne!(target, other as extern "C" fn() as usize);
+    assert_ne!(target, check_entry_bytes(entry));
 }
