@@ -47,7 +47,8 @@ pub fn map_local_apic(
 /// APIC IDs the ACPI MADT lists; `&[apic.id()]` on one CPU) and builds
 /// the `Arch`.
 pub fn init(apic: LocalApic, apic_ids: &[u32]) -> Result<(), Error> {
-    CPUS.register_all(apic_ids)?; // CPU i has APIC ID apic_ids[i]
+    // CPU i has APIC ID apic_ids[i].
+    CPUS.register_all(apic_ids)?;
     // SAFETY: ring 0.
     let features = unsafe { Features::detect() };
     // SAFETY: ring 0; every CPU is registered above before it runs crate
