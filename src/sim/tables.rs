@@ -137,7 +137,16 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Stores `pte` at `va` in `mm`.
-    /// The first PTE of a 512-page region takes a page-table frame. Errors:
+    /// The first PTE of a 512-page region takes a page-table frame.
+    ///
+    /// A present entry of the kernel's address space must have
+    /// [`PteFlags::GLOBAL`] (as [`map`](Self::map) sets it): the machine's
+    /// `Arch` flushes a kernel page as INVLPG does, from the loaded ASID
+    /// and the global entries, which is right only if every kernel mapping
+    /// is global (the x86 `Arch`'s `Features::kernel_global`). A
+    /// non-global kernel entry cached under several ASIDs survives a page
+    /// or range flush in the ASIDs not loaded; this call does not refuse
+    /// it yet. Errors:
     /// as for [`map`](Self::map) (an entry that names a frame, present or a
     /// migration or hwpoison entry, must name one the machine has, in use).
     pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
