@@ -9,7 +9,7 @@
 
 use super::aarch64_encoding::mpidr_affinity;
 use super::cpu_registry::{DirectSlots, HwIdTable};
-use crate::cpuset::{CpuId, CpuSet};
+use crate::cpuset::{CpuId, CpuSet, MAX_CPUS};
 use crate::Error;
 
 /// Affinities whose Aff3 and Aff2 are 0 and whose Aff1 and Aff0 are below
@@ -78,6 +78,27 @@ impl CpuTable {
         self.table.register(cpu, mpidr_affinity(mpidr))
     }
 
+    /// Registers the machine's CPUs in one call: CPU `i` is the processor
+    /// whose MPIDR_EL1 is `mpidrs[i]` (the boot CPU first, then the others
+    /// in the order the ACPI MADT or the devicetree lists them). The whole
+    /// list is checked first: on an error nothing is recorded.
+    ///
+    /// Errors: [`register`](Self::register)'s, for the first refused CPU,
+    /// and [`Error::InvalidHardwareId`] for an affinity listed twice.
+    pub fn register_all(&self, mpidrs: &[u64]) -> Result<(), Error> {
+        if mpidrs.len() > MAX_CPUS {
+            return Err(Error::CpuOutOfRange {
+                cpu: mpidrs.len() - 1,
+                limit: MAX_CPUS,
+            });
+        }
+        let mut affinities = [0; MAX_CPUS];
+        for (affinity, &mpidr) in affinities.iter_mut().zip(mpidrs) {
+            *affinity = mpidr_affinity(mpidr);
+        }
+        self.table.register_all(&affinities[..mpidrs.len()])
+    }
+
     /// The online CPUs.
     pub fn online(&self) -> CpuSet {
         self.table.online()
@@ -117,6 +138,21 @@ mod tests {
 
     fn cpu(i: usize) -> CpuId {
         CpuId::new(i).unwrap()
+    }
+
+    /// Two MPIDR values of one processor (bit 31 set or not) are one
+    /// affinity listed twice: the list is refused with nothing recorded.
+    #[test]
+    fn registering_a_list_compares_affinities() {
+        let t = CpuTable::new();
+        assert_eq!(
+            t.register_all(&[0x8000_0000, 0x8000_0001, 0x0]),
+            Err(Error::InvalidHardwareId { hw_id: 0 })
+        );
+        assert_eq!(t.cpu_of(0x8000_0001), None);
+        assert_eq!(t.register_all(&[0x8000_0000, 0x8000_0100]), Ok(()));
+        assert_eq!(t.cpu_of(0x100), Some(cpu(1)));
+        assert_eq!(t.affinity(cpu(0)), Some(0));
     }
 
     #[test]
