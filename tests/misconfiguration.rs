@@ -7,12 +7,14 @@
 mod common;
 
 use common::{asid, config, va};
-use tlb_batch::arch::mock::{FrameState, MockCpu, MockKernel, MockMachine, MockRmap, X86Like};
+use tlb_batch::arch::mock::{
+    FrameState, MockConfig, MockCpu, MockError, MockKernel, MockMachine, MockRmap, X86Like,
+};
 use tlb_batch::{
     check_cpu_state, flush_tlb_mm, flush_tlb_page, handle_flush_ipi, quiescent_flush, shootdown, switch_mm,
     try_to_unmap, Arch, Asid, CpuId, CpuSet, Error, FlushRequest, Frame, FramePool, MappingFlags, MmTlbState,
-    MmuGather, PageRange, TableFreePolicy, TlbFlushUnmapBatch, TlbShootdown, TraceEvent, TtuFlags,
-    UnmapBatch,
+    MmuGather, PageRange, Pte, PteFlags, TableFreePolicy, TlbFlushUnmapBatch, TlbShootdown, TraceEvent,
+    TtuFlags, UnmapBatch,
 };
 
 /// One address space with one mapped page (page 0), in an rmap.
@@ -296,4 +298,48 @@ fn a_space_used_on_one_machine_is_refused_on_another() {
     batch.flush(&cpu0).unwrap();
     common::free_and_check(&m1, vec![f]);
     assert_eq!(m2.violations(), []);
+}
+
+/// The mock's `Arch` flushes a kernel page as INVLPG does (the loaded
+/// ASID's entry and the global one), which is right only when every
+/// kernel entry is global: a non-global kernel entry is refused by the
+/// machine's PTE writers, with nothing stored. A global one cached by a
+/// CPU under two ASIDs is gone after one page flush, and its frame can
+/// be freed (found by a new user's trial: a non-global entry survived in
+/// the ASID not loaded).
+#[test]
+fn a_kernel_entry_must_be_global_and_then_one_page_flush_reaches_every_asid() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let (c0, c1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    let (a, b) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+    let kernel = m.kernel_mm().clone();
+    let kva = 0xffff_8000_0040_0000;
+    let f = m.alloc_frame().unwrap();
+    let plain = Pte::new(f, PteFlags::PRESENT | PteFlags::WRITABLE);
+    let refused = Err(MockError::NonGlobalKernelEntry { va: kva });
+    assert_eq!(m.set_pte(&kernel, kva, plain), refused);
+    assert_eq!(m.exchange_pte(&kernel, kva, plain), refused.map(|()| Pte::EMPTY));
+    assert_eq!(m.pte(&kernel, kva), Ok(Pte::EMPTY));
+    // A user entry needs no global bit.
+    m.set_pte(&a, va(0), Pte::new(f, PteFlags::PRESENT | PteFlags::USER))
+        .unwrap();
+    m.clear_pte(&a, va(0)).unwrap();
+
+    m.set_pte(&kernel, kva, Pte::new(f, plain.flags() | PteFlags::GLOBAL))
+        .unwrap();
+    for space in [&a, &b] {
+        c1.switch_to(space).unwrap();
+        c1.read(kva).unwrap();
+    }
+    m.clear_pte(&kernel, kva).unwrap();
+    flush_tlb_page(&c0, &kernel, kva).unwrap();
+    assert_eq!(m.cached_translations(f), vec![]);
+    m.free_frame(f).unwrap();
+    c1.switch_to(&a).unwrap();
+    assert!(c1.read(kva).is_err());
+    assert_eq!(m.violations(), vec![]);
 }

@@ -60,6 +60,14 @@ pub enum MockError {
     /// [`MockCpu::enter_lazy`](super::MockCpu::enter_lazy): the CPU has no
     /// user address space loaded to be lazy on.
     NoUserSpace,
+    /// A present entry for the kernel's address space without
+    /// [`PteFlags::GLOBAL`](crate::PteFlags::GLOBAL): the machine's `Arch`
+    /// flushes kernel pages as INVLPG does, which reaches a kernel entry
+    /// cached under an ASID that is not loaded only if it is global.
+    NonGlobalKernelEntry {
+        /// The address.
+        va: u64,
+    },
 }
 
 impl From<FrameError> for MockError {

@@ -144,14 +144,15 @@ impl<M: Model> MockMachine<M> {
     /// `Arch` flushes a kernel page as INVLPG does, from the loaded ASID
     /// and the global entries, which is right only if every kernel mapping
     /// is global (the x86 `Arch`'s `Features::kernel_global`). A
-    /// non-global kernel entry cached under several ASIDs survives a page
-    /// or range flush in the ASIDs not loaded; this call does not refuse
-    /// it yet. Errors:
+    /// non-global kernel entry cached under several ASIDs would survive a
+    /// page or range flush in the ASIDs not loaded, so it is refused
+    /// ([`MockError::NonGlobalKernelEntry`]). Errors:
     /// as for [`map`](Self::map) (an entry that names a frame, present or a
     /// migration or hwpoison entry, must name one the machine has, in use).
     pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
         self.check_va(va)?;
         self.known(mm)?;
+        check_kernel_global(mm, va, pte)?;
         if pte.is_present() || pte.is_migration() || pte.is_hwpoison() {
             match lock(&self.memory).state(pte.frame())? {
                 FrameState::Free => {
@@ -200,10 +201,12 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Atomically replaces the PTE at `va` in `mm` with `new` and returns
-    /// the old value. Flushes nothing.
+    /// the old value. Flushes nothing. A present kernel entry without the
+    /// global bit is refused, as by [`set_pte`](Self::set_pte).
     pub fn exchange_pte(&self, mm: &MmTlbState, va: u64, new: Pte) -> Result<Pte, MockError> {
         self.check_va(va)?;
         self.known(mm)?;
+        check_kernel_global(mm, va, new)?;
         match self.with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
             Pte(p.swap(new.0, Ordering::SeqCst))
         }) {
@@ -306,4 +309,13 @@ impl<M: Model> MockMachine<M> {
             range: PageRange::new(first_vpn << PAGE_SHIFT, 1 << REGION_SHIFT).ok()?,
         })
     }
+}
+
+/// Refuses a present kernel entry without the global bit
+/// ([`MockError::NonGlobalKernelEntry`]): see [`MockMachine::set_pte`].
+fn check_kernel_global(mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
+    if mm.is_kernel() && pte.is_present() && !pte.flags().contains(PteFlags::GLOBAL) {
+        return Err(MockError::NonGlobalKernelEntry { va });
+    }
+    Ok(())
 }
