@@ -133,7 +133,10 @@ fn verdict_of(why: StillMapped) -> Verdict {
 /// Every frame ends freed or handed to `handback` with its verdict: none is
 /// dropped. Frames `batch` already held are processed with this call's.
 /// Candidates beyond the batch's capacity go back as
-/// [`Verdict::NotScanned`].
+/// [`Verdict::NotScanned`]. On a CPU that flushes would miss (not online,
+/// or running a candidate's address space without
+/// [`switch_mm`](crate::switch_mm)) each candidate goes back as
+/// [`Verdict::Failed`] with that error, its accessed bits untouched.
 ///
 /// Errors: a flush that fails ([`Error::ShootdownReentered`],
 /// [`Error::OtherMachine`]) stops the call with every unmapped frame and

@@ -29,10 +29,19 @@ use crate::Error;
 pub(crate) fn space_caller<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<CpuId, Error> {
     bind_machine(arch, mm)?;
     let me = online_caller(arch)?;
+    check_space_on(arch, mm, me)?;
+    Ok(me)
+}
+
+/// [`space_caller`]'s checks of `mm` for `me`, the calling CPU already
+/// found online: for a walk over many spaces that asks the `Arch` for the
+/// CPU once.
+pub(crate) fn check_space_on<A: Arch>(arch: &A, mm: &MmTlbState, me: CpuId) -> Result<(), Error> {
+    bind_machine(arch, mm)?;
     if !mm.is_kernel() && arch.root_loaded(mm.root()) == Some(true) && !tracked_on(arch, mm, me) {
         return Err(Error::UntrackedRoot { cpu: me.index() });
     }
-    Ok(me)
+    Ok(())
 }
 
 /// Whether the crate records `mm` as loaded on `cpu` and counts `cpu` in

@@ -11,10 +11,10 @@ use tlb_batch::arch::mock::{
     FrameState, MockConfig, MockCpu, MockError, MockKernel, MockMachine, MockRmap, X86Like,
 };
 use tlb_batch::{
-    check_cpu_state, flush_tlb_mm, flush_tlb_page, handle_flush_ipi, quiescent_flush, shootdown, switch_mm,
-    try_to_unmap, Arch, Asid, CpuId, CpuSet, Error, FlushRequest, Frame, FramePool, MappingFlags, MmTlbState,
-    MmuGather, PageRange, Pte, PteFlags, TableFreePolicy, TlbFlushUnmapBatch, TlbShootdown, TraceEvent,
-    TtuFlags, UnmapBatch,
+    check_cpu_state, flush_tlb_mm, flush_tlb_page, handle_flush_ipi, page_referenced, quiescent_flush,
+    shootdown, shrink_page_list, switch_mm, try_to_unmap, Arch, Asid, CpuId, CpuSet, Error, FlushRequest,
+    Frame, FramePool, MappingFlags, MmTlbState, MmuGather, PageRange, Pte, PteFlags, Rmap, TableFreePolicy,
+    TlbFlushUnmapBatch, TlbShootdown, TraceEvent, TtuFlags, UnmapBatch, Verdict,
 };
 
 /// One address space with one mapped page (page 0), in an rmap.
@@ -37,7 +37,12 @@ fn every_flush_is_refused<A: Arch>(
 ) {
     let space = &rmap.spaces()[0];
     let mm = space.mm();
+    // Young, so that an aging that went ahead would show.
+    let young = m.pte(mm, va(0)).unwrap();
+    m.set_pte(mm, va(0), Pte::new(f, young.flags() | PteFlags::ACCESSED))
+        .unwrap();
     let pte = m.pte(mm, va(0)).unwrap();
+    let aged = rmap.aged_epoch(f);
     assert_eq!(
         flush_tlb_page(cpu, mm, va(0)).unwrap_err(),
         expected,
@@ -80,8 +85,31 @@ fn every_flush_is_refused<A: Arch>(
         expected,
         "change_protection"
     );
-    // Nothing changed: the page is mapped as before, its frame in use.
+    // Aging stores an epoch the pool trusts for every CPU: refused before
+    // it clears anything, directly or inside reclaim.
+    let mut unused = TlbFlushUnmapBatch::new();
+    assert_eq!(
+        page_referenced(cpu, rmap, f, &mut unused).unwrap_err(),
+        expected,
+        "page_referenced"
+    );
+    let mut kernel = MockKernel::new(rmap);
+    let mut back = Vec::new();
+    let reclaimed = shrink_page_list(
+        cpu,
+        rmap,
+        &mut kernel,
+        &mut UnmapBatch::<4>::new(),
+        [common::owned(f)],
+        &mut |frame, verdict| back.push((frame.into_frame(), verdict)),
+    )
+    .unwrap();
+    assert_eq!(back, [(f, Verdict::Failed(expected))], "shrink_page_list");
+    assert_eq!((reclaimed.freed, reclaimed.shootdowns), (0, 0));
+    // Nothing changed: the page is mapped as before (still young), its
+    // frame in use, its aging epoch as it was.
     assert_eq!(m.pte(mm, va(0)).unwrap(), pte);
+    assert_eq!(rmap.aged_epoch(f), aged);
     assert_eq!(m.frame_state(f).unwrap(), FrameState::InUse);
 }
 

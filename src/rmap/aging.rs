@@ -89,9 +89,15 @@ pub struct Referenced {
 /// an unmap of the same frame could pair a bit cleared by one with an epoch
 /// stored by the other.
 ///
-/// Errors, before any accessed bit is cleared: [`Error::Unaligned`],
-/// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
-/// rmap reported, [`Error::OtherMachine`] for a batch of another machine.
+/// Errors, before any accessed bit is cleared or any epoch stored:
+/// [`Error::Unaligned`], [`Error::NonCanonical`] or
+/// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
+/// [`Error::OtherMachine`] for a batch or a space of another machine;
+/// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] for a caller that
+/// flushes would miss (outside [`Arch::online_cpus`], or running a
+/// mapping's space without [`switch_mm`](crate::switch_mm)): the epoch
+/// stored afterwards would vouch for clears its own TLB does not answer
+/// for; the error of [`Arch::current_cpu`] when it cannot tell the CPU.
 pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,

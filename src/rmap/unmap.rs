@@ -182,13 +182,15 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// before the flush. [`UnmapBatch`](crate::UnmapBatch) is the form that
 /// makes that mistake a compile error.
 ///
-/// Errors, before any entry changed: [`Error::Unaligned`],
-/// [`Error::NonCanonical`] or [`Error::AsidOutOfRange`] for a mapping the
-/// rmap reported (all are checked before the first is removed),
-/// [`Error::OtherMachine`] for a batch holding another machine's work,
+/// Errors, before any entry changed (every mapping is checked before the
+/// first is touched): [`Error::Unaligned`], [`Error::NonCanonical`] or
+/// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
+/// [`Error::OtherMachine`] for a batch or a space of another machine,
 /// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] when a flush would
 /// miss the calling CPU (it is not online, or loaded a mapping's address
-/// space without [`switch_mm`](crate::switch_mm)). During the walk: [`Error::ShootdownReentered`] from an immediate flush
+/// space without [`switch_mm`](crate::switch_mm)), the error of
+/// [`Arch::current_cpu`] when it cannot tell the CPU. During the walk:
+/// [`Error::ShootdownReentered`] from an immediate flush
 /// (or a check failing on a mapping that appeared meanwhile); the walk stops
 /// there, and what it cleared is in `batch`.
 pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(

@@ -7,24 +7,36 @@ use core::ops::ControlFlow;
 
 use super::{Mapping, PageTable, Rmap};
 use crate::arch::Arch;
+use crate::lifecycle::online_caller;
 use crate::pte::Frame;
 use crate::validate::{check_asid, check_va};
+use crate::verify::check_space_on;
 use crate::Error;
 
 /// Checks every mapping `rmap` reports for `frame` (aligned, canonical,
-/// an ASID the hardware can tag) without touching any entry, so that a
-/// walk that then changes entries does not stop half-way on bad input.
+/// an ASID the hardware can tag) and the calling CPU against each
+/// mapping's space (online, the space of this machine, its root not
+/// loaded behind the crate's back: [`space_caller`]'s checks) without
+/// touching any entry, so that a walk that then changes entries, or ages
+/// them, does not stop half-way on bad input or a misconfigured caller.
+/// The CPU is checked even for a frame with no mapping.
+///
+/// [`space_caller`]: crate::verify::space_caller
 pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
     frame: Frame,
 ) -> Result<(), Error> {
+    let me = online_caller(arch)?;
     let mut failure = None;
-    let _ = rmap.walk(frame, &mut |m| match check_mapping(arch, &m) {
-        Ok(()) => ControlFlow::Continue(()),
-        Err(e) => {
-            failure = Some(e);
-            ControlFlow::Break(())
+    let _ = rmap.walk(frame, &mut |m| {
+        let checked = check_mapping(arch, &m).and_then(|()| check_space_on(arch, m.space.tlb_state(), me));
+        match checked {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failure = Some(e);
+                ControlFlow::Break(())
+            }
         }
     });
     failure.map_or(Ok(()), Err)
