@@ -129,6 +129,17 @@ pub enum Error {
         /// The CPU index.
         cpu: usize,
     },
+    /// A CPU asked to go offline
+    /// ([`take_cpu_offline`](crate::take_cpu_offline)) still has a user
+    /// address space loaded through [`switch_mm`](crate::switch_mm),
+    /// lazily or not: while it is away no flush reaches it, yet its MMU
+    /// may walk that space's page tables, which may be freed meanwhile.
+    /// Nothing changed (the CPU is still online); switch to the kernel's
+    /// space ([`MmTlbState::kernel`](crate::MmTlbState::kernel)) first.
+    UserSpaceLoaded {
+        /// The CPU.
+        cpu: usize,
+    },
     /// The running CPU has the address space's page-table root loaded, but
     /// not through [`switch_mm`](crate::switch_mm): the crate does not
     /// count it among the CPUs that run the space, so a flush of the space
@@ -226,6 +237,9 @@ impl fmt::Display for Error {
                 write!(f, "CPU {cpu} does not have that user address space loaded")
             }
             Error::CpuNotOnline { cpu } => write!(f, "CPU {cpu} is not online"),
+            Error::UserSpaceLoaded { cpu } => {
+                write!(f, "CPU {cpu} still has a user address space loaded")
+            }
             Error::UntrackedRoot { cpu } => {
                 write!(
                     f,

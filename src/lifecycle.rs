@@ -58,11 +58,12 @@ pub(crate) fn online_caller<A: Arch>(arch: &A) -> Result<CpuId, Error> {
 /// that may be unmapped while it is away, no crate function but
 /// [`prepare_cpu_online`], and no interrupt handler that does any of this
 /// (in practice it parks: `cli; hlt` in a loop, or the firmware's CPU_OFF).
-/// Before calling this it loads an address space whose page tables are
-/// not freed while it is away, normally the kernel's
-/// ([`switch_mm`](crate::switch_mm) to the kernel's [`MmTlbState`]): no
-/// shootdown or [`ipi_sync`](crate::ipi_sync) reaches it to say that a
-/// table it could walk is gone. A flush IPI sent to it in the last
+/// Before calling this it loads the kernel's address space
+/// ([`switch_mm`](crate::switch_mm) to the kernel's [`MmTlbState`], as
+/// Linux's offline path switches to `init_mm`), whose page tables are not
+/// freed while it is away: no shootdown or [`ipi_sync`](crate::ipi_sync)
+/// reaches it to say that a table it could walk is gone. A CPU the crate
+/// records as running a user space is refused. A flush IPI sent to it in the last
 /// moments may still be latched at its interrupt controller when it comes
 /// back; the handler then finds nothing to do.
 ///
@@ -71,7 +72,9 @@ pub(crate) fn online_caller<A: Arch>(arch: &A) -> Result<CpuId, Error> {
 /// [`Error::ShootdownReentered`] when this CPU is inside a shootdown or
 /// [`ipi_sync`](crate::ipi_sync) of its own (the call comes from an
 /// interrupt handler that interrupted one): the CPU would park with that
-/// shootdown unfinished; [`Error::CpuNotOnline`] when `leave` says the CPU
+/// shootdown unfinished; [`Error::UserSpaceLoaded`] when the CPU's last
+/// [`switch_mm`](crate::switch_mm) loaded a user space (lazy or not):
+/// switch to the kernel's first; [`Error::CpuNotOnline`] when `leave` says the CPU
 /// was not online. [`Error::CpuStillOnline`] when `leave` returned `true`
 /// but `online_cpus` still contains the CPU (it removed it from another
 /// set): nothing was served, the CPU is still a target, and it must not
@@ -88,6 +91,13 @@ pub fn take_cpu_offline<A: Arch>(arch: &A, leave: impl FnOnce(CpuId) -> bool) ->
     // here stays true until it changes them itself.
     if own.slot.busy.load(Ordering::Relaxed) || own.choosing.load(Ordering::Relaxed) != 0 {
         return Err(Error::ShootdownReentered { cpu: me.index() });
+    }
+    // A user space loaded here (lazily or not) would stay loaded while no
+    // flush reaches this CPU: its page tables may be freed meanwhile, and
+    // the MMU may walk them speculatively. Only this CPU's `switch_mm` and
+    // `prepare_cpu_online` change its record, so it holds from here on.
+    if state.loaded_asid(me).is_some_and(|a| !a.is_kernel()) {
+        return Err(Error::UserSpaceLoaded { cpu: me.index() });
     }
     if !leave(me) {
         return Err(Error::CpuNotOnline { cpu: me.index() });

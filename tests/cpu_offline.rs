@@ -9,16 +9,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::{asid, config, va, within};
 use tlb_batch::arch::mock::MockMachine;
-use tlb_batch::{flush_tlb_page, take_cpu_offline, Arch, CpuSet, Error, FlushRequest};
+use tlb_batch::{flush_tlb_page, shootdown, take_cpu_offline, Arch, CpuSet, Error, FlushRequest};
 
 const CPUS: usize = 4;
 /// The CPU that goes offline and comes back.
 const LEAVER: usize = CPUS - 1;
 
 /// CPU `LEAVER` cycles offline and online `cycles` times while CPUs 0 to 2
-/// each unmap a page of their own, flush it from every CPU running the
-/// address space (CPU `LEAVER` among them whenever it is online) and free
-/// its frame, over and over, alternating interrupts off and on.
+/// each unmap a page of their own, flush it (from every CPU running the
+/// address space, CPU `LEAVER` among them until it loads the kernel's
+/// space to leave; or from every online CPU, as a kernel-space flush
+/// does) and free its frame, over and over, alternating interrupts off
+/// and on.
 ///
 /// Each time it is back online, the leaver reads every page (caching
 /// them, so that the next flushes must reach it or find it away) and
@@ -46,8 +48,10 @@ fn offline_storm(cycles: u64) {
                     }
                     std::thread::yield_now();
                 }
-                // The kernel's offline path: interrupts off, leave, park.
+                // The kernel's offline path: interrupts off, the kernel's
+                // space loaded, leave, park.
                 cpu.disable_interrupts();
+                cpu.switch_to(m.kernel_mm()).unwrap();
                 let served = cpu.take_offline().unwrap();
                 served_offline.fetch_add(served as u64, Ordering::SeqCst);
                 assert!(!m.online().contains(cpu.id()));
@@ -70,7 +74,16 @@ fn offline_storm(cycles: u64) {
             let frame = m.map_new(&mm, va(me), true).unwrap();
             cpu.write(va(me), round).unwrap();
             m.clear_pte(&mm, va(me)).unwrap();
-            flush_tlb_page(&cpu, &mm, va(me)).unwrap();
+            if round % 4 < 2 {
+                flush_tlb_page(&cpu, &mm, va(me)).unwrap();
+            } else {
+                // At every CPU, as a kernel-space flush would be: the
+                // leaver is a target whenever it is online, whatever it
+                // runs, so the race with its leaving is there each time.
+                let mut req = FlushRequest::new();
+                req.add_page(mm.asid(), va(me), 33).unwrap();
+                shootdown(&cpu, &CpuSet::first(CPUS).unwrap(), &req).unwrap();
+            }
             m.free_frame(frame).unwrap();
             cpu.enable_interrupts();
             completed[me].fetch_add(1, Ordering::SeqCst);
@@ -100,7 +113,7 @@ fn offline_storm(cycles: u64) {
 #[test]
 fn a_cpu_cycling_offline_and_online_never_strands_a_shootdown() {
     // Miri interprets every step of four spinning threads: a few cycles.
-    let cycles = if cfg!(miri) { 4 } else { 20_000 };
+    let cycles = if cfg!(miri) { 4 } else { 5_000 };
     within(60, move || offline_storm(cycles));
 }
 
@@ -115,6 +128,16 @@ fn going_offline_is_refused_when_it_would_strand_something() {
         Ok(Err(Error::ShootdownReentered { cpu: 1 }))
     );
     assert!(m.online().contains(cpu1.id()));
+    // Running a user space, lazily or not: its tables may be freed while
+    // no flush reaches the CPU, and its MMU may still walk them.
+    let mm = m.new_mm(asid(1)).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    assert_eq!(cpu1.take_offline(), Err(Error::UserSpaceLoaded { cpu: 1 }));
+    cpu1.enter_lazy().unwrap();
+    assert_eq!(cpu1.take_offline(), Err(Error::UserSpaceLoaded { cpu: 1 }));
+    assert!(m.online().contains(cpu1.id()));
+    assert_eq!(cpu1.shootdown_state().loaded_asid(cpu1.id()), Some(mm.asid()));
+    cpu1.switch_to(m.kernel_mm()).unwrap();
     assert_eq!(cpu1.take_offline(), Ok(0));
     // Already offline: nothing to leave.
     assert_eq!(cpu1.take_offline(), Err(Error::CpuNotOnline { cpu: 1 }));

@@ -287,10 +287,11 @@ fn lazy_mode_refuses_a_space_the_cpu_does_not_run() {
     );
 }
 
-/// A CPU that went offline and came back still counts in the set of the
-/// space it ran before (nothing takes it out), but no longer has it
-/// loaded (`prepare_cpu_online` forgot it): lazy mode on that space is
-/// refused until it switches to it again. Refusing on either sign alone
+/// A CPU taken out of the online set while it runs a user space (by the
+/// raw switch: `take_cpu_offline` refuses that) and brought back still
+/// counts in the set of that space (nothing takes it out), but no longer
+/// has it loaded (`prepare_cpu_online` forgot it): lazy mode on that space
+/// is refused until it switches to it again. Refusing on either sign alone
 /// would let flushes skip a CPU that runs nothing it thinks it does.
 #[test]
 fn lazy_mode_needs_the_space_loaded_not_only_the_cpu_in_its_set() {
@@ -298,7 +299,7 @@ fn lazy_mode_needs_the_space_loaded_not_only_the_cpu_in_its_set() {
     let mm = m.new_mm(asid(1)).unwrap();
     let cpu1 = m.cpu(1).unwrap();
     cpu1.switch_to(&mm).unwrap();
-    cpu1.go_offline();
+    m.set_online(1, false).unwrap();
     cpu1.come_online();
     assert!(mm.cpus().contains(cpu1.id()), "still in the set");
     assert_eq!(cpu1.shootdown_state().loaded_asid(cpu1.id()), None);

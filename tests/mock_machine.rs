@@ -8,7 +8,7 @@ use common::{asid, config, populate, va};
 use tlb_batch::arch::mock::{
     CostModel, Fault, FrameError, FrameState, MockConfig, MockError, MockMachine, NoRewalk, Violation,
 };
-use tlb_batch::{flush_tlb_mm, flush_tlb_page, Arch, Frame, PteFlags};
+use tlb_batch::{flush_tlb_mm, flush_tlb_page, Arch, Frame, Pte, PteFlags};
 
 #[test]
 fn accesses_fill_the_tlb_and_set_accessed_and_dirty_bits() {
@@ -341,30 +341,37 @@ fn a_table_freed_under_a_cached_walk_pointer_is_caught() {
     }));
 }
 
-/// A CPU that goes offline keeps what it cached; coming back through the
-/// kernel's online path drops it. Coming back without it, its old entry
-/// reaches a frame that was freed meanwhile.
+/// A CPU that goes offline keeps what it cached (the kernel's space is
+/// what it has loaded then, so a global kernel entry); coming back through
+/// the kernel's online path drops it. Coming back without it, its old
+/// entry reaches a frame that was freed meanwhile.
 #[test]
 fn a_cpu_that_comes_back_online_must_flush_first() {
+    let kva = 0xffff_8000_0040_0000;
     for proper in [true, false] {
         let m = MockMachine::new(config(3, 16)).unwrap();
-        let (mm, frames) = populate(&m, 1, 1, &[1, 2], true);
+        let kernel = m.kernel_mm().clone();
+        let f = m.alloc_frame().unwrap();
+        let flags = PteFlags::PRESENT | PteFlags::WRITABLE | PteFlags::GLOBAL;
+        m.set_pte(&kernel, kva, Pte::new(f, flags)).unwrap();
         let cpu1 = m.cpu(1).unwrap();
+        cpu1.switch_to(&kernel).unwrap();
+        cpu1.read(kva).unwrap();
         cpu1.go_offline();
-        assert_eq!(cpu1.read(va(0)), Err(Fault::CpuOffline));
+        assert_eq!(cpu1.read(kva), Err(Fault::CpuOffline));
         // Unmapped and flushed while CPU 1 is away: it gets no IPI.
-        m.clear_pte(&mm, va(0)).unwrap();
-        let report = flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+        m.clear_pte(&kernel, kva).unwrap();
+        let report = flush_tlb_page(&m.cpu(0).unwrap(), &kernel, kva).unwrap();
         assert_eq!(report.ipis_sent, 1, "only CPU 2 is online to ask");
-        m.free_frame(frames[0]).unwrap();
+        m.free_frame(f).unwrap();
         assert_eq!(m.violations(), [], "an offline CPU's entries are dormant");
         if proper {
             cpu1.come_online();
-            cpu1.switch_to(&mm).unwrap();
+            cpu1.switch_to(&kernel).unwrap();
         } else {
             m.set_online(1, true).unwrap();
         }
-        let _ = cpu1.write(va(0), 1);
+        let _ = cpu1.read(kva);
         assert_eq!(m.violations().is_empty(), proper, "{:?}", m.violations());
     }
 }

@@ -169,10 +169,16 @@ fn a_flush_before_the_deferral_does_not_count_for_it() {
 
 /// Test 5: a target that goes offline is not waited for (it runs nothing,
 /// stale entries and all, until it comes back), and coming online flushes
-/// it: frames freed meanwhile are never reached through it.
+/// it: frames freed meanwhile are never reached through it. Tagged TLBs,
+/// so that its user entries outlive the switch to the kernel's space that
+/// going offline starts with.
 #[test]
 fn an_offline_target_is_not_waited_for_and_comes_back_flushed() {
-    let m = MockMachine::new(config(3, 64)).unwrap();
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(3, 64)
+    })
+    .unwrap();
     let (rmap, frames) = procs(&m, &[1, 2], 2);
     let all = frames.concat();
     let (cpu0, cpu1, cpu2) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), m.cpu(2).unwrap());

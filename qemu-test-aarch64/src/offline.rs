@@ -17,7 +17,7 @@
 
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use tlb_batch::{flush_tlb_page, ipi_sync, switch_mm, CpuSet};
+use tlb_batch::{flush_tlb_page, ipi_sync, switch_mm, CpuSet, MmTlbState};
 use tlb_batch_qemu_scenarios::{Frame, Platform};
 
 use crate::{cpu_index, mmu, now_us, tlb, Virt, MAX_CPUS, ONLINE};
@@ -110,13 +110,21 @@ fn leave() {
     while !GO.load(Ordering::Acquire) {
         tlb::poll();
     }
+    // The kernel's own space, over the kernel's table (never freed): what
+    // an offline CPU keeps loaded, as Linux's offline path loads init_mm.
+    let kernel = MmTlbState::kernel(tlb::mm().root());
     let (mut cycles, mut served, mut errors) = (0u64, 0u64, 0u64);
     loop {
         // The offline path, with nothing polled: some work (a kernel
-        // moves its tasks away here; requests pile up meanwhile), then out
-        // of the online set. The test address space's tables are the
-        // kernel's own, never freed, so it stays loaded.
+        // moves its tasks away here; requests pile up meanwhile), the
+        // kernel's space loaded (the crate refuses to take a CPU that runs
+        // a user space offline), then out of the online set.
         spin_us(PREPARE_US);
+        // SAFETY: the root is the kernel's own table, which maps
+        // everything this CPU runs from.
+        if unsafe { switch_mm(a, Some(tlb::mm()), &kernel) }.is_err() {
+            errors += 1;
+        }
         match a.take_offline() {
             Ok(s) => served += s as u64,
             Err(_) => errors += 1,

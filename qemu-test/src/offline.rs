@@ -18,7 +18,7 @@
 
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use tlb_batch::{shootdown, switch_mm, Arch, CpuSet};
+use tlb_batch::{shootdown, switch_mm, Arch, CpuSet, MmTlbState};
 
 use crate::storm::{readers, STORM_PAGES};
 use crate::{arch, flow, hw, mm, report, ONLINE, RESULT};
@@ -35,7 +35,7 @@ static GO: AtomicU32 = AtomicU32::new(0);
 static STOP: AtomicU32 = AtomicU32::new(0);
 /// Requests the leaver served on its way out, in all.
 static SERVED: AtomicU64 = AtomicU64::new(0);
-/// Errors from `take_offline`, `bring_online` or `switch_mm` on the leaver.
+/// Errors from `switch_mm`, `take_offline` or `bring_online` on the leaver.
 static ERRORS: AtomicU64 = AtomicU64::new(0);
 
 /// Pause iterations the leaver spends in each cycle with interrupts off
@@ -55,15 +55,21 @@ fn wait_for_go() {
 pub fn leave(cpu: usize) {
     wait_for_go();
     let a = arch();
+    // The kernel's own space, over the boot page table (never freed): what
+    // an offline CPU keeps loaded, as Linux's offline path loads init_mm.
+    let kernel = MmTlbState::kernel(mm().root());
     let (mut cycles, mut served, mut errors) = (0u64, 0u64, 0u64);
     while cycles == 0 || STOP.load(Ordering::SeqCst) == 0 {
         // The offline path: interrupts off, some work (a kernel moves its
         // tasks and interrupts away here; requests pile up in the inbox
-        // meanwhile), then out of the online set. The address space it
-        // keeps loaded is the boot page table, which is never freed, so it
-        // need not load another first.
+        // meanwhile), the kernel's space loaded (the crate refuses to take
+        // a CPU that runs a user space offline), then out of the online set.
         hw::cli();
         hw::spin(PREPARE);
+        // SAFETY: the root is the boot page table, which maps this kernel.
+        if unsafe { switch_mm(&a, Some(mm()), &kernel) }.is_err() {
+            errors += 1;
+        }
         match a.take_offline() {
             Ok(n) => served += n as u64,
             Err(_) => errors += 1,

@@ -369,7 +369,8 @@ impl Aarch64 {
     /// not online (it never came up, or already left);
     /// [`Error::ShootdownReentered`] when the call comes from an interrupt
     /// that interrupted a shootdown or IPI sync of this CPU's own, which
-    /// would stay unfinished.
+    /// would stay unfinished; [`Error::UserSpaceLoaded`] when its last
+    /// `switch_mm` loaded a user space (switch to the kernel's first).
     pub fn take_offline(&self) -> Result<usize, Error> {
         // SAFETY: EL1 (constructor contract).
         let mpidr = unsafe { read_mpidr_el1() };

@@ -319,9 +319,9 @@ impl X86_64 {
     /// Takes the running CPU out of the online set, the way back from
     /// [`bring_online`](Self::bring_online): call it on the CPU that goes
     /// offline, from the kernel's offline path (not from an interrupt
-    /// handler), with interrupts disabled, after the CPU loaded an address
-    /// space whose page tables stay while it is away, normally the
-    /// kernel's ([`switch_mm`](crate::switch_mm) to the kernel's
+    /// handler), with interrupts disabled, after the CPU loaded the
+    /// kernel's address space, whose page tables stay while it is away
+    /// ([`switch_mm`](crate::switch_mm) to the kernel's
     /// [`MmTlbState`](crate::MmTlbState)). It leaves the set, then
     /// serves and acknowledges every flush request that reaches it until no
     /// initiator that saw it online can still send one
@@ -346,7 +346,9 @@ impl X86_64 {
     /// table; [`Error::CpuNotOnline`] when it is not online (it never came
     /// up, or already left); [`Error::ShootdownReentered`] when the call
     /// comes from an interrupt that interrupted a shootdown of this CPU's
-    /// own, which would stay unfinished.
+    /// own, which would stay unfinished; [`Error::UserSpaceLoaded`] when
+    /// its last `switch_mm` loaded a user space (switch to the kernel's
+    /// first).
     pub fn take_offline(&self) -> Result<usize, Error> {
         let apic_id = self.apic.id();
         let cpu = self

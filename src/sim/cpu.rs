@@ -91,21 +91,33 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// interrupts on, a pending IPI may be taken while it waits, which
     /// serves the same inbox.
     ///
+    /// As on hardware, the CPU first loads the kernel's space
+    /// ([`switch_to`](Self::switch_to) the machine's
+    /// [`kernel_mm`](MockMachine::kernel_mm)); [`go_offline`](Self::go_offline)
+    /// does both.
+    ///
     /// Errors, with nothing changed: [`Error::CpuNotOnline`] when the CPU
     /// is already offline; [`Error::ShootdownReentered`] inside
     /// [`in_shootdown`](Self::in_shootdown) (as from an interrupt handler
-    /// that interrupted a shootdown of this CPU).
+    /// that interrupted a shootdown of this CPU);
+    /// [`Error::UserSpaceLoaded`] when it still runs a user space.
     ///
     /// [`take_cpu_offline`]: crate::take_cpu_offline
     pub fn take_offline(&self) -> Result<usize, Error> {
         crate::lifecycle::take_cpu_offline(self, |me| self.machine.online.remove(me, Ordering::SeqCst))
     }
 
-    /// [`take_offline`](Self::take_offline), for a test that knows the CPU
-    /// is online and outside a shootdown: on an error (it was offline
-    /// already, or inside [`in_shootdown`](Self::in_shootdown)) nothing
-    /// changes.
+    /// A kernel's whole offline path, for a test that knows the CPU is
+    /// online and outside a shootdown: a switch to the kernel's space (when
+    /// it runs a user space, lazily or not), then
+    /// [`take_offline`](Self::take_offline). On an error (it was offline
+    /// already, or inside [`in_shootdown`](Self::in_shootdown)) the CPU
+    /// stays online, running the kernel's space.
     pub fn go_offline(&self) {
+        let runs_user = self.current_mm().is_some_and(|mm| !mm.is_kernel());
+        if runs_user && self.switch_to(self.machine.kernel_mm()).is_err() {
+            return;
+        }
         // Either error leaves the CPU as it was, which is all a caller of
         // this form asks for.
         let _ = self.take_offline();
