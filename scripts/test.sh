@@ -4,9 +4,9 @@
 #      and Bochs, whose CPU model has PCIDs (scripts/bochs-test.sh); the
 #      aarch64 code on QEMU's virt machine (scripts/qemu-test-aarch64.sh),
 #      and the barriers and TLBIs its flushes compile to
-#      (scripts/aarch64-flush-sequences.sh); the guide's kernel glue built
-#      for x86_64-unknown-none, its snippets checked against it
-#      (scripts/guide-check.sh, seconds);
+#      (scripts/aarch64-flush-sequences.sh); the guides' kernel glue built
+#      for x86_64-unknown-none and aarch64-unknown-none, their snippets
+#      checked against it (scripts/guide-check.sh, seconds);
 #   2. loom models of the shootdown protocol (scripts/loom.sh: unit tests of
 #      the library in src/loom/, built under `--cfg loom`);
 #   3. with a nightly toolchain: Miri over the protocol, batch and mock
@@ -28,7 +28,7 @@ scripts/qemu-test.sh
 phase "QEMU, aarch64"
 scripts/qemu-test-aarch64.sh
 scripts/aarch64-flush-sequences.sh
-phase "the guide's code (guide-kernel/, docs/embedding-x86_64.md)"
+phase "the guides' code (guide-kernel/, guide-kernel-aarch64/, docs/embedding-*.md)"
 scripts/guide-check.sh
 phase Bochs
 scripts/bochs-test.sh
