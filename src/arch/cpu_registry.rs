@@ -228,6 +228,23 @@ mod tests {
             (t.cpu_of(3), t.id(cpu(3)), t.id(cpu(4))),
             (None, Some(4), Some(8))
         );
+        // A CPU registered alone, not first: a list that would give it
+        // another id is refused before its earlier CPUs are recorded.
+        let t = HwIdTable::<Low>::new();
+        assert_eq!(t.register(1, 9), Ok(cpu(1)));
+        assert_eq!(
+            t.register_all(&[5, 3]),
+            Err(Error::CpuAlreadyRegistered { cpu: 1 })
+        );
+        assert_eq!((t.cpu_of(5), t.id(cpu(0))), (None, None));
+        // As many CPUs as the crate has: all of them.
+        let t = HwIdTable::<Low>::new();
+        let mut ids = [0u32; MAX_CPUS];
+        for (i, id) in ids.iter_mut().enumerate() {
+            *id = i as u32 * 3;
+        }
+        assert_eq!(t.register_all(&ids), Ok(()));
+        assert_eq!(t.cpu_of(3 * (MAX_CPUS as u32 - 1)), Some(cpu(MAX_CPUS - 1)));
     }
 
     #[test]
