@@ -261,7 +261,8 @@ fn a_kernel_page_flush_reaches_only_the_current_asid_and_global_entries() {
 
 /// An ASID reused for a new address space while the old one's entries are
 /// still cached would let the new process reach the old one's memory. The
-/// crate prevents it whether or not the old space was flushed first: the
+/// mock hands an ASID out again only once the old space is dropped, and
+/// the crate prevents the rest whether or not it was flushed first: the
 /// new space's first generation is newer than anything the CPU recorded
 /// for ASID 5, so loading it flushes the ASID (one catch-up). A kernel
 /// that loaded the root itself, without `switch_mm`, is caught.
@@ -282,6 +283,9 @@ fn an_asid_reused_for_a_new_space_is_flushed_at_its_first_load() {
         if flush_first {
             flush_tlb_mm(&m.cpu(0).unwrap(), &old).unwrap();
         }
+        // The old process is gone: its ASID is free again.
+        assert_eq!(m.new_mm(asid(5)).err(), Some(MockError::AsidInUse { asid: 5 }));
+        drop(old);
         let new = m.new_mm(asid(5)).unwrap();
         m.map_new(&new, va(0), true).unwrap();
         let before = m.stats().catch_ups;

@@ -68,6 +68,14 @@ pub enum MockError {
         /// The address.
         va: u64,
     },
+    /// [`MockMachine::new_mm`](super::MockMachine::new_mm): an address
+    /// space with this ASID is still held. Two live spaces with one ASID
+    /// would share TLB entries and the crate's per-ASID generations, so
+    /// one could use the other's translations.
+    AsidInUse {
+        /// The ASID.
+        asid: u16,
+    },
 }
 
 impl From<FrameError> for MockError {

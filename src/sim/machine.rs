@@ -5,7 +5,7 @@ use core::marker::PhantomData;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::boxed::Box;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::vec::Vec;
 
 use super::{
@@ -57,6 +57,9 @@ pub struct MockMachine<M: Model = X86Like> {
     pub(crate) kernel_mm: Arc<MmTlbState>,
     /// The ASID each root of this machine was created with.
     pub(crate) roots: Mutex<BTreeMap<u64, Asid>>,
+    /// The address space each user ASID was last given to
+    /// ([`MockMachine::new_mm`]): live while someone holds it.
+    pub(crate) asid_owners: Mutex<BTreeMap<u16, Weak<MmTlbState>>>,
     /// The frame holding each leaf table, by (root, region of 512 pages).
     pub(crate) leaf_tables: Mutex<BTreeMap<(u64, u64), Frame>>,
     /// Page tables the kernel wrote itself, by root ([`MockMachine::attach_table`]).
@@ -137,6 +140,7 @@ impl<M: Model> MockMachine<M> {
             kernel_root,
             kernel_mm: Arc::new(MmTlbState::kernel(kernel_root)),
             roots: Mutex::new(roots),
+            asid_owners: Mutex::new(BTreeMap::new()),
             leaf_tables: Mutex::new(BTreeMap::new()),
             detached: Mutex::new(BTreeSet::new()),
             own_tables: Mutex::new(BTreeMap::new()),
@@ -195,6 +199,7 @@ impl<M: Model> MockMachine<M> {
             roots.clear();
             roots.insert(self.kernel_root, Asid::KERNEL);
         }
+        lock(&self.asid_owners).clear();
         lock(&self.leaf_tables).clear();
         lock(&self.detached).clear();
         lock(&self.own_tables).clear();

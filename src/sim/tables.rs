@@ -31,19 +31,35 @@ pub(crate) const REGION_SHIFT: u32 = 9;
 pub(crate) type Table = BTreeMap<u64, AtomicU64>;
 
 impl<M: Model> MockMachine<M> {
-    /// A new, empty user address space with this ASID. Give each live
-    /// address space its own ASID: the model tells TLB entries apart by it.
-    /// Errors: [`MockError::Input`] with [`Error::AsidOutOfRange`](crate::Error::AsidOutOfRange) for an
-    /// ASID wider than [`MockConfig::asid_bits`](super::MockConfig::asid_bits).
+    /// A new, empty user address space with this ASID. Each live address
+    /// space has its own ASID (the TLB tells entries apart by it, and the
+    /// crate's generations are per ASID); an ASID is free again once no
+    /// one holds the address space it was given to, as a kernel reuses an
+    /// ASID after the process is gone (the crate then flushes it at its
+    /// first load: a new space's generation is newer than any a CPU
+    /// recorded for the ASID).
+    ///
+    /// Errors: [`MockError::Input`] with
+    /// [`Error::AsidOutOfRange`](crate::Error::AsidOutOfRange) for an ASID
+    /// wider than [`MockConfig::asid_bits`](super::MockConfig::asid_bits);
+    /// [`MockError::AsidInUse`] for the ASID of an address space still
+    /// held.
     pub fn new_mm(&self, asid: Asid) -> Result<Arc<MmTlbState>, MockError> {
         check_asid(&self.probe(), asid)?;
-        let root = new_root();
+        let mut owners = lock(&self.asid_owners);
+        if owners.get(&asid.value()).is_some_and(|w| w.strong_count() > 0) {
+            return Err(MockError::AsidInUse { asid: asid.value() });
+        }
+        let mm = Arc::new(MmTlbState::new(asid, new_root()));
+        owners.insert(asid.value(), Arc::downgrade(&mm));
+        drop(owners);
+        let root = mm.root();
         lock(&self.roots).insert(root, asid);
         self.tables
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(root, Table::new());
-        Ok(Arc::new(MmTlbState::new(asid, root)))
+        Ok(mm)
     }
 
     /// CPU 0's view, for checks that depend only on the machine's
