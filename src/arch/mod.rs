@@ -268,8 +268,21 @@ pub unsafe trait Arch {
         16
     }
 
-    /// Invalidates this CPU's entry for the page at `va` in `asid`
-    /// (including a global entry when `asid` is [`Asid::KERNEL`]).
+    /// Invalidates this CPU's entry for the page at `va` in `asid`.
+    ///
+    /// For [`Asid::KERNEL`] it removes every entry this CPU may hold for
+    /// the kernel page, whatever ASID was loaded when it was filled: the
+    /// global entry, and a non-global one cached under any user ASID (a
+    /// kernel that maps some kernel pages non-global, as with page-table
+    /// isolation, or where the hardware tags kernel entries). Where every
+    /// kernel mapping is global, one local invalidation of the global
+    /// entry is enough (x86 `INVLPG`, SDM vol. 3A, 4.10.4.1: it invalidates
+    /// global entries for the page whatever the current PCID); otherwise
+    /// the implementation reaches the other ASIDs too (x86: `INVPCID`
+    /// all-contexts, as the crate's `X86_64` does when
+    /// `Features::kernel_global` is off). A non-global kernel entry left
+    /// under an ASID that is not loaded would survive the flush of a
+    /// freed kernel page, and be used when that ASID is loaded again.
     fn flush_local_page(&self, asid: Asid, va: u64);
 
     /// Invalidates this CPU's non-global entries of `asid`.
