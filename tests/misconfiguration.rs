@@ -371,3 +371,63 @@ fn a_kernel_entry_must_be_global_and_then_one_page_flush_reaches_every_asid() {
     assert!(c1.read(kva).is_err());
     assert_eq!(m.violations(), vec![]);
 }
+
+/// A test that ages a page by hand through the mock's own writers rather
+/// than `page_referenced`, while a CPU keeps the entry it filled before:
+/// the epoch the crate stored at its last aging no longer vouches that
+/// such an entry would have set the bit again. The machine forgets the
+/// epoch at that write, so the pool waits for the CPU's flush instead of
+/// handing the frame back under its entry (found by a new user's trial).
+#[test]
+fn aging_by_hand_through_the_mock_forgets_the_crates_epoch() {
+    type Clear = fn(&MockMachine<X86Like>, &MmTlbState);
+    let by_hand: [(&str, Clear); 3] = [
+        ("test_and_clear_accessed", |m, mm| {
+            assert!(m.test_and_clear_accessed(mm, va(0)).unwrap());
+        }),
+        ("exchange_pte", |m, mm| {
+            let pte = m.pte(mm, va(0)).unwrap();
+            let old = m
+                .exchange_pte(mm, va(0), Pte::new(pte.frame(), pte.flags() - PteFlags::ACCESSED))
+                .unwrap();
+            assert!(old.is_accessed());
+        }),
+        ("set_pte", |m, mm| {
+            let pte = m.pte(mm, va(0)).unwrap();
+            m.set_pte(mm, va(0), Pte::new(pte.frame(), pte.flags() - PteFlags::ACCESSED))
+                .unwrap();
+        }),
+    ];
+    for (how, clear) in by_hand {
+        let m = MockMachine::new(config(2, 64)).unwrap();
+        let (mm, other) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+        let rmap = MockRmap::new(&m, vec![m.space(&mm), m.space(&other)]);
+        let f = m.alloc_frame().unwrap();
+        rmap.map(f, 0, va(0), false, MappingFlags::empty()).unwrap();
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        cpu0.switch_to(&other).unwrap();
+        cpu1.switch_to(&mm).unwrap();
+        // The crate's aging opens an epoch; CPU 1 flushes after it (a
+        // switch away and back, untagged).
+        page_referenced(&cpu0, &rmap, f, &mut TlbFlushUnmapBatch::new()).unwrap();
+        assert!(rmap.aged_epoch(f).is_some());
+        cpu1.switch_to(&other).unwrap();
+        cpu1.switch_to(&mm).unwrap();
+        // CPU 1 caches the page (its fill sets the bit), then the bit is
+        // cleared by hand while the entry stays.
+        cpu1.read(va(0)).unwrap();
+        clear(&m, &mm);
+        assert_eq!(rmap.aged_epoch(f), None, "{how}");
+        let mut batch = UnmapBatch::<4>::new();
+        let unmapped = batch.try_to_unmap(&cpu0, &rmap, common::owned(f), TtuFlags::IGNORE_ACCESS);
+        assert!(matches!(unmapped, Ok(tlb_batch::Unmapped::Held(_))), "{how}");
+        let mut pool = FramePool::<4>::new();
+        assert_eq!(pool.defer(&cpu0, &mut batch), Ok(1), "{how}");
+        assert!(pool.release_passed(&cpu0).is_empty(), "{how}: CPU 1 caches it");
+        assert!(quiescent_flush(&cpu1));
+        let mut back = pool.release_passed(&cpu0);
+        assert_eq!(back.len(), 1, "{how}");
+        tlb_batch::FreeFrames::free_batch(&mut MockKernel::new(&rmap), back.frames_mut());
+        assert_eq!(m.violations(), [], "{how}");
+    }
+}

@@ -20,24 +20,19 @@ type Entry = (usize, u64, MappingFlags);
 /// A reverse map over a fixed list of address spaces of one machine, keyed
 /// by frame (hash map: fast enough for benchmark-sized runs).
 ///
-/// It keeps the aging epochs the crate stores
-/// ([`Rmap::aged_epoch`]), and forgets a frame's whenever it maps the
-/// frame ([`map`](Self::map)), as [`Rmap`]'s contract asks of a kernel.
-/// The machine's own PTE writers do not reach it:
-/// [`MockMachine::map`], [`MockMachine::exchange_pte`],
-/// [`MockMachine::test_and_clear_accessed`] and the spaces' `PageTable`
-/// methods called by a test directly. A test that stands for the kernel's
-/// own aging or remapping through those must forget the frame's epoch
-/// first (`set_aged_epoch(frame, None)`); otherwise the crate trusts an
-/// epoch that no longer holds, a pool may hand back a frame a CPU still
-/// caches, and the oracle reports it (`FreedWhileCached`).
+/// The aging epochs the crate stores through it ([`Rmap::aged_epoch`])
+/// are kept by the machine, whose PTE writers forget a frame's whenever a
+/// write maps the frame anew or clears an accessed bit of it: through
+/// this map ([`map`](Self::map)), [`MockMachine::map`],
+/// [`MockMachine::set_pte`], [`MockMachine::exchange_pte`],
+/// [`MockMachine::test_and_clear_accessed`] or the spaces' `PageTable`
+/// methods, as [`Rmap`]'s contract asks of a kernel. So a test that ages
+/// or remaps pages by hand cannot leave an epoch the crate would trust
+/// wrongly.
 pub struct MockRmap<'m, M: Model = X86Like> {
     machine: &'m MockMachine<M>,
     spaces: Vec<MockSpace<'m, M>>,
     map: Mutex<BTreeMap<Frame, Vec<Entry>>>,
-    /// Aging epochs the crate stored ([`Rmap::aged_epoch`]), forgotten
-    /// whenever this map writes a mapping of the frame.
-    aged: Mutex<BTreeMap<Frame, u64>>,
 }
 
 impl<'m, M: Model> MockRmap<'m, M> {
@@ -48,7 +43,6 @@ impl<'m, M: Model> MockRmap<'m, M> {
             machine,
             spaces,
             map: Mutex::new(BTreeMap::new()),
-            aged: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -73,8 +67,9 @@ impl<'m, M: Model> MockRmap<'m, M> {
         lock(&self.map).entry(frame).or_default().push((space, va, flags));
         // The new entry's accessed bit is clear, and a CPU may still cache
         // an older mapping of the frame here: its aging epoch no longer
-        // vouches for it.
-        lock(&self.aged).remove(&frame);
+        // vouches for it (the machine's write forgets it too, unless the
+        // call fails).
+        self.machine.forget_aged(frame);
         self.machine.map(s.mm(), va, frame, writable)
     }
 
@@ -95,7 +90,7 @@ impl<'m, M: Model> MockRmap<'m, M> {
         let fresh = lock(&self.map).get(&frame).is_none_or(Vec::is_empty);
         self.map(frame, space, va, writable, flags)?;
         if fresh {
-            lock(&self.aged).insert(frame, 0);
+            lock(&self.machine.aged).insert(frame, 0);
         }
         Ok(())
     }
@@ -103,14 +98,13 @@ impl<'m, M: Model> MockRmap<'m, M> {
     /// Forgets every mapping of `frame`.
     pub fn remove_frame(&self, frame: Frame) {
         lock(&self.map).remove(&frame);
-        lock(&self.aged).remove(&frame);
+        self.machine.forget_aged(frame);
     }
 
     /// Moves every recorded mapping of `old` to `new`.
     pub fn move_frame(&self, old: Frame, new: Frame) {
-        let mut aged = lock(&self.aged);
-        aged.remove(&old);
-        aged.remove(&new);
+        self.machine.forget_aged(old);
+        self.machine.forget_aged(new);
         let mut map = lock(&self.map);
         if let Some(entries) = map.remove(&old) {
             map.entry(new).or_default().extend(entries);
@@ -166,11 +160,11 @@ unsafe impl<'m, M: Model> Rmap for MockRmap<'m, M> {
     }
 
     fn aged_epoch(&self, frame: Frame) -> Option<u64> {
-        lock(&self.aged).get(&frame).copied()
+        lock(&self.machine.aged).get(&frame).copied()
     }
 
     fn set_aged_epoch(&self, frame: Frame, epoch: Option<u64>) {
-        let mut aged = lock(&self.aged);
+        let mut aged = lock(&self.machine.aged);
         match epoch {
             Some(e) => aged.insert(frame, e),
             None => aged.remove(&frame),

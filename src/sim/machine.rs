@@ -60,6 +60,10 @@ pub struct MockMachine<M: Model = X86Like> {
     /// The address space each user ASID was last given to
     /// ([`MockMachine::new_mm`]): live while someone holds it.
     pub(crate) asid_owners: Mutex<BTreeMap<u16, Weak<MmTlbState>>>,
+    /// Aging epochs the crate stored through a [`MockRmap`](super::MockRmap)
+    /// ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch)), by frame; the
+    /// machine's PTE writers forget those a write invalidates.
+    pub(crate) aged: Mutex<BTreeMap<Frame, u64>>,
     /// The frame holding each leaf table, by (root, region of 512 pages).
     pub(crate) leaf_tables: Mutex<BTreeMap<(u64, u64), Frame>>,
     /// Page tables the kernel wrote itself, by root ([`MockMachine::attach_table`]).
@@ -141,6 +145,7 @@ impl<M: Model> MockMachine<M> {
             kernel_mm: Arc::new(MmTlbState::kernel(kernel_root)),
             roots: Mutex::new(roots),
             asid_owners: Mutex::new(BTreeMap::new()),
+            aged: Mutex::new(BTreeMap::new()),
             leaf_tables: Mutex::new(BTreeMap::new()),
             detached: Mutex::new(BTreeSet::new()),
             own_tables: Mutex::new(BTreeMap::new()),
@@ -200,6 +205,7 @@ impl<M: Model> MockMachine<M> {
             roots.insert(self.kernel_root, Asid::KERNEL);
         }
         lock(&self.asid_owners).clear();
+        lock(&self.aged).clear();
         lock(&self.leaf_tables).clear();
         lock(&self.detached).clear();
         lock(&self.own_tables).clear();

@@ -184,7 +184,7 @@ impl<M: Model> MockMachine<M> {
         if let Some(own) = self.own_table(mm.root()) {
             // The kernel's own table: only its existing entries can be set.
             let entry = own.entry(va).ok_or(MockError::NoTable { va })?;
-            entry.store(pte.0, Ordering::SeqCst);
+            self.after_write(Pte(entry.swap(pte.0, Ordering::SeqCst)), pte);
             return Ok(());
         }
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
@@ -193,11 +193,38 @@ impl<M: Model> MockMachine<M> {
         if let std::collections::btree_map::Entry::Vacant(slot) = lock(&self.leaf_tables).entry(region) {
             slot.insert(lock(&self.memory).alloc_table()?);
         }
-        table
+        let old = table
             .entry(vpn)
             .or_insert_with(|| AtomicU64::new(0))
-            .store(pte.0, Ordering::SeqCst);
+            .swap(pte.0, Ordering::SeqCst);
+        drop(tables);
+        self.after_write(Pte(old), pte);
         Ok(())
+    }
+
+    /// What a PTE write from `old` to `new` does to the aging epochs
+    /// ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch), kept here for every
+    /// [`MockRmap`](super::MockRmap) of the machine): a frame mapped anew,
+    /// or whose accessed bit a write cleared, loses its epoch, which no
+    /// longer vouches that a CPU caching it would have set the bit (a CPU
+    /// may cache an older mapping, or kept the entry it filled before the
+    /// clear). An unmap keeps it: the crate judges that unmap by it.
+    /// Every writer of the machine's tables comes here, so a test that
+    /// ages or remaps through them directly cannot leave a stale epoch.
+    fn after_write(&self, old: Pte, new: Pte) {
+        if !new.is_present() {
+            return;
+        }
+        let remapped = !old.is_present() || old.frame() != new.frame();
+        let cleared = old.is_present() && old.is_accessed() && !new.is_accessed();
+        if remapped || cleared {
+            self.forget_aged(new.frame());
+        }
+    }
+
+    /// Forgets `frame`'s aging epoch.
+    pub(crate) fn forget_aged(&self, frame: Frame) {
+        lock(&self.aged).remove(&frame);
     }
 
     /// The PTE at `va` in `mm` (empty when nothing was ever mapped there).
@@ -226,7 +253,10 @@ impl<M: Model> MockMachine<M> {
         match self.with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
             Pte(p.swap(new.0, Ordering::SeqCst))
         }) {
-            Some(old) => Ok(old),
+            Some(old) => {
+                self.after_write(old, new);
+                Ok(old)
+            }
             None => {
                 if new != Pte::EMPTY {
                     self.set_pte(mm, va, new)?;
@@ -237,16 +267,19 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Atomically clears the accessed bit of the PTE at `va` in `mm`;
-    /// returns whether it was set.
+    /// returns whether it was set. A bit cleared forgets the frame's aging
+    /// epoch (the crate's own aging stores a new one after its clears).
     pub fn test_and_clear_accessed(&self, mm: &MmTlbState, va: u64) -> Result<bool, MockError> {
         self.check_va(va)?;
         self.known(mm)?;
         let mask = PteFlags::ACCESSED.bits();
-        Ok(self
+        let old = self
             .with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
-                p.fetch_and(!mask, Ordering::SeqCst) & mask != 0
+                Pte(p.fetch_and(!mask, Ordering::SeqCst))
             })
-            .unwrap_or(false))
+            .unwrap_or(Pte::EMPTY);
+        self.after_write(old, Pte(old.0 & !mask));
+        Ok(old.0 & mask != 0)
     }
 
     /// `mm` as a [`PageTable`](crate::PageTable) for the reverse-map functions.
