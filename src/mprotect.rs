@@ -10,7 +10,7 @@ use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
 use crate::validate::{check_asid, check_range};
 use crate::verify::space_caller;
-use crate::walk::{walk_range, Step};
+use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
 
 /// Applies `update` to every present PTE of `space` in `range` and flushes
@@ -44,7 +44,8 @@ use crate::Error;
 ///
 /// Errors, with nothing changed: [`Error::NonCanonical`],
 /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
-/// (a huge page in the range, [`Error::HugePage`]); [`Error::CpuNotOnline`] and
+/// (a huge page in the range, [`Error::HugePage`]), a global entry in a
+/// user space ([`Error::GlobalUserEntry`]); [`Error::CpuNotOnline`] and
 /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU (it
 /// is not online, or loaded the space's root without
 /// [`switch_mm`](crate::switch_mm)). A failed flush ([`Error::ShootdownReentered`])
@@ -53,11 +54,20 @@ use crate::Error;
 /// or any later change of this address space's mappings, flushes it first.
 /// Until a call returns `Ok` the change is not in effect on every CPU.
 ///
-/// The accessed bit of an entry that keeps its frame is kept, whatever
-/// `update` returns: it is the hardware's record that a CPU may have
-/// cached the mapping, and clearing it is [`page_referenced`](crate::page_referenced)'s
+/// The accessed and dirty bits of an entry that keeps its frame are kept,
+/// whatever `update` returns (as Linux's `pte_modify` keeps them): the
+/// accessed bit is the hardware's record that a CPU may have cached the
+/// mapping, and clearing it is [`page_referenced`](crate::page_referenced)'s
 /// job (a [`FramePool`](crate::FramePool) relies on a clear bit meaning
-/// that no CPU cached the page since the aging that cleared it).
+/// that no CPU cached the page since the aging that cleared it); the dirty
+/// bit is the only record that the page was written, which reclaim needs
+/// to write it out before freeing it (contract rule 4), so a closure such
+/// as `|p| Pte::new(p.frame(), PteFlags::PRESENT | PteFlags::USER)` makes
+/// a page read-only without losing it. An `update` that gives the address
+/// another frame, or none, owns what `old` says: it sees `old`'s dirty
+/// bit, and must record it on the page (for a reverse map,
+/// [`Rmap::set_dirty`](crate::Rmap::set_dirty)) before the old frame is
+/// written out or freed.
 pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     arch: &A,
     space: &S,
@@ -69,12 +79,13 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     check_asid(arch, mm.asid())?;
     space_caller(arch, mm)?;
     space.check_range(range)?;
+    check_range_not_global(space, range)?;
     let mut flush = FlushRequest::new();
     let mut changed = 0;
     let walked = walk_range(arch, space, range, &mut |va, pte| {
         if pte.is_present() {
             let old = space.clear(va);
-            let new = keep_accessed(old, update(old));
+            let new = keep_hardware_bits(old, update(old));
             space.set(va, new);
             if new != old {
                 match PageRange::page(va) {
@@ -105,11 +116,12 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     Ok(changed)
 }
 
-/// `new` with the accessed bit of `old` when both map the same frame (see
-/// [`change_protection`]).
-fn keep_accessed(old: Pte, new: Pte) -> Pte {
-    if old.is_accessed() && new.is_present() && new.frame() == old.frame() {
-        Pte(new.0 | PteFlags::ACCESSED.bits())
+/// `new` with the accessed and dirty bits of `old` when both map the same
+/// frame (see [`change_protection`]).
+fn keep_hardware_bits(old: Pte, new: Pte) -> Pte {
+    if new.is_present() && new.frame() == old.frame() {
+        let kept = old.flags() & (PteFlags::ACCESSED | PteFlags::DIRTY);
+        Pte(new.0 | kept.bits())
     } else {
         new
     }
