@@ -171,6 +171,18 @@ pub enum Error {
         /// The frame that was given.
         frame: crate::Frame,
     },
+    /// A present entry of a user address space has the global bit
+    /// ([`PteFlags::GLOBAL`](crate::PteFlags::GLOBAL)): the flushes the
+    /// crate sends for a user space name its ASID, which leaves global
+    /// entries in every TLB, and a CPU keeps using a global entry after it
+    /// switches to another space (which then reaches this one's page). Map
+    /// user pages without it (on x86 only kernel pages are global).
+    /// Refused before anything changed, by every operation that would
+    /// unmap, change or age such an entry.
+    GlobalUserEntry {
+        /// The address the entry maps.
+        va: u64,
+    },
     /// A hardware feature the caller claims (for example in the x86_64
     /// `Features`) that the CPU does not support, or that it supports but
     /// the kernel has not enabled: acting on the claim would execute an
@@ -251,6 +263,9 @@ impl fmt::Display for Error {
                     f,
                     "CPU {cpu} left a set that is not the online set shootdowns read"
                 )
+            }
+            Error::GlobalUserEntry { va } => {
+                write!(f, "the user entry for {va:#x} is global")
             }
             Error::HugePage { va, size } => {
                 write!(f, "a huge page of {size:#x} bytes maps {va:#x}")

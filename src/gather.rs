@@ -13,7 +13,7 @@ use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
 use crate::validate::{check_asid, check_range};
 use crate::verify::space_caller;
-use crate::walk::{walk_range, Step};
+use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
 
 /// Frames per batch when a gather's batches are sized like Linux's: the
@@ -252,7 +252,8 @@ impl<const N: usize> MmuGather<N> {
     ///
     /// Errors, with nothing changed: [`Error::NonCanonical`],
     /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`](crate::PageTable::check_range)
-    /// refuses (such as [`Error::HugePage`]), [`Error::OtherAddressSpace`],
+    /// refuses (such as [`Error::HugePage`]), a global entry in a user space
+    /// ([`Error::GlobalUserEntry`]), [`Error::OtherAddressSpace`],
     /// [`Error::OtherMachine`]; [`Error::CpuNotOnline`] and
     /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU
     /// (it is not online, or loaded the space's root without
@@ -287,6 +288,7 @@ impl<const N: usize> MmuGather<N> {
         check_asid(arch, mm.asid())?;
         space_caller(arch, mm)?;
         space.check_range(range)?;
+        check_range_not_global(space, range)?;
         self.claim(arch, mm)?;
         let result = self.tear_down(arch, space, backing, range, free_tables, policy, handback);
         if result.is_err() && !self.request.is_empty() {

@@ -95,8 +95,12 @@
 //! Only frames whose deferred mappings were all clean and read-only go into
 //! a pool, so no stale entry of a pooled frame allows a write: whatever a
 //! CPU still caches, it can only read the old contents, which stay in the
-//! frame until it is released. Kernel pages (global entries, which a local
-//! flush of every ASID keeps) never do.
+//! frame until it is released. Frames mapped in the kernel's address
+//! space never go into a pool: its entries are global, and the local
+//! flushes a pool waits for (a switch, a whole-ASID flush) keep global
+//! entries. (A user page mapped global is refused before it is unmapped,
+//! [`Error::GlobalUserEntry`], so no pooled
+//! frame has one.)
 
 use crate::arch::{Arch, Asid};
 use crate::batch::machine_id;

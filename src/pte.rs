@@ -48,7 +48,12 @@ bitflags::bitflags! {
         const ACCESSED = 1 << 5;
         /// Set by hardware on the first write through the entry.
         const DIRTY = 1 << 6;
-        /// The translation is global: it survives address-space switches.
+        /// The translation is global: it survives address-space switches,
+        /// and only a flush of the page or of everything with globals
+        /// removes it. For kernel mappings only: the crate flushes a user
+        /// space by its ASID, which leaves global entries alone, so a user
+        /// entry with this bit is refused by every operation that would
+        /// change it ([`Error::GlobalUserEntry`](crate::Error::GlobalUserEntry)).
         const GLOBAL = 1 << 8;
         /// Software bit (not present entries only): a migration entry; the
         /// frame field names the frame being migrated.

@@ -6,7 +6,7 @@
 
 use crate::arch::Arch;
 use crate::mm::flush_tlb_batched_pending;
-use crate::pte::{Pte, PAGE_SIZE};
+use crate::pte::{Pte, PteFlags, PAGE_SIZE};
 use crate::range::PageRange;
 use crate::rmap::PageTable;
 use crate::Error;
@@ -33,6 +33,35 @@ fn next_populated<S: PageTable + ?Sized>(space: &S, range: PageRange) -> Option<
         Some(_) => Some(range.start()),
         None => None,
     }
+}
+
+/// Refuses ([`Error::GlobalUserEntry`]) an entry of a user address space
+/// that is present and global: flushes of the space's ASID leave global
+/// entries alone, and a CPU keeps using one after it switches to another
+/// space, so no flush the crate sends for the space would remove it.
+pub(crate) fn check_not_global<S: PageTable + ?Sized>(space: &S, va: u64, pte: Pte) -> Result<(), Error> {
+    if !space.tlb_state().is_kernel() && pte.is_present() && pte.flags().contains(PteFlags::GLOBAL) {
+        return Err(Error::GlobalUserEntry { va });
+    }
+    Ok(())
+}
+
+/// [`check_not_global`] for every entry of `range`, before a range
+/// operation changes any: a read-only pass that steps over what is not
+/// mapped, as [`walk_range`] does.
+pub(crate) fn check_range_not_global<S: PageTable + ?Sized>(
+    space: &S,
+    range: PageRange,
+) -> Result<(), Error> {
+    if space.tlb_state().is_kernel() {
+        return Ok(());
+    }
+    let mut va = next_populated(space, range);
+    while let Some(v) = va {
+        check_not_global(space, v, space.lookup(v))?;
+        va = next_populated(space, range.after(v));
+    }
+    Ok(())
 }
 
 /// Calls `visit` for every non-empty entry of `range` in `space`, in

@@ -92,6 +92,7 @@ pub struct Referenced {
 /// Errors, before any accessed bit is cleared or any epoch stored:
 /// [`Error::Unaligned`], [`Error::NonCanonical`] or
 /// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
+/// [`Error::GlobalUserEntry`] for a user mapping whose entry is global,
 /// [`Error::OtherMachine`] for a batch or a space of another machine;
 /// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] for a caller that
 /// flushes would miss (outside [`Arch::online_cpus`], or running a

@@ -185,6 +185,8 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// Errors, before any entry changed (every mapping is checked before the
 /// first is touched): [`Error::Unaligned`], [`Error::NonCanonical`] or
 /// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
+/// [`Error::GlobalUserEntry`] for a user mapping whose entry is global (no
+/// flush of its space would remove it),
 /// [`Error::OtherMachine`] for a batch or a space of another machine,
 /// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] when a flush would
 /// miss the calling CPU (it is not online, or loaded a mapping's address

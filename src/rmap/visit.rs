@@ -11,12 +11,14 @@ use crate::lifecycle::online_caller;
 use crate::pte::Frame;
 use crate::validate::{check_asid, check_va};
 use crate::verify::check_space_on;
+use crate::walk::check_not_global;
 use crate::Error;
 
 /// Checks every mapping `rmap` reports for `frame` (aligned, canonical,
 /// an ASID the hardware can tag) and the calling CPU against each
 /// mapping's space (online, the space of this machine, its root not
-/// loaded behind the crate's back: [`space_caller`]'s checks) without
+/// loaded behind the crate's back: [`space_caller`]'s checks), and that
+/// no user entry is global ([`Error::GlobalUserEntry`]), without
 /// touching any entry, so that a walk that then changes entries, or ages
 /// them, does not stop half-way on bad input or a misconfigured caller.
 /// The CPU is checked even for a frame with no mapping.
@@ -30,7 +32,9 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
     let me = online_caller(arch)?;
     let mut failure = None;
     let _ = rmap.walk(frame, &mut |m| {
-        let checked = check_mapping(arch, &m).and_then(|()| check_space_on(arch, m.space.tlb_state(), me));
+        let checked = check_mapping(arch, &m)
+            .and_then(|()| check_space_on(arch, m.space.tlb_state(), me))
+            .and_then(|()| check_not_global(m.space, m.va, m.space.lookup(m.va)));
         match checked {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
