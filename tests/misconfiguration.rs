@@ -431,3 +431,42 @@ fn aging_by_hand_through_the_mock_forgets_the_crates_epoch() {
         assert_eq!(m.violations(), [], "{how}");
     }
 }
+
+/// Which writes make the machine forget an epoch: a write that takes an
+/// accessed bit away (the old frame's), and a frame mapped anew (the new
+/// frame's, over an empty entry or over another frame's); an unmap or a
+/// rewrite of an entry whose bit is clear keeps it.
+#[test]
+fn the_mock_forgets_exactly_the_epochs_a_write_invalidates() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let rmap = MockRmap::new(&m, vec![m.space(&mm)]);
+    let cpu0 = m.cpu(0).unwrap();
+    let frames: Vec<Frame> = (0..4).map(|_| m.alloc_frame().unwrap()).collect();
+    for (i, &f) in frames.iter().enumerate() {
+        rmap.map(f, 0, va(i), false, MappingFlags::empty()).unwrap();
+        page_referenced(&cpu0, &rmap, f, &mut TlbFlushUnmapBatch::new()).unwrap();
+        assert!(rmap.aged_epoch(f).is_some());
+    }
+    let entry = |f: Frame| Pte::new(f, PteFlags::PRESENT | PteFlags::USER);
+    // Bits clear: a rewrite and an unmap keep the epochs.
+    m.exchange_pte(&mm, va(0), entry(frames[0])).unwrap();
+    m.clear_pte(&mm, va(1)).unwrap();
+    assert!(rmap.aged_epoch(frames[0]).is_some() && rmap.aged_epoch(frames[1]).is_some());
+    // An accessed entry unmapped by hand: its frame's epoch goes.
+    m.set_pte(
+        &mm,
+        va(0),
+        Pte::new(frames[0], entry(frames[0]).flags() | PteFlags::ACCESSED),
+    )
+    .unwrap();
+    assert!(rmap.aged_epoch(frames[0]).is_some(), "a bit set is no reason");
+    m.clear_pte(&mm, va(0)).unwrap();
+    assert_eq!(rmap.aged_epoch(frames[0]), None);
+    // Mapped anew over an empty entry, and over another frame's.
+    m.set_pte(&mm, va(1), entry(frames[1])).unwrap();
+    assert_eq!(rmap.aged_epoch(frames[1]), None);
+    m.set_pte(&mm, va(2), entry(frames[3])).unwrap();
+    assert_eq!(rmap.aged_epoch(frames[3]), None);
+    assert!(rmap.aged_epoch(frames[2]).is_some(), "its bit was clear");
+}

@@ -204,20 +204,27 @@ impl<M: Model> MockMachine<M> {
 
     /// What a PTE write from `old` to `new` does to the aging epochs
     /// ([`Rmap::aged_epoch`](crate::Rmap::aged_epoch), kept here for every
-    /// [`MockRmap`](super::MockRmap) of the machine): a frame mapped anew,
-    /// or whose accessed bit a write cleared, loses its epoch, which no
-    /// longer vouches that a CPU caching it would have set the bit (a CPU
-    /// may cache an older mapping, or kept the entry it filled before the
-    /// clear). An unmap keeps it: the crate judges that unmap by it.
-    /// Every writer of the machine's tables comes here, so a test that
-    /// ages or remaps through them directly cannot leave a stale epoch.
+    /// [`MockRmap`](super::MockRmap) of the machine). An epoch vouches
+    /// that a CPU that cached the frame since then set the accessed bit of
+    /// the mapping it used, so it stops holding when:
+    ///
+    /// - a write takes an accessed bit away (cleared, or the entry gone or
+    ///   pointed elsewhere while the bit was set): the old frame's epoch
+    ///   goes (the crate's own unmap of such an entry does not use the
+    ///   epoch, so it loses nothing);
+    /// - a frame is mapped anew (a CPU may still cache an older mapping of
+    ///   it there): the new frame's epoch goes.
+    ///
+    /// An unmap of an entry whose bit is clear keeps the epoch: the crate
+    /// judges that unmap by it. Every writer of the machine's tables comes
+    /// here, so a test that ages or remaps through them directly cannot
+    /// leave a stale epoch.
     fn after_write(&self, old: Pte, new: Pte) {
-        if !new.is_present() {
-            return;
+        let same_frame = new.is_present() && old.is_present() && new.frame() == old.frame();
+        if old.is_present() && old.is_accessed() && !(same_frame && new.is_accessed()) {
+            self.forget_aged(old.frame());
         }
-        let remapped = !old.is_present() || old.frame() != new.frame();
-        let cleared = old.is_present() && old.is_accessed() && !new.is_accessed();
-        if remapped || cleared {
+        if new.is_present() && !same_frame {
             self.forget_aged(new.frame());
         }
     }
