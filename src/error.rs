@@ -183,6 +183,20 @@ pub enum Error {
         /// The address the entry maps.
         va: u64,
     },
+    /// The page table's own root ([`PageTable::root`](crate::PageTable::root))
+    /// is not the root its [`MmTlbState`](crate::MmTlbState) was built with:
+    /// flushes reach the CPUs that loaded the state's root through
+    /// [`switch_mm`](crate::switch_mm), so a CPU that loaded these tables
+    /// would be skipped, and the check for a root loaded behind the crate's
+    /// back ([`Error::UntrackedRoot`]) would look at the wrong root. Build
+    /// the state with the table's root. Refused, with nothing changed, by
+    /// every operation that changes or ages entries of a user space.
+    RootMismatch {
+        /// The root the page table reports.
+        table: u64,
+        /// The root the address space's state holds.
+        state: u64,
+    },
     /// A hardware feature the caller claims (for example in the x86_64
     /// `Features`) that the CPU does not support, or that it supports but
     /// the kernel has not enabled: acting on the claim would execute an
@@ -266,6 +280,12 @@ impl fmt::Display for Error {
             }
             Error::GlobalUserEntry { va } => {
                 write!(f, "the user entry for {va:#x} is global")
+            }
+            Error::RootMismatch { table, state } => {
+                write!(
+                    f,
+                    "the page table's root {table:#x} is not its MmTlbState's root {state:#x}"
+                )
             }
             Error::HugePage { va, size } => {
                 write!(f, "a huge page of {size:#x} bytes maps {va:#x}")

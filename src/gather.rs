@@ -12,7 +12,7 @@ use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
 use crate::validate::{check_asid, check_range};
-use crate::verify::space_caller;
+use crate::verify::{check_table_root, space_caller};
 use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
 
@@ -253,7 +253,8 @@ impl<const N: usize> MmuGather<N> {
     /// Errors, with nothing changed: [`Error::NonCanonical`],
     /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`](crate::PageTable::check_range)
     /// refuses (such as [`Error::HugePage`]), a global entry in a user space
-    /// ([`Error::GlobalUserEntry`]), [`Error::OtherAddressSpace`],
+    /// ([`Error::GlobalUserEntry`]), a table whose root is not its state's
+    /// ([`Error::RootMismatch`]), [`Error::OtherAddressSpace`],
     /// [`Error::OtherMachine`]; [`Error::CpuNotOnline`] and
     /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU
     /// (it is not online, or loaded the space's root without
@@ -287,6 +288,7 @@ impl<const N: usize> MmuGather<N> {
         let mm = space.tlb_state();
         check_asid(arch, mm.asid())?;
         space_caller(arch, mm)?;
+        check_table_root(space)?;
         space.check_range(range)?;
         check_range_not_global(space, range)?;
         self.claim(arch, mm)?;

@@ -79,9 +79,12 @@
 //! }
 //!
 //! let machine = MockMachine::new(MockConfig::x86_like(2)).unwrap();
-//! let mm = machine.new_mm(Asid::new(1).unwrap()).unwrap();
 //! let mut pool = Pool(Vec::new());
 //! let mut root = Box::new(X86Table::new());
+//! // The state holds the root CR3 would be loaded with: the level-4
+//! // table's physical address (here its host address).
+//! let root_paddr = &*root as *const X86Table as u64;
+//! let mm = machine.new_mm_at(Asid::new(1).unwrap(), root_paddr).unwrap();
 //! // SAFETY: every table frame the mapper meets is a live host page of
 //! // `pool` or `root`, at its own address (offset 0).
 //! let mut mapper = unsafe { OffsetPageTable::new(&mut root, VirtAddr::new(0)) };
@@ -312,5 +315,11 @@ unsafe impl PageTable for OffsetSpace<'_> {
     /// operations change 4 KiB entries only, and would skip it.
     fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
         self.check_no_huge(range).map_err(crate::Error::from)
+    }
+    /// The level-4 table's physical address, its virtual address less the
+    /// offset: the table is reached through the offset mapping, as a
+    /// kernel's `active_level_4_table` (CR3's frame plus the offset) does.
+    fn root(&self) -> Option<u64> {
+        self.level_4.checked_sub(self.offset)
     }
 }

@@ -9,7 +9,7 @@ use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
 use crate::validate::{check_asid, check_range};
-use crate::verify::space_caller;
+use crate::verify::{check_table_root, space_caller};
 use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
 
@@ -45,7 +45,8 @@ use crate::Error;
 /// Errors, with nothing changed: [`Error::NonCanonical`],
 /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
 /// (a huge page in the range, [`Error::HugePage`]), a global entry in a
-/// user space ([`Error::GlobalUserEntry`]); [`Error::CpuNotOnline`] and
+/// user space ([`Error::GlobalUserEntry`]), a table whose root is not its
+/// state's ([`Error::RootMismatch`]); [`Error::CpuNotOnline`] and
 /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU (it
 /// is not online, or loaded the space's root without
 /// [`switch_mm`](crate::switch_mm)). A failed flush ([`Error::ShootdownReentered`])
@@ -78,6 +79,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     let mm = space.tlb_state();
     check_asid(arch, mm.asid())?;
     space_caller(arch, mm)?;
+    check_table_root(space)?;
     space.check_range(range)?;
     check_range_not_global(space, range)?;
     let mut flush = FlushRequest::new();

@@ -210,4 +210,7 @@ unsafe impl<H: PagingHandler> PageTable for PtmSpace<'_, H> {
     fn check_range(&self, range: PageRange) -> Result<(), Error> {
         self.check_no_huge(range)
     }
+    fn root(&self) -> Option<u64> {
+        Some(self.root)
+    }
 }

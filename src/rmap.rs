@@ -117,6 +117,23 @@ pub unsafe trait PageTable {
         Ok(())
     }
 
+    /// The root of these tables in the form [`MmTlbState::root`] holds it
+    /// (what [`switch_mm`](crate::switch_mm) loads; on x86_64, the level-4
+    /// table's physical address), or `None` when the table cannot tell (the
+    /// default).
+    ///
+    /// With an answer, every crate function that changes or ages entries
+    /// of a user space refuses the table when it differs from
+    /// `tlb_state().root()` ([`Error::RootMismatch`](crate::Error::RootMismatch)),
+    /// with nothing changed: flushes reach the CPUs that loaded the state's
+    /// root, so a CPU that loaded these tables would be skipped. The
+    /// adapters `mapper::OffsetSpace` and `ptm::PtmSpace` answer; a kernel's
+    /// own table should too. The kernel's address space is not checked
+    /// (its flushes reach every online CPU).
+    fn root(&self) -> Option<u64> {
+        None
+    }
+
     /// Runs `body` once, holding the lock of the leaf page table that holds
     /// the entry for `va` (it maps [`TABLE_SPAN`](crate::TABLE_SPAN) bytes).
     ///

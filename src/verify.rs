@@ -15,6 +15,7 @@ use crate::arch::Arch;
 use crate::cpuset::CpuId;
 use crate::lifecycle::online_caller;
 use crate::mm::MmTlbState;
+use crate::rmap::PageTable;
 use crate::Error;
 
 /// The calling CPU, for a crate function about to flush `mm` (or to defer
@@ -42,6 +43,21 @@ pub(crate) fn check_space_on<A: Arch>(arch: &A, mm: &MmTlbState, me: CpuId) -> R
         return Err(Error::UntrackedRoot { cpu: me.index() });
     }
     Ok(())
+}
+
+/// Refuses a user space's table whose own root is not its state's
+/// ([`Error::RootMismatch`]): the state's CPU set counts the CPUs that
+/// loaded the state's root, so flushes would skip those running these
+/// tables.
+pub(crate) fn check_table_root<S: PageTable + ?Sized>(space: &S) -> Result<(), Error> {
+    let mm = space.tlb_state();
+    match space.root() {
+        Some(table) if !mm.is_kernel() && table != mm.root() => Err(Error::RootMismatch {
+            table,
+            state: mm.root(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Whether the crate records `mm` as loaded on `cpu` and counts `cpu` in

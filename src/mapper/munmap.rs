@@ -103,9 +103,12 @@ impl OffsetTeardown<'_> {
     /// }
     ///
     /// let machine = MockMachine::new(MockConfig::x86_like(2)).unwrap();
-    /// let mm = machine.new_mm(Asid::new(1).unwrap()).unwrap();
     /// let mut frames = Frames::default();
     /// let mut root = Box::new(X86Table::new());
+    /// // The state's root is the level-4 table's physical address (here,
+    /// // with offset 0, its host address), as CR3 holds it.
+    /// let root_paddr = &*root as *const X86Table as u64;
+    /// let mm = machine.new_mm_at(Asid::new(1).unwrap(), root_paddr).unwrap();
     /// // SAFETY: every table frame is a live host page at its own address.
     /// let mut mapper = unsafe { OffsetPageTable::new(&mut root, VirtAddr::new(0)) };
     /// let page = Page::<Size4KiB>::containing_address(VirtAddr::new(0x40_0000));

@@ -80,6 +80,10 @@ unsafe impl PageTable for OffsetTeardown<'_> {
     fn check_range(&self, range: PageRange) -> Result<(), Error> {
         self.space.check_no_huge(range).map_err(Error::from)
     }
+
+    fn root(&self) -> Option<u64> {
+        self.space.root()
+    }
 }
 
 // SAFETY: `detach_table` unlinks a table with one atomic compare-exchange

@@ -86,6 +86,10 @@ unsafe impl<H: PagingHandler> PageTable for PtmTeardown<'_, H> {
     fn check_range(&self, range: PageRange) -> Result<(), Error> {
         self.space.check_range(range)
     }
+
+    fn root(&self) -> Option<u64> {
+        self.space.root()
+    }
 }
 
 // SAFETY: `detach_table` unlinks a table by one compare-exchange of its

@@ -93,7 +93,8 @@ pub struct Referenced {
 /// [`Error::Unaligned`], [`Error::NonCanonical`] or
 /// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
 /// [`Error::GlobalUserEntry`] for a user mapping whose entry is global,
-/// [`Error::OtherMachine`] for a batch or a space of another machine;
+/// [`Error::RootMismatch`] for a mapping's table whose root is not its
+/// state's, [`Error::OtherMachine`] for a batch or a space of another machine;
 /// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] for a caller that
 /// flushes would miss (outside [`Arch::online_cpus`], or running a
 /// mapping's space without [`switch_mm`](crate::switch_mm)): the epoch

@@ -5,6 +5,7 @@ use core::ops::ControlFlow;
 
 use super::{Mapping, MappingFlags, PageState, PageTable, Rmap};
 use crate::pte::{check_aligned, Frame};
+use crate::verify::check_table_root;
 use crate::Error;
 
 struct RmapEntry<'a, S: ?Sized> {
@@ -46,9 +47,12 @@ impl<'a, S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> BoundedRm
     }
 
     /// Records that `space` maps `frame` at `va`. Errors:
-    /// [`Error::Unaligned`], [`Error::RmapFull`] (nothing is recorded).
+    /// [`Error::Unaligned`], [`Error::RootMismatch`] (a user space whose
+    /// table reports another root than its state holds),
+    /// [`Error::RmapFull`] (nothing is recorded).
     pub fn add(&mut self, frame: Frame, space: &'a S, va: u64, flags: MappingFlags) -> Result<(), Error> {
         check_aligned(va)?;
+        check_table_root(space)?;
         // The new entry's accessed bit is clear while a CPU may still cache
         // an older mapping of the frame: no aging epoch vouches for it.
         self.pages.set_aged_epoch(frame, None);

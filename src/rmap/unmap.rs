@@ -187,6 +187,8 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
 /// [`Error::GlobalUserEntry`] for a user mapping whose entry is global (no
 /// flush of its space would remove it),
+/// [`Error::RootMismatch`] for a mapping's table whose root is not its
+/// state's (its flushes would go to other CPUs),
 /// [`Error::OtherMachine`] for a batch or a space of another machine,
 /// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] when a flush would
 /// miss the calling CPU (it is not online, or loaded a mapping's address

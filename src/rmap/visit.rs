@@ -10,14 +10,15 @@ use crate::arch::Arch;
 use crate::lifecycle::online_caller;
 use crate::pte::Frame;
 use crate::validate::{check_asid, check_va};
-use crate::verify::check_space_on;
+use crate::verify::{check_space_on, check_table_root};
 use crate::walk::check_not_global;
 use crate::Error;
 
 /// Checks every mapping `rmap` reports for `frame` (aligned, canonical,
 /// an ASID the hardware can tag) and the calling CPU against each
 /// mapping's space (online, the space of this machine, its root not
-/// loaded behind the crate's back: [`space_caller`]'s checks), and that
+/// loaded behind the crate's back: [`space_caller`]'s checks; the table's
+/// own root its state's, [`Error::RootMismatch`]), and that
 /// no user entry is global ([`Error::GlobalUserEntry`]), without
 /// touching any entry, so that a walk that then changes entries, or ages
 /// them, does not stop half-way on bad input or a misconfigured caller.
@@ -33,6 +34,7 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
     let mut failure = None;
     let _ = rmap.walk(frame, &mut |m| {
         let checked = check_mapping(arch, &m)
+            .and_then(|()| check_table_root(m.space))
             .and_then(|()| check_space_on(arch, m.space.tlb_state(), me))
             .and_then(|()| check_not_global(m.space, m.va, m.space.lookup(m.va)));
         match checked {

@@ -108,6 +108,9 @@ unsafe impl<P: PageTable> PageTable for CountingTable<P> {
         self.tick();
         self.inner.with_table_locked(va, body)
     }
+    fn root(&self) -> Option<u64> {
+        self.inner.root()
+    }
 }
 
 // SAFETY: forwarded unchanged to `inner`.

@@ -76,6 +76,13 @@ pub enum MockError {
         /// The ASID.
         asid: u16,
     },
+    /// [`MockMachine::new_mm_at`](super::MockMachine::new_mm_at): an
+    /// address space still held (or the kernel's) has this root. Two live
+    /// states for one root would split the CPUs that run it between them.
+    RootInUse {
+        /// The root.
+        root: u64,
+    },
 }
 
 impl From<FrameError> for MockError {

@@ -45,15 +45,39 @@ impl<M: Model> MockMachine<M> {
     /// [`MockError::AsidInUse`] for the ASID of an address space still
     /// held.
     pub fn new_mm(&self, asid: Asid) -> Result<Arc<MmTlbState>, MockError> {
+        self.add_mm(asid, new_root())
+    }
+
+    /// [`new_mm`](Self::new_mm) with the page-table root the space's state
+    /// holds given by the caller: for a test that runs the crate over page
+    /// tables of its own (the `x86_64` crate's through
+    /// `mapper::OffsetSpace`, say), whose [`PageTable::root`](crate::PageTable::root)
+    /// the state's root must equal. The machine keeps the space's entries
+    /// in a table of its own under that root, which its CPUs walk, until
+    /// [`attach_table`](Self::attach_table) gives it the caller's tables.
+    ///
+    /// Errors: those of `new_mm`, and [`MockError::RootInUse`] for the root
+    /// of an address space still held (or of the kernel's).
+    pub fn new_mm_at(&self, asid: Asid, root: u64) -> Result<Arc<MmTlbState>, MockError> {
+        let in_use = root == self.kernel_mm.root()
+            || lock(&self.asid_owners)
+                .values()
+                .any(|w| w.upgrade().is_some_and(|mm| mm.root() == root));
+        if in_use {
+            return Err(MockError::RootInUse { root });
+        }
+        self.add_mm(asid, root)
+    }
+
+    fn add_mm(&self, asid: Asid, root: u64) -> Result<Arc<MmTlbState>, MockError> {
         check_asid(&self.probe(), asid)?;
         let mut owners = lock(&self.asid_owners);
         if owners.get(&asid.value()).is_some_and(|w| w.strong_count() > 0) {
             return Err(MockError::AsidInUse { asid: asid.value() });
         }
-        let mm = Arc::new(MmTlbState::new(asid, new_root()));
+        let mm = Arc::new(MmTlbState::new(asid, root));
         owners.insert(asid.value(), Arc::downgrade(&mm));
         drop(owners);
-        let root = mm.root();
         lock(&self.roots).insert(root, asid);
         self.tables
             .write()
@@ -105,7 +129,11 @@ impl<M: Model> MockMachine<M> {
     /// from now on every access of `mm` translates through `table`'s entry
     /// words, and the machine's own page-table functions ([`pte`](Self::pte),
     /// [`set_pte`](Self::set_pte), ...) read and write them too. See
-    /// [`MmuTable`] for a worked example. Errors:
+    /// [`MmuTable`] for a worked example. Make `mm` with
+    /// [`new_mm_at`](Self::new_mm_at) and the table's root when the crate
+    /// is given the table as a [`PageTable`](crate::PageTable) that reports
+    /// its root ([`Error::RootMismatch`](crate::Error::RootMismatch)
+    /// otherwise). Errors:
     /// [`MockError::UnknownAddressSpace`] for an address space this machine
     /// did not create (or the kernel's), [`MockError::TableInUse`] when the
     /// machine's own table for `mm` already maps something.

@@ -135,8 +135,8 @@ impl MmuTable for PtmMmu {
 /// A machine of `cpus` CPUs and an address space that `table` translates.
 pub fn machine_with(cpus: usize, table: &Table) -> (MockMachine, Arc<MmTlbState>) {
     let m = MockMachine::new(MockConfig::x86_like(cpus)).unwrap();
-    let mm = m.new_mm(asid(1)).unwrap();
     let root = table.root_paddr().as_usize() as u64;
+    let mm = m.new_mm_at(asid(1), root).unwrap();
     m.attach_table(&mm, Arc::new(PtmMmu { root })).unwrap();
     (m, mm)
 }

@@ -132,14 +132,9 @@ pub fn user_rw() -> F {
 /// A machine of `cpus` CPUs and an address space translated by `tables`.
 pub fn machine_with(cpus: usize, tables: &Tables) -> (MockMachine, Arc<MmTlbState>) {
     let m = MockMachine::new(MockConfig::x86_like(cpus)).unwrap();
-    let mm = m.new_mm(asid(1)).unwrap();
-    m.attach_table(
-        &mm,
-        Arc::new(HostMmu {
-            root: tables.root_addr(),
-        }),
-    )
-    .unwrap();
+    let root = tables.root_addr();
+    let mm = m.new_mm_at(asid(1), root).unwrap();
+    m.attach_table(&mm, Arc::new(HostMmu { root })).unwrap();
     (m, mm)
 }
 
