@@ -66,9 +66,15 @@ impl MmTlbState {
         /// each loading it only through [`switch_mm`] with this state: the
         /// state's CPU set is what flushes reach. A second state for the
         /// same root (or the root loaded another way) has CPUs the first
-        /// state's flushes skip. The calling CPU's side of that is refused
-        /// ([`Error::UntrackedRoot`]); [`check_cpu_state`](crate::check_cpu_state)
-        /// finds it on any CPU. Give each live address space its own ASID,
+        /// state's flushes skip. A root loaded another way is refused on the
+        /// calling CPU ([`Error::UntrackedRoot`]) and found on any CPU by
+        /// [`check_cpu_state`](crate::check_cpu_state); a second state is
+        /// not: a CPU that runs it is, to the crate, running another
+        /// address space, and `check_cpu_state` with that state answers
+        /// `Ok`. Only the kernel can keep one state per root (a page table
+        /// that reports its root, [`PageTable::root`](crate::PageTable::root),
+        /// at least ties each table to the state that holds it:
+        /// [`Error::RootMismatch`]). Give each live address space its own ASID,
         /// and use the state on one machine only ([`Error::OtherMachine`]).
         pub fn new(asid: Asid, root: u64) -> Self {
             MmTlbState {

@@ -42,6 +42,12 @@ use crate::Error;
 /// present again, and return), as it must for any entry a concurrent
 /// change holds cleared.
 ///
+/// In a user space the crate never writes a global entry: a
+/// [`PteFlags::GLOBAL`] bit in what `update` returns is dropped, since a
+/// global entry would outlive every flush of the space's ASID (and be used
+/// by other address spaces). Making a user page global is not an
+/// operation this function offers.
+///
 /// Errors, with nothing changed: [`Error::NonCanonical`],
 /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
 /// (a huge page in the range, [`Error::HugePage`]), a global entry in a
@@ -88,6 +94,11 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
         if pte.is_present() {
             let old = space.clear(va);
             let new = keep_hardware_bits(old, update(old));
+            let new = if mm.is_kernel() {
+                new
+            } else {
+                Pte(new.0 & !PteFlags::GLOBAL.bits())
+            };
             space.set(va, new);
             if new != old {
                 match PageRange::page(va) {

@@ -89,3 +89,34 @@ fn a_global_user_entry_is_refused_everywhere_with_nothing_changed() {
         assert_eq!(m.violations(), []);
     }
 }
+
+#[test]
+fn change_protection_never_makes_a_user_entry_global() {
+    // Found by a new user's trial: an `update` that set GLOBAL got `Ok`,
+    // and a CPU that switched to another process still read the page.
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let (mm, other) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+    let f = m.map_new(&mm, va(0), true).unwrap();
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    cpu0.switch_to(&mm).unwrap();
+    let space = m.space(&mm);
+    let range = PageRange::page(va(0)).unwrap();
+    let global = |p: Pte| Pte(p.0 | PteFlags::GLOBAL.bits());
+    assert_eq!(change_protection(&cpu0, &space, range, global), Ok(0));
+    let ro_global = |p: Pte| Pte((p.0 | PteFlags::GLOBAL.bits()) & !PteFlags::WRITABLE.bits());
+    assert_eq!(change_protection(&cpu0, &space, range, ro_global), Ok(1));
+    let pte = m.pte(&mm, va(0)).unwrap();
+    assert!(pte.maps(f) && !pte.is_writable() && !pte.flags().contains(PteFlags::GLOBAL));
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.read(va(0)).unwrap();
+    cpu1.switch_to(&other).unwrap();
+    assert!(
+        cpu1.read(va(0)).is_err(),
+        "another process does not reach the page"
+    );
+    assert_eq!(m.violations(), []);
+}
