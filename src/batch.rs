@@ -12,7 +12,7 @@ use crate::request::{FlushRequest, FlushScope};
 use crate::shootdown::{complete_broadcast, issue_broadcast_page, shootdown, ShootdownReport};
 use crate::stats::Counter;
 use crate::ttu::TtuFlags;
-use crate::validate::{check_asid, check_va};
+use crate::validate::{check_asid, check_space_va};
 use crate::verify::space_caller;
 use crate::Error;
 
@@ -94,7 +94,7 @@ impl TlbFlushUnmapBatch {
     /// changing anything: the reverse-map walk runs them before it clears
     /// a PTE, so that recording the flush afterwards cannot fail.
     pub(crate) fn check_add<A: Arch>(&self, arch: &A, mm: &MmTlbState, va: u64) -> Result<PageRange, Error> {
-        check_va(arch, va)?;
+        check_space_va(arch, mm, va)?;
         check_asid(arch, mm.asid())?;
         self.check_machine(arch)?;
         space_caller(arch, mm)?;
@@ -174,10 +174,11 @@ impl TlbFlushUnmapBatch {
     ///
     /// Call it after the PTE is cleared and only when
     /// [`should_defer`](Self::should_defer) allowed it; check `va` with
-    /// [`check_va`](crate::check_va) *before* clearing the PTE, so that an
-    /// error here cannot leave a cleared PTE without its flush. Errors
-    /// (the batch is unchanged): [`Error::Unaligned`],
-    /// [`Error::NonCanonical`], [`Error::AsidOutOfRange`],
+    /// [`check_space_va`](crate::check_space_va) *before* clearing the PTE,
+    /// so that an error here cannot leave a cleared PTE without its flush.
+    /// Errors (the batch is unchanged): [`Error::Unaligned`],
+    /// [`Error::NonCanonical`], [`Error::KernelHalf`] (an upper-half
+    /// address of a user space), [`Error::AsidOutOfRange`],
     /// [`Error::OtherMachine`]; and two set-up errors, which no flush the
     /// crate could make would cover ([`check_cpu_state`](crate::check_cpu_state)
     /// finds them before any PTE is touched): [`Error::CpuNotOnline`] and

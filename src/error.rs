@@ -183,6 +183,23 @@ pub enum Error {
         /// The address the entry maps.
         va: u64,
     },
+    /// An address in the upper half of the address space (bit 63 set) was
+    /// given for a user address space. The upper half is the kernel's, and
+    /// every address space shares it: on AArch64 the tables of TTBR1_EL1
+    /// translate it whatever TTBR0_EL1 holds (Arm ARM, the register
+    /// description of TTBR1_EL1: the higher VA range), and x86-64 kernels
+    /// point the upper 256 entries of every process's level-4 table at the
+    /// same kernel tables (a convention, not the hardware's). A flush of a user
+    /// space reaches only the CPUs that run that space and names its ASID,
+    /// so a kernel page unmapped or changed through it would stay cached on
+    /// the CPUs running the other spaces. Change kernel mappings through
+    /// the kernel's space ([`MmTlbState::kernel`](crate::MmTlbState::kernel)),
+    /// whose flushes reach every online CPU. Refused before anything
+    /// changed, by every operation that takes an address of a user space.
+    KernelHalf {
+        /// The first such address.
+        va: u64,
+    },
     /// The page table's own root ([`PageTable::root`](crate::PageTable::root))
     /// is not the root its [`MmTlbState`](crate::MmTlbState) was built with:
     /// flushes reach the CPUs that loaded the state's root through
@@ -280,6 +297,12 @@ impl fmt::Display for Error {
             }
             Error::GlobalUserEntry { va } => {
                 write!(f, "the user entry for {va:#x} is global")
+            }
+            Error::KernelHalf { va } => {
+                write!(
+                    f,
+                    "{va:#x} lies in the kernel's half, which a user address space must not change"
+                )
             }
             Error::RootMismatch { table, state } => {
                 write!(

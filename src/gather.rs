@@ -11,7 +11,7 @@ use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
-use crate::validate::{check_asid, check_range};
+use crate::validate::{check_asid, check_space_range};
 use crate::verify::{check_table_root, space_caller};
 use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
@@ -250,7 +250,8 @@ impl<const N: usize> MmuGather<N> {
     ///
     /// Returns the counts of what this call did.
     ///
-    /// Errors, with nothing changed: [`Error::NonCanonical`],
+    /// Errors, with nothing changed: [`Error::NonCanonical`], an address
+    /// of a user space in the kernel's half ([`Error::KernelHalf`]),
     /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`](crate::PageTable::check_range)
     /// refuses (such as [`Error::HugePage`]), a global entry in a user space
     /// ([`Error::GlobalUserEntry`]), a table whose root is not its state's
@@ -284,8 +285,8 @@ impl<const N: usize> MmuGather<N> {
         S: TableTeardown + ?Sized,
         B: TeardownBacking + ?Sized,
     {
-        check_range(arch, range)?;
         let mm = space.tlb_state();
+        check_space_range(arch, mm, range)?;
         check_asid(arch, mm.asid())?;
         space_caller(arch, mm)?;
         check_table_root(space)?;

@@ -278,5 +278,5 @@ pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent
 pub use unmap::{
     Flushed, FreeFrames, OwnedFrame, Released, StillMapped, UnmapBatch, Unmapped, Writeback, WritebackFrame,
 };
-pub use validate::{check_asid, check_range, check_request, check_va};
+pub use validate::{check_asid, check_range, check_request, check_space_range, check_space_va, check_va};
 pub use verify::check_cpu_state;

@@ -11,7 +11,7 @@ use crate::request::FlushRequest;
 use crate::shootdown::{flush_local_all_as_pass, shootdown, ShootdownReport};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, maybe_const_fn, AtomicBool, AtomicU64, Ordering};
-use crate::validate::{check_asid, check_range, check_va};
+use crate::validate::{check_asid, check_space_range, check_space_va};
 use crate::verify::{bind_machine, space_caller};
 use crate::Error;
 
@@ -562,12 +562,13 @@ pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<b
 }
 
 /// Flushes one page of `mm` on every CPU that may cache it, now. Errors:
-/// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::AsidOutOfRange`],
+/// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::KernelHalf`]
+/// (an upper-half address of a user space), [`Error::AsidOutOfRange`],
 /// [`Error::UntrackedRoot`] (this CPU loaded `mm`'s root without
 /// [`switch_mm`]: the flush would skip it) and those of [`shootdown`]
 /// (nothing flushed).
 pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<ShootdownReport, Error> {
-    check_va(arch, va)?;
+    check_space_va(arch, mm, va)?;
     space_caller(arch, mm)?;
     flush_pages(arch, mm, PageRange::page(va)?)
 }
@@ -585,14 +586,15 @@ fn flush_pages<A: Arch>(arch: &A, mm: &MmTlbState, pages: PageRange) -> Result<S
 /// now: page by page up to [`Arch::FULL_FLUSH_CEILING`], the whole address
 /// space above it. Errors: [`Error::NonCanonical`] for a range with a page
 /// the machine cannot address or that crosses the hole between the halves
-/// (however long it is), [`Error::AsidOutOfRange`], [`Error::UntrackedRoot`]
+/// (however long it is), [`Error::KernelHalf`] (a range of a user space
+/// that reaches the upper half), [`Error::AsidOutOfRange`], [`Error::UntrackedRoot`]
 /// (as for [`flush_tlb_page`]) and those of [`shootdown`] (nothing flushed).
 pub fn flush_tlb_range<A: Arch>(
     arch: &A,
     mm: &MmTlbState,
     range: PageRange,
 ) -> Result<ShootdownReport, Error> {
-    check_range(arch, range)?;
+    check_space_range(arch, mm, range)?;
     space_caller(arch, mm)?;
     flush_pages(arch, mm, range)
 }

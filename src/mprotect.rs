@@ -8,7 +8,7 @@ use crate::range::PageRange;
 use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
-use crate::validate::{check_asid, check_range};
+use crate::validate::{check_asid, check_space_range};
 use crate::verify::{check_table_root, space_caller};
 use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
@@ -48,7 +48,8 @@ use crate::Error;
 /// by other address spaces). Making a user page global is not an
 /// operation this function offers.
 ///
-/// Errors, with nothing changed: [`Error::NonCanonical`],
+/// Errors, with nothing changed: [`Error::NonCanonical`], an address of a
+/// user space in the kernel's half ([`Error::KernelHalf`]),
 /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
 /// (a huge page in the range, [`Error::HugePage`]), a global entry in a
 /// user space ([`Error::GlobalUserEntry`]), a table whose root is not its
@@ -81,8 +82,8 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     range: PageRange,
     mut update: impl FnMut(Pte) -> Pte,
 ) -> Result<usize, Error> {
-    check_range(arch, range)?;
     let mm = space.tlb_state();
+    check_space_range(arch, mm, range)?;
     check_asid(arch, mm.asid())?;
     space_caller(arch, mm)?;
     check_table_root(space)?;

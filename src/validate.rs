@@ -6,6 +6,7 @@
 
 use crate::arch::Arch;
 use crate::asid::Asid;
+use crate::mm::MmTlbState;
 use crate::pte::check_aligned;
 use crate::range::{is_canonical, PageRange};
 use crate::request::{FlushRequest, FlushScope};
@@ -44,6 +45,38 @@ pub fn check_range<A: Arch + ?Sized>(arch: &A, range: PageRange) -> Result<(), E
         return Err(Error::NonCanonical { addr: hole });
     }
     Ok(())
+}
+
+/// Refuses an upper-half address (bit 63 set) for a user space
+/// ([`Error::KernelHalf`]); any address of the kernel's space passes.
+pub(crate) fn check_user_half(mm: &MmTlbState, va: u64) -> Result<(), Error> {
+    if !mm.is_kernel() && va >> 63 != 0 {
+        return Err(Error::KernelHalf { va });
+    }
+    Ok(())
+}
+
+/// Checks an address of `mm` before a PTE of it changes: [`check_va`]
+/// ([`Error::Unaligned`], [`Error::NonCanonical`]), and for a user space
+/// that the address is in the lower half ([`Error::KernelHalf`]: the upper
+/// half is the kernel's, shared by every address space, so a flush of the
+/// user space would miss the CPUs running the others).
+pub fn check_space_va<A: Arch + ?Sized>(arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
+    check_va(arch, va)?;
+    check_user_half(mm, va)
+}
+
+/// Checks a range of `mm` before PTEs of it change: [`check_range`]
+/// ([`Error::NonCanonical`]), and for a user space that no page of it is in
+/// the upper half ([`Error::KernelHalf`] naming the first that is; with
+/// 64-bit addresses there is no hole, and a range may run from one half
+/// into the other).
+pub fn check_space_range<A: Arch + ?Sized>(arch: &A, mm: &MmTlbState, range: PageRange) -> Result<(), Error> {
+    check_range(arch, range)?;
+    match range.last() {
+        Some(last) if last >> 63 != 0 => check_user_half(mm, range.start().max(1 << 63)),
+        _ => Ok(()),
+    }
 }
 
 /// Checks that a user ASID fits the architecture's ASID width

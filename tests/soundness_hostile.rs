@@ -256,7 +256,10 @@ fn long_ranges_a_machine_cannot_address_are_refused_past_the_ceiling() {
     assert_eq!(m.violations(), []);
 
     // With 64 address bits there is no hole: a long range across the
-    // middle of the address space is every machine's to flush.
+    // middle of the address space is canonical. Its upper part is the
+    // kernel's half all the same, which a user space's flush would not
+    // reach on the CPUs running other spaces: refused for a user space,
+    // flushed for the kernel's.
     let wide = MockMachine::new(tlb_batch::arch::mock::MockConfig {
         va_bits: 64,
         ..config(2, 64)
@@ -265,7 +268,12 @@ fn long_ranges_a_machine_cannot_address_are_refused_past_the_ceiling() {
     let mm = wide.new_mm(asid(1)).unwrap();
     let cpu0 = wide.cpu(0).unwrap();
     let middle = PageRange::new((1 << 63) - 20 * PAGE_SIZE, long).unwrap();
-    assert!(flush_tlb_range(&cpu0, &mm, middle).is_ok());
+    assert_eq!(
+        flush_tlb_range(&cpu0, &mm, middle).err(),
+        Some(Error::KernelHalf { va: 1 << 63 })
+    );
+    assert_eq!(wide.ipis_sent(), 0);
+    assert!(flush_tlb_range(&cpu0, wide.kernel_mm(), middle).is_ok());
     let mut req = FlushRequest::new();
     req.add_range(asid(1), middle, 33);
     assert!(req.is_full() && shootdown(&cpu0, &all, &req).is_ok());

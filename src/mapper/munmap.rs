@@ -48,7 +48,10 @@ impl OffsetTeardown<'_> {
     /// Returns the counts of what this call did.
     ///
     /// Errors, with nothing changed: those of `unmap_range`'s checks
-    /// ([`Error::NonCanonical`], [`Error::AsidOutOfRange`],
+    /// ([`Error::NonCanonical`], [`Error::KernelHalf`] for a process's
+    /// range in the upper half, which every process's tables share: unmap
+    /// kernel pages through [`MmTlbState::kernel`](crate::MmTlbState::kernel),
+    /// [`Error::AsidOutOfRange`],
     /// [`Error::OtherAddressSpace`], [`Error::OtherMachine`] for a `gather`
     /// holding another space's or machine's pending work), and
     /// [`Error::HugePage`] when a 2 MiB or 1 GiB page maps any of `range`

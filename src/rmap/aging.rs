@@ -90,8 +90,8 @@ pub struct Referenced {
 /// stored by the other.
 ///
 /// Errors, before any accessed bit is cleared or any epoch stored:
-/// [`Error::Unaligned`], [`Error::NonCanonical`] or
-/// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
+/// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::KernelHalf`]
+/// or [`Error::AsidOutOfRange`] for a mapping the rmap reported,
 /// [`Error::GlobalUserEntry`] for a user mapping whose entry is global,
 /// [`Error::RootMismatch`] for a mapping's table whose root is not its
 /// state's, [`Error::OtherMachine`] for a batch or a space of another machine;

@@ -5,6 +5,7 @@ use core::ops::ControlFlow;
 
 use super::{Mapping, MappingFlags, PageState, PageTable, Rmap};
 use crate::pte::{check_aligned, Frame};
+use crate::validate::check_user_half;
 use crate::verify::check_table_root;
 use crate::Error;
 
@@ -46,12 +47,14 @@ impl<'a, S: PageTable + ?Sized, P: PageState + ?Sized, const N: usize> BoundedRm
         }
     }
 
-    /// Records that `space` maps `frame` at `va`. Errors:
-    /// [`Error::Unaligned`], [`Error::RootMismatch`] (a user space whose
-    /// table reports another root than its state holds),
-    /// [`Error::RmapFull`] (nothing is recorded).
+    /// Records that `space` maps `frame` at `va`. Errors (nothing is
+    /// recorded): [`Error::Unaligned`], [`Error::KernelHalf`] (an
+    /// upper-half address of a user space: kernel mappings belong to the
+    /// kernel's space), [`Error::RootMismatch`] (a user space whose table
+    /// reports another root than its state holds), [`Error::RmapFull`].
     pub fn add(&mut self, frame: Frame, space: &'a S, va: u64, flags: MappingFlags) -> Result<(), Error> {
         check_aligned(va)?;
+        check_user_half(space.tlb_state(), va)?;
         check_table_root(space)?;
         // The new entry's accessed bit is clear while a CPU may still cache
         // an older mapping of the frame: no aging epoch vouches for it.

@@ -183,8 +183,10 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// makes that mistake a compile error.
 ///
 /// Errors, before any entry changed (every mapping is checked before the
-/// first is touched): [`Error::Unaligned`], [`Error::NonCanonical`] or
-/// [`Error::AsidOutOfRange`] for a mapping the rmap reported,
+/// first is touched): [`Error::Unaligned`], [`Error::NonCanonical`],
+/// [`Error::KernelHalf`] (a user space's mapping in the upper half, which
+/// every space shares) or [`Error::AsidOutOfRange`] for a mapping the rmap
+/// reported,
 /// [`Error::GlobalUserEntry`] for a user mapping whose entry is global (no
 /// flush of its space would remove it),
 /// [`Error::RootMismatch`] for a mapping's table whose root is not its

@@ -9,7 +9,7 @@ use super::{Mapping, PageTable, Rmap};
 use crate::arch::Arch;
 use crate::lifecycle::online_caller;
 use crate::pte::Frame;
-use crate::validate::{check_asid, check_va};
+use crate::validate::{check_asid, check_space_va};
 use crate::verify::{check_space_on, check_table_root};
 use crate::walk::check_not_global;
 use crate::Error;
@@ -49,7 +49,7 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
 }
 
 fn check_mapping<A: Arch, S: PageTable + ?Sized>(arch: &A, m: &Mapping<'_, S>) -> Result<(), Error> {
-    check_va(arch, m.va)?;
+    check_space_va(arch, m.space.tlb_state(), m.va)?;
     check_asid(arch, m.space.tlb_state().asid())
 }
 

@@ -14,7 +14,7 @@ use crate::cpuset::CpuId;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 use crate::range::PageRange;
-use crate::validate::{check_asid, check_va};
+use crate::validate::{check_asid, check_space_va, check_va};
 
 /// Page-table roots are unique across every machine of the process, so
 /// that an address space of one machine is never taken for another's.
@@ -101,6 +101,15 @@ impl<M: Model> MockMachine<M> {
         Ok(check_va(&self.probe(), va)?)
     }
 
+    /// [`check_va`](Self::check_va) for a write to `mm`'s table, and
+    /// [`Error::KernelHalf`] for an upper-half address of a user space: the
+    /// crate keeps user spaces to the lower half (on real machines the
+    /// upper half is shared by every space), so the machine does not let a
+    /// test build a user mapping there that no crate call could change.
+    fn check_write(&self, mm: &MmTlbState, va: u64) -> Result<(), MockError> {
+        Ok(check_space_va(&self.probe(), mm, va)?)
+    }
+
     /// The kernel's address space: its mappings are global and visible from
     /// every address space.
     pub fn kernel_mm(&self) -> &Arc<MmTlbState> {
@@ -154,11 +163,13 @@ impl<M: Model> MockMachine<M> {
 
     /// Maps `frame` at `va` in `mm` (replacing any previous entry).
     /// Kernel mappings are global. Errors: an address the machine cannot
-    /// translate ([`MockError::Input`]), an address space it did not create
+    /// translate, or an upper-half address of a user space
+    /// ([`MockError::Input`] with [`Error::KernelHalf`](crate::Error::KernelHalf): the kernel's half
+    /// belongs to the kernel's space), an address space it did not create
     /// ([`MockError::UnknownAddressSpace`]), a frame it does not have or
     /// that is free ([`MockError::Frame`]).
     pub fn map(&self, mm: &MmTlbState, va: u64, frame: Frame, writable: bool) -> Result<(), MockError> {
-        self.check_va(va)?;
+        self.check_write(mm, va)?;
         let mut flags = PteFlags::PRESENT;
         if writable {
             flags |= PteFlags::WRITABLE;
@@ -173,7 +184,7 @@ impl<M: Model> MockMachine<M> {
 
     /// Allocates a frame and maps it at `va` in `mm`.
     pub fn map_new(&self, mm: &MmTlbState, va: u64, writable: bool) -> Result<Frame, MockError> {
-        self.check_va(va)?;
+        self.check_write(mm, va)?;
         self.known(mm)?;
         let frame = self.alloc_frame()?;
         self.map(mm, va, frame, writable)?;
@@ -194,7 +205,7 @@ impl<M: Model> MockMachine<M> {
     /// as for [`map`](Self::map) (an entry that names a frame, present or a
     /// migration or hwpoison entry, must name one the machine has, in use).
     pub fn set_pte(&self, mm: &MmTlbState, va: u64, pte: Pte) -> Result<(), MockError> {
-        self.check_va(va)?;
+        self.check_write(mm, va)?;
         self.known(mm)?;
         check_kernel_global(mm, va, pte)?;
         if pte.is_present() || pte.is_migration() || pte.is_hwpoison() {
@@ -282,7 +293,7 @@ impl<M: Model> MockMachine<M> {
     /// the old value. Flushes nothing. A present kernel entry without the
     /// global bit is refused, as by [`set_pte`](Self::set_pte).
     pub fn exchange_pte(&self, mm: &MmTlbState, va: u64, new: Pte) -> Result<Pte, MockError> {
-        self.check_va(va)?;
+        self.check_write(mm, va)?;
         self.known(mm)?;
         check_kernel_global(mm, va, new)?;
         match self.with_pte(mm.root(), va >> PAGE_SHIFT, |p| {
@@ -305,7 +316,7 @@ impl<M: Model> MockMachine<M> {
     /// returns whether it was set. A bit cleared forgets the frame's aging
     /// epoch (the crate's own aging stores a new one after its clears).
     pub fn test_and_clear_accessed(&self, mm: &MmTlbState, va: u64) -> Result<bool, MockError> {
-        self.check_va(va)?;
+        self.check_write(mm, va)?;
         self.known(mm)?;
         let mask = PteFlags::ACCESSED.bits();
         let old = self
