@@ -541,6 +541,8 @@ mod concurrent {
             1 => Just(Step::Migrate),
             1 => Just(Step::InterruptsOff),
             1 => Just(Step::InterruptsOn),
+            1 => Just(Step::Lazy),
+            1 => Just(Step::Away),
         ]
     }
 
@@ -553,12 +555,14 @@ mod concurrent {
 
         /// Every CPU initiates at once (threaded delivery): shootdowns
         /// cross, coalesce and meet CPUs that access the pages, with
-        /// interrupts on or off; the oracle sees nothing.
+        /// interrupts on or off, lazy or away and catching up, on tagged
+        /// TLBs or not; the oracle sees nothing.
         #[test]
         fn concurrent_initiators_keep_the_contract(
+            tagged in any::<bool>(),
             plans in prop::collection::vec(prop::collection::vec(step(), 0..40), 3)
         ) {
-            if let Err(f) = run_concurrent(&plans) {
+            if let Err(f) = run_concurrent(tagged, &plans) {
                 return Err(TestCaseError::fail(format!("{f:?}")));
             }
         }

@@ -223,15 +223,19 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     }
 
     unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
-        *lock(&self.state().loaded) = Some((asid, root));
-        if !self.machine.config.tagged_tlb {
-            // An untagged TLB loses every non-global entry on a switch.
-            self.flush_local_all(false);
-        } else if !asid.is_kernel() {
-            // Entries of this ASID cached for frames freed while it was
-            // not loaded are usable again from here: the catch-up must
-            // have dropped them.
-            self.judge_load(asid);
+        {
+            // Not inside a free's judgement, which asks what is loaded.
+            let _transition = self.machine.transition();
+            *lock(&self.state().loaded) = Some((asid, root));
+            if !self.machine.config.tagged_tlb {
+                // An untagged TLB loses every non-global entry on a switch.
+                self.flush_local_all(false);
+            } else if !asid.is_kernel() {
+                // Entries of this ASID cached for frames freed while it was
+                // not loaded are usable again from here: the catch-up must
+                // have dropped them.
+                self.judge_load(asid);
+            }
         }
         // The CR3 window: the new root is loaded and may be walked, and
         // `switch_mm` has not finished its bookkeeping. No lock is held

@@ -29,6 +29,9 @@ impl<M: Model> MockMachine<M> {
     /// [`Violation::FreedDuringIo`] for a frame still being written out
     /// (which stays under I/O, and the free is refused).
     pub fn free_frame(&self, frame: Frame) -> Result<(), MockError> {
+        // No CPU stops being lazy or loads an ASID from the scan to the
+        // last verdict.
+        let _judging = self.judging();
         // TLBs are scanned before the memory lock is taken: accesses lock a
         // TLB and then memory, never the other way round.
         let cached = self.live_translations(frame);
@@ -88,6 +91,7 @@ impl<M: Model> MockMachine<M> {
     /// loaded): that one is judged at the resume or at the load, as for a
     /// free.
     pub fn start_io(&self, frame: Frame) -> Result<(), MockError> {
+        let _judging = self.judging();
         let cached = self.live_translations(frame);
         lock(&self.memory).start_io(frame)?;
         for (cpu, entry) in cached.into_iter().filter(|(_, e)| e.writable) {
@@ -187,15 +191,33 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Whether `cpu` cannot use `e`, an entry of `mm`, before it flushes
-    /// `mm`'s ASID by generation.
+    /// `mm`'s ASID by generation. A CPU is lazy from the crate's mark
+    /// until the machine's resume ([`MockCpu::leave_lazy`](super::MockCpu::leave_lazy)):
+    /// `switch_mm` clears the mark before it catches up, and the CPU runs
+    /// no user code until both are done.
     fn owes_catch_up(&self, cpu: CpuId, e: &TlbEntry, mm: &MmTlbState) -> bool {
         if e.global || mm.is_kernel() {
             return false;
         }
         let loaded = lock(&self.state(cpu).loaded).map(|(a, _)| a);
-        let lazy = self.shootdown.is_lazy(cpu);
+        let lazy = self.shootdown.is_lazy(cpu) || lock(&self.state(cpu).lazy).is_some();
         let unusable = lazy || (self.config.tagged_tlb && loaded != Some(e.asid));
         unusable && self.shootdown.caught_up_generation(cpu, mm.asid()) < mm.tlb_gen()
+    }
+
+    /// Whether `cpu`'s TLB holds `e` now (the same translation, with the
+    /// same write permission): a verdict on an entry seen in an earlier
+    /// scan asks first, since a CPU may have caught up and dropped it in
+    /// between.
+    fn still_cached(&self, cpu: CpuId, e: &TlbEntry) -> bool {
+        lock(&self.state(cpu).tlb).entries().any(|t| {
+            t.asid == e.asid
+                && t.space == e.space
+                && t.vpn == e.vpn
+                && t.frame == e.frame
+                && t.global == e.global
+                && t.writable == e.writable
+        })
     }
 
     /// Every (CPU, entry) pair caching a translation to `frame`, offline
@@ -237,7 +259,8 @@ impl<M: Model> MockMachine<M> {
     /// one it cannot use until it flushes that ASID by generation (a
     /// non-global entry on a CPU that is lazy on `mm`, or, on a tagged TLB,
     /// that has another ASID loaded, and that is behind `mm`'s
-    /// [`tlb_gen`](MmTlbState::tlb_gen)). Records
+    /// [`tlb_gen`](MmTlbState::tlb_gen); and one it no longer holds when
+    /// judged, if it caught up meanwhile). Records
     /// a [`Violation::StaleAfterChange`] for each such entry and returns how
     /// many it found.
     pub fn check_coherent(&self, mm: &MmTlbState, range: PageRange) -> usize {
@@ -249,6 +272,9 @@ impl<M: Model> MockMachine<M> {
                 (e.asid == mm.asid() || e.global && mm.is_kernel()) && range.contains(e.vpn << PAGE_SHIFT)
             })
             .filter(|(cpu, e)| !self.owes_catch_up(*cpu, e, mm))
+            // Asked after the exemption: a CPU that caught up (and loaded
+            // the ASID, or resumed) since the scan dropped the entry then.
+            .filter(|(cpu, e)| self.still_cached(*cpu, e))
             .collect();
         for (cpu, e) in &stale {
             self.record(Violation::StaleAfterChange {

@@ -63,6 +63,7 @@ impl<M: Model> MockCpu<'_, M> {
     /// loaded, judged when it loads that ASID again (an untagged TLB has
     /// dropped them already).
     pub(crate) fn lazy_switched_away(&self) {
+        let _transition = self.machine.transition();
         if let Some(lazy) = lock(&self.state().lazy).take() {
             if self.machine.config.tagged_tlb {
                 lock(&self.state().unloaded).extend(lazy.stale);
@@ -78,6 +79,7 @@ impl<M: Model> MockCpu<'_, M> {
     /// was not lazy). Catch up and switch first, then leave: a switch of an
     /// untagged TLB drops the old space's entries.
     pub fn leave_lazy(&self) -> usize {
+        let _transition = self.machine.transition();
         self.machine.shootdown.set_lazy(self.id, false);
         let Some(lazy) = lock(&self.state().lazy).take() else {
             return 0;

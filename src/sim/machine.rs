@@ -92,12 +92,33 @@ pub struct MockMachine<M: Model = X86Like> {
     /// The threads running the switch hook now (a switch they make runs
     /// none).
     pub(crate) switch_hook_threads: Mutex<Vec<std::thread::ThreadId>>,
+    /// Keeps the oracle's free-time judgement whole: a free or a write-out
+    /// holds it shared from its scan of the TLBs to its last verdict, and
+    /// a CPU holds it exclusively while it stops being lazy or loads an
+    /// ASID. Without it a CPU could catch up and resume between the scan
+    /// (which saw its entry) and the verdict (which no longer finds it
+    /// lazy), and a correct flush would be reported as a violation.
+    pub(crate) judgement: RwLock<()>,
     pub(crate) _model: PhantomData<M>,
 }
 
 /// Code a simulated CPU runs when it takes the flush interrupt, before the
 /// crate's handler (see [`MockMachine::set_ipi_hook`]).
 pub type IpiHook<M> = Arc<dyn for<'a> Fn(&MockCpu<'a, M>) + Send + Sync>;
+
+impl<M: Model> MockMachine<M> {
+    /// Holds off the transitions the oracle's free-time verdicts depend on
+    /// (see the field `judgement`), for a free or a write-out.
+    pub(crate) fn judging(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.judgement.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A CPU's leave of lazy mode or load of an ASID, kept out of every
+    /// free's or write-out's judgement.
+    pub(crate) fn transition(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.judgement.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 impl MockMachine<X86Like> {
     /// An x86-like machine (see [`MockMachine::with_model`]).
@@ -167,6 +188,7 @@ impl<M: Model> MockMachine<M> {
             ipi_hook: Mutex::new(None),
             switch_hook: Mutex::new(None),
             switch_hook_threads: Mutex::new(Vec::new()),
+            judgement: RwLock::new(()),
             _model: PhantomData,
         })
     }

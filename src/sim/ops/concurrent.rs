@@ -4,8 +4,9 @@
 //! mapping of a page of its own (unmap with a batched flush, free, map a
 //! new frame; write-protect and back; migrate), so that shootdowns from
 //! several CPUs cross each other, coalesce and meet CPUs that are
-//! accessing memory, with interrupts on or off. The oracle must see
-//! nothing.
+//! accessing memory, with interrupts on or off, or that are lazy or run
+//! the kernel's space for a while (and catch up when they come back). The
+//! TLBs are tagged or not. The oracle must see nothing.
 
 use std::format;
 use std::string::String;
@@ -56,11 +57,20 @@ pub enum Step {
     InterruptsOff,
     /// Turn interrupts back on.
     InterruptsOn,
+    /// Go lazy (the address space stays loaded; flushes skip this CPU),
+    /// let the others run, then resume through `switch_mm`, which catches
+    /// up by generation.
+    Lazy,
+    /// Switch to the kernel's address space (on a tagged TLB the entries
+    /// stay under the ASID; this CPU leaves the space's CPU set), let the
+    /// others run, and switch back.
+    Away,
 }
 
-/// Runs `plans[c]` on CPU `c` (missing plans are empty), all CPUs at once.
-/// Errors: what the crate refused, or the oracle's findings.
-pub fn run_concurrent(plans: &[Vec<Step>]) -> Result<(), Failure> {
+/// Runs `plans[c]` on CPU `c` (missing plans are empty), all CPUs at once,
+/// with tagged TLBs or not. Errors: what the crate refused, or the
+/// oracle's findings.
+pub fn run_concurrent(tagged: bool, plans: &[Vec<Step>]) -> Result<(), Failure> {
     let fail = |reason: String, violations| Failure {
         step: 0,
         op: None,
@@ -73,6 +83,7 @@ pub fn run_concurrent(plans: &[Vec<Step>]) -> Result<(), Failure> {
         // Slow flushes widen the window a protocol that acknowledged before
         // flushing would leave open.
         flush_delay_us: 50,
+        tagged_tlb: tagged,
         ..MockConfig::x86_like(CPUS).threaded()
     })
     .map_err(|e| fail(format!("{e}"), Vec::new()))?;
@@ -88,7 +99,7 @@ pub fn run_concurrent(plans: &[Vec<Step>]) -> Result<(), Failure> {
     m.run_threaded(|cpu| {
         let me = cpu.id().index();
         let plan: &[Step] = plans.get(me).map_or(&[], Vec::as_slice);
-        if let Err(e) = cpu.switch_to(&mm) {
+        if let Err(e) = cpu.switch_to(rmap.spaces()[0].mm()) {
             crate::sim::lock(&errors).push(format!("cpu {me}: switch: {e:?}"));
             return;
         }
@@ -190,6 +201,16 @@ fn one_step(
         }
         Step::InterruptsOff => cpu.disable_interrupts(),
         Step::InterruptsOn => cpu.enable_interrupts(),
+        Step::Lazy => {
+            cpu.enter_lazy().map_err(|e| format!("{e:?}"))?;
+            std::thread::yield_now();
+            cpu.switch_to(space.mm()).map_err(|e| format!("{e:?}"))?;
+        }
+        Step::Away => {
+            cpu.switch_to(m.kernel_mm()).map_err(|e| format!("{e:?}"))?;
+            std::thread::yield_now();
+            cpu.switch_to(space.mm()).map_err(|e| format!("{e:?}"))?;
+        }
     }
     Ok(())
 }
