@@ -69,7 +69,7 @@
 #
 # Each model has a preemption bound (in its file); LOOM_MAX_PREEMPTIONS
 # overrides it for all of them. About 8 minutes on 2 cores, most of it
-# model (b). Which model catches the weakening of each ordering in
+# models (c) and (a). Which model catches the weakening of each ordering in
 # shootdown.rs and mm.rs is noted beside the ordering.
 #
 # Usage: scripts/loom.sh [FILTER] [cargo test arguments...]. FILTER, if the

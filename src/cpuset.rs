@@ -9,8 +9,14 @@ use crate::Error;
 
 /// The number of CPUs a [`CpuSet`] can name. CPU indices run from 0 to
 /// `MAX_CPUS - 1`.
-#[cfg(not(all(test, loom)))]
+#[cfg(not(any(miri, all(test, loom))))]
 pub const MAX_CPUS: usize = 256;
+
+/// Under Miri, 64 CPUs: the interpreter builds and scans every CPU's
+/// shootdown slot, which at 256 doubles the time of each test that makes a
+/// machine (scripts/miri.sh); no code path depends on the width.
+#[cfg(all(miri, not(all(test, loom))))]
+pub const MAX_CPUS: usize = 64;
 
 /// In the loom harness (`cfg(all(test, loom))`) one word of CPUs keeps the
 /// state the model checker tracks small (src/loom/).

@@ -72,9 +72,16 @@ fn a_mutual_shootdown_with_interrupts_disabled_completes() {
 /// enabled. One interrupt may carry both requests (the second initiator
 /// finds an IPI already on its way and sends none); both must be carried
 /// out before their initiators return.
+///
+/// Bound 2: 45,194 executions, 35 s, 28,065 of them carrying both
+/// requests in one interrupt. Bound 3 takes 694,767 executions and 20
+/// minutes, more than the rest of the models together; it passed on
+/// 2026-12-04 (`LOOM_MAX_PREEMPTIONS=3 scripts/loom.sh
+/// loom::shootdown::b_`). At bound 2 it still fails, at once, when the
+/// inbox insert in `shootdown` is made Relaxed (checked the same day).
 #[test]
 fn b_two_initiators_one_target_coalesced() {
-    let seen = check("(b) two initiators, one target", 3, |seen| {
+    let seen = check("(b) two initiators, one target", 2, |seen| {
         let m = Machine::new(3);
         let mut handles: Vec<_> = (0..2)
             .map(|i| {
