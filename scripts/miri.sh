@@ -12,7 +12,7 @@
 # The other integration tests drive the same code through the reverse-map,
 # reclaim, migration and teardown layers and take far longer to interpret.
 # Tests that loop many times run fewer rounds under Miri (`cfg!(miri)`),
-# and MAX_CPUS is 64 under Miri (src/cpuset.rs). Six tests that only
+# and MAX_CPUS is 128 under Miri (src/cpuset.rs). Six tests that only
 # count at scale are skipped: they run the code of the smaller tests
 # beside them (and of tests/shootdown.rs) over more pages or CPUs, and took
 # 21 of Miri's 53 minutes when they ran (2026-12-04, beside loom):
