@@ -12,20 +12,19 @@
 
 mod common;
 
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::asid;
-use common::x86_tables::{map, HostMmu, Pages, Tables};
+use common::x86_tables::{map, Dealloc, HostMmu, OneMapping, Pages, Tables};
 use tlb_batch::arch::mock::{MockConfig, MockError, MockKernel, MockMachine, MockRmap};
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
 use tlb_batch::{
     change_protection, check_space_range, check_space_va, flush_tlb_page, flush_tlb_range, page_referenced,
-    try_to_unmap, BoundedRmap, Error, Frame, Mapping, MappingFlags, MmTlbState, MmuGather, PageGather,
-    PageRange, PageTable, Pte, PteFlags, Rmap, TableFreePolicy, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
+    try_to_unmap, BoundedRmap, Error, Frame, MappingFlags, MmTlbState, MmuGather, PageGather, PageRange,
+    PageTable, Pte, PteFlags, TableFreePolicy, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
 };
-use x86_64::structures::paging::{FrameDeallocator, PageTableFlags as F, PhysFrame, Size4KiB};
+use x86_64::structures::paging::{PageTableFlags as F, Size4KiB};
 
 /// A kernel page: the first page of the upper half's first 4 MiB.
 const KVA: u64 = 0xffff_8000_0040_0000;
@@ -90,18 +89,6 @@ impl Shared {
     }
 }
 
-/// Frees data frames into the machine, whose oracle judges each free.
-struct Dealloc<'m>(&'m MockMachine, Vec<Frame>);
-
-impl FrameDeallocator<Size4KiB> for Dealloc<'_> {
-    unsafe fn deallocate_frame(&mut self, frame: PhysFrame) {
-        let frame = Frame::from(frame);
-        if frame.addr() < (1 << 40) && self.0.free_frame(frame).is_ok() {
-            self.1.push(frame);
-        }
-    }
-}
-
 /// The trial's case: munmap of a kernel page through a process's
 /// `OffsetTeardown` used to return `Ok` with no IPI and free the frame
 /// under CPU 1's entry (CPU 1 runs the other process). It is refused,
@@ -151,40 +138,6 @@ fn munmap_of_a_kernel_page_through_a_process_is_refused_and_the_kernels_space_fr
     }
 }
 
-/// A process's reverse map that lists the kernel page (a kernel that
-/// records kernel mappings per process): reclaim and aging refuse it
-/// before any entry changes, and `BoundedRmap` when it is recorded.
-struct KernelPageIn<'s, 'a> {
-    space: &'s OffsetSpace<'a>,
-    frame: Frame,
-    pages: Pages,
-}
-
-// SAFETY: the one mapping of `frame` the test made through this space's
-// tables is the one reported.
-unsafe impl<'a> Rmap for KernelPageIn<'_, 'a> {
-    type Space = OffsetSpace<'a>;
-
-    fn walk(
-        &self,
-        frame: Frame,
-        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
-    ) -> ControlFlow<()> {
-        if frame != self.frame {
-            return ControlFlow::Continue(());
-        }
-        visit(Mapping {
-            space: self.space,
-            va: KVA,
-            flags: MappingFlags::empty(),
-        })
-    }
-
-    fn set_dirty(&self, frame: Frame) {
-        self.pages.0.lock().unwrap().insert(frame);
-    }
-}
-
 #[test]
 fn reclaim_aging_and_mprotect_of_a_kernel_page_through_a_process_are_refused() {
     let (m, mut s) = shared(false);
@@ -193,9 +146,12 @@ fn reclaim_aging_and_mprotect_of_a_kernel_page_through_a_process_are_refused() {
     {
         let (mut mapper, _) = s.b.mapper();
         let space = OffsetSpace::new(&mut mapper, &s.mm_b);
-        let rmap = KernelPageIn {
+        // A process's reverse map that lists the kernel page (a kernel
+        // that records kernel mappings per process).
+        let rmap = OneMapping {
             space: &space,
             frame: s.frame,
+            va: KVA,
             pages: Pages::default(),
         };
         let mut batch = TlbFlushUnmapBatch::new();

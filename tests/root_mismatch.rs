@@ -12,18 +12,17 @@
 
 mod common;
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use common::asid;
-use common::x86_tables::{machine_with, map, user_rw, HostMmu, Pages, Tables, GIB};
+use common::x86_tables::{machine_with, map, user_rw, Dealloc, HostMmu, OneMapping, Pages, Tables, GIB};
 use tlb_batch::arch::mock::{MockConfig, MockError, MockMachine};
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
 use tlb_batch::{
-    change_protection, page_referenced, try_to_unmap, BoundedRmap, Error, Frame, Mapping, MappingFlags,
-    MmTlbState, PageGather, PageRange, PageTable, Rmap, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
+    change_protection, page_referenced, try_to_unmap, BoundedRmap, Error, Frame, MappingFlags, MmTlbState,
+    PageGather, PageRange, PageTable, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
 };
-use x86_64::structures::paging::{FrameDeallocator, PhysFrame, Size4KiB};
+use x86_64::structures::paging::Size4KiB;
 
 /// One page of real tables, mapped and cached by CPU 1 through the right
 /// state; `wrong` is a second live state (another root) that a confused
@@ -79,18 +78,6 @@ fn assert_untouched(tables: &mut Tables, machine: &MockMachine, right: &MmTlbSta
     assert!(!machine.cached_translations(frame).is_empty());
     assert_eq!(machine.ipis_sent(), 0);
     assert_eq!(machine.violations(), []);
-}
-
-/// Frees data frames into the machine (whose oracle judges the free).
-struct Dealloc<'m>(&'m MockMachine, Vec<Frame>);
-
-impl FrameDeallocator<Size4KiB> for Dealloc<'_> {
-    unsafe fn deallocate_frame(&mut self, frame: PhysFrame) {
-        let frame = Frame::from(frame);
-        if frame.addr() < (1 << 40) && self.0.free_frame(frame).is_ok() {
-            self.1.push(frame);
-        }
-    }
 }
 
 #[test]
@@ -157,39 +144,6 @@ fn change_protection_with_another_spaces_state_is_refused() {
     assert_untouched(&mut tables, &machine, &right, frame);
 }
 
-/// A reverse map of one mapping, written the way a kernel's own would be:
-/// it does not go through `BoundedRmap::add`, which refuses the mismatch
-/// already.
-struct OneMapping<'s, 'a> {
-    space: &'s OffsetSpace<'a>,
-    frame: Frame,
-    pages: Pages,
-}
-
-// SAFETY: the one mapping of `frame` the test made is the one reported.
-unsafe impl<'a> Rmap for OneMapping<'_, 'a> {
-    type Space = OffsetSpace<'a>;
-
-    fn walk(
-        &self,
-        frame: Frame,
-        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
-    ) -> ControlFlow<()> {
-        if frame != self.frame {
-            return ControlFlow::Continue(());
-        }
-        visit(Mapping {
-            space: self.space,
-            va: VA,
-            flags: MappingFlags::empty(),
-        })
-    }
-
-    fn set_dirty(&self, frame: Frame) {
-        self.pages.0.lock().unwrap().insert(frame);
-    }
-}
-
 #[test]
 fn reclaim_and_aging_with_another_spaces_state_are_refused_before_any_entry_changes() {
     let s = setup();
@@ -205,9 +159,12 @@ fn reclaim_and_aging_with_another_spaces_state_are_refused_before_any_entry_chan
     {
         let (mut mapper, _) = tables.mapper();
         let space = OffsetSpace::new(&mut mapper, &wrong);
+        // Written as a kernel's own: `BoundedRmap::add` refuses the
+        // mismatch already.
         let rmap = OneMapping {
             space: &space,
             frame,
+            va: VA,
             pages: Pages::default(),
         };
         let mut batch = TlbFlushUnmapBatch::new();

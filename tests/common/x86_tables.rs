@@ -4,14 +4,16 @@
 //! them, and a machine whose address space they translate.
 
 use std::collections::BTreeSet;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tlb_batch::arch::mock::{MmuTable, MockConfig, MockMachine};
-use tlb_batch::{Frame, MmTlbState, PageState};
+use tlb_batch::mapper::OffsetSpace;
+use tlb_batch::{Frame, Mapping, MappingFlags, MmTlbState, PageState, Rmap};
 use x86_64::structures::paging::{
-    FrameAllocator, Mapper, OffsetPageTable, Page, PageSize, PageTable as X86Table, PageTableFlags as F,
-    PhysFrame, Size4KiB,
+    FrameAllocator, FrameDeallocator, Mapper, OffsetPageTable, Page, PageSize, PageTable as X86Table,
+    PageTableFlags as F, PhysFrame, Size4KiB,
 };
 use x86_64::{PhysAddr, VirtAddr};
 
@@ -145,5 +147,51 @@ pub struct Pages(pub std::sync::Mutex<BTreeSet<Frame>>);
 impl PageState for Pages {
     fn set_dirty(&self, frame: Frame) {
         self.0.lock().unwrap().insert(frame);
+    }
+}
+
+/// Frees data frames into the machine (whose oracle judges each free) and
+/// records them; page-table frames (host pages, above 2^40) are left alone.
+pub struct Dealloc<'m>(pub &'m MockMachine, pub Vec<Frame>);
+
+impl FrameDeallocator<Size4KiB> for Dealloc<'_> {
+    unsafe fn deallocate_frame(&mut self, frame: PhysFrame) {
+        let frame = Frame::from(frame);
+        if frame.addr() < (1 << 40) && self.0.free_frame(frame).is_ok() {
+            self.1.push(frame);
+        }
+    }
+}
+
+/// A reverse map of one mapping, written the way a kernel's own would be
+/// (not through `BoundedRmap::add`, which refuses some set-ups already).
+pub struct OneMapping<'s, 'a> {
+    pub space: &'s OffsetSpace<'a>,
+    pub frame: Frame,
+    pub va: u64,
+    pub pages: Pages,
+}
+
+// SAFETY: the tests that use it map `frame` once, at `va` in `space`.
+unsafe impl<'a> Rmap for OneMapping<'_, 'a> {
+    type Space = OffsetSpace<'a>;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        if frame != self.frame {
+            return ControlFlow::Continue(());
+        }
+        visit(Mapping {
+            space: self.space,
+            va: self.va,
+            flags: MappingFlags::empty(),
+        })
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        self.pages.0.lock().unwrap().insert(frame);
     }
 }
