@@ -54,7 +54,11 @@
 //!
 //! A four-level table in ordinary host memory (so the physical-memory
 //! offset is 0), a page mapped with the `x86_64` crate, then write-protected
-//! through the crate on a simulated two-CPU machine (feature `mock`).
+//! through the crate on a simulated two-CPU machine (feature `mock`). No
+//! CPU runs the space here, so the change needs no IPI; for the machine's
+//! CPUs to translate through such a table (and its oracle to judge the
+//! flushes), a test gives the machine its own walk of the same tables
+//! with `MockMachine::attach_table` and switches CPUs to the space.
 //!
 //! ```
 //! # #[cfg(feature = "mock")] {
