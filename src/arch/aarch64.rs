@@ -51,7 +51,7 @@
 //!   touched here. Kernel pages (the upper half, which TTBR1 translates)
 //!   are unmapped and flushed through the kernel's
 //!   [`MmTlbState::kernel`](crate::MmTlbState::kernel); a user space's
-//!   operations refuse them ([`Error::KernelHalf`](crate::Error::KernelHalf)).
+//!   operations refuse them ([`Error::KernelHalf`]).
 //! - The kernel runs at EL1. Under a hypervisor, the hypervisor keeps the
 //!   `TLBI` semantics for the virtual CPUs (as KVM does when it moves a
 //!   virtual CPU). A kernel at EL2 with FEAT_VHE is not served: there the
