@@ -200,6 +200,18 @@ pub enum Error {
         /// The first such address.
         va: u64,
     },
+    /// A present entry changed through the kernel's address space is not
+    /// global, on an `Arch` whose kernel-page flush relies on every kernel
+    /// mapping being global ([`Arch::kernel_flush_needs_global`](crate::Arch::kernel_flush_needs_global)):
+    /// the flush would leave a copy cached under another ASID on a CPU
+    /// that switched away, to be used when that ASID is loaded again. A
+    /// process's page belongs to the process's state; a kernel page must be
+    /// mapped global. Refused before anything changed, by every operation
+    /// that would unmap, change or age such an entry.
+    NonGlobalKernelEntry {
+        /// The address the entry maps.
+        va: u64,
+    },
     /// The page table's own root ([`PageTable::root`](crate::PageTable::root))
     /// is not the root its [`MmTlbState`](crate::MmTlbState) was built with:
     /// flushes reach the CPUs that loaded the state's root through
@@ -297,6 +309,9 @@ impl fmt::Display for Error {
             }
             Error::GlobalUserEntry { va } => {
                 write!(f, "the user entry for {va:#x} is global")
+            }
+            Error::NonGlobalKernelEntry { va } => {
+                write!(f, "the kernel entry for {va:#x} is not global")
             }
             Error::KernelHalf { va } => {
                 write!(

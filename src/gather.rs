@@ -254,7 +254,9 @@ impl<const N: usize> MmuGather<N> {
     /// of a user space in the kernel's half ([`Error::KernelHalf`]),
     /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`](crate::PageTable::check_range)
     /// refuses (such as [`Error::HugePage`]), a global entry in a user space
-    /// ([`Error::GlobalUserEntry`]), a table whose root is not its state's
+    /// ([`Error::GlobalUserEntry`]) or a non-global one in the kernel's where
+    /// its flushes rely on global kernel mappings
+    /// ([`Error::NonGlobalKernelEntry`]), a table whose root is not its state's
     /// ([`Error::RootMismatch`]), [`Error::OtherAddressSpace`],
     /// [`Error::OtherMachine`]; [`Error::CpuNotOnline`] and
     /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU
@@ -291,7 +293,7 @@ impl<const N: usize> MmuGather<N> {
         space_caller(arch, mm)?;
         check_table_root(space)?;
         space.check_range(range)?;
-        check_range_not_global(space, range)?;
+        check_range_not_global(arch, space, range)?;
         self.claim(arch, mm)?;
         let result = self.tear_down(arch, space, backing, range, free_tables, policy, handback);
         if result.is_err() && !self.request.is_empty() {

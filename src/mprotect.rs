@@ -52,7 +52,9 @@ use crate::Error;
 /// user space in the kernel's half ([`Error::KernelHalf`]),
 /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
 /// (a huge page in the range, [`Error::HugePage`]), a global entry in a
-/// user space ([`Error::GlobalUserEntry`]), a table whose root is not its
+/// user space ([`Error::GlobalUserEntry`]) or a non-global one in the
+/// kernel's where its flushes rely on global kernel mappings
+/// ([`Error::NonGlobalKernelEntry`]), a table whose root is not its
 /// state's ([`Error::RootMismatch`]); [`Error::CpuNotOnline`] and
 /// [`Error::UntrackedRoot`] when the flush would miss the calling CPU (it
 /// is not online, or loaded the space's root without
@@ -88,7 +90,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     space_caller(arch, mm)?;
     check_table_root(space)?;
     space.check_range(range)?;
-    check_range_not_global(space, range)?;
+    check_range_not_global(arch, space, range)?;
     let mut flush = FlushRequest::new();
     let mut changed = 0;
     let walked = walk_range(arch, space, range, &mut |va, pte| {

@@ -35,12 +35,29 @@ fn next_populated<S: PageTable + ?Sized>(space: &S, range: PageRange) -> Option<
     }
 }
 
-/// Refuses ([`Error::GlobalUserEntry`]) an entry of a user address space
-/// that is present and global: flushes of the space's ASID leave global
+/// Refuses an entry whose global bit the crate's flushes of its space
+/// would not match: in a user address space a present global entry
+/// ([`Error::GlobalUserEntry`]: flushes of the space's ASID leave global
 /// entries alone, and a CPU keeps using one after it switches to another
-/// space, so no flush the crate sends for the space would remove it.
-pub(crate) fn check_not_global<S: PageTable + ?Sized>(space: &S, va: u64, pte: Pte) -> Result<(), Error> {
-    if !space.tlb_state().is_kernel() && pte.is_present() && pte.flags().contains(PteFlags::GLOBAL) {
+/// space, so no flush the crate sends for the space would remove it); in
+/// the kernel's, a present non-global one where the `Arch`'s kernel-page
+/// flush relies on global kernel mappings
+/// ([`Error::NonGlobalKernelEntry`], see [`Arch::kernel_flush_needs_global`]).
+pub(crate) fn check_not_global<A: Arch, S: PageTable + ?Sized>(
+    arch: &A,
+    space: &S,
+    va: u64,
+    pte: Pte,
+) -> Result<(), Error> {
+    if !pte.is_present() {
+        return Ok(());
+    }
+    let global = pte.flags().contains(PteFlags::GLOBAL);
+    if space.tlb_state().is_kernel() {
+        if !global && arch.kernel_flush_needs_global() {
+            return Err(Error::NonGlobalKernelEntry { va });
+        }
+    } else if global {
         return Err(Error::GlobalUserEntry { va });
     }
     Ok(())
@@ -48,17 +65,19 @@ pub(crate) fn check_not_global<S: PageTable + ?Sized>(space: &S, va: u64, pte: P
 
 /// [`check_not_global`] for every entry of `range`, before a range
 /// operation changes any: a read-only pass that steps over what is not
-/// mapped, as [`walk_range`] does.
-pub(crate) fn check_range_not_global<S: PageTable + ?Sized>(
+/// mapped, as [`walk_range`] does (none for the kernel's space where its
+/// flushes reach every entry whatever its global bit).
+pub(crate) fn check_range_not_global<A: Arch, S: PageTable + ?Sized>(
+    arch: &A,
     space: &S,
     range: PageRange,
 ) -> Result<(), Error> {
-    if space.tlb_state().is_kernel() {
+    if space.tlb_state().is_kernel() && !arch.kernel_flush_needs_global() {
         return Ok(());
     }
     let mut va = next_populated(space, range);
     while let Some(v) = va {
-        check_not_global(space, v, space.lookup(v))?;
+        check_not_global(arch, space, v, space.lookup(v))?;
         va = next_populated(space, range.after(v));
     }
     Ok(())

@@ -254,3 +254,101 @@ fn every_entry_point_refuses_an_upper_half_address_of_a_user_space() {
     assert!(m.cached_translations(f).is_empty());
     assert_eq!(m.violations(), []);
 }
+
+/// The other side of the same mistake: a process's table handed to the
+/// kernel's state. The kernel's flushes reach every CPU, but on a tagged
+/// TLB whose kernel-page flush relies on global kernel mappings (x86 with
+/// PCIDs and `Features::kernel_global`: one INVLPG) they remove the loaded
+/// ASID's entry and the global one. CPU 1 wrote the process's page, then
+/// switched to another process, keeping its entry under ASID 1: a munmap
+/// through the kernel's state used to return `Ok` and free the frame, and
+/// CPU 1 wrote to the freed frame when it switched back. The non-global
+/// entry is refused (`Error::NonGlobalKernelEntry`) with nothing changed,
+/// by munmap, change_protection and the reverse-map walks; on an untagged
+/// TLB, where the switch dropped the entry, the kernel's state may change
+/// it.
+#[test]
+fn a_process_page_changed_through_the_kernels_state_is_refused_on_a_tagged_tlb() {
+    use common::x86_tables::user_rw;
+    const VA: u64 = 0x40_0000;
+    for tagged in [true, false] {
+        let mut tables = Tables::new();
+        let root = tables.root_addr();
+        let m = MockMachine::new(MockConfig {
+            tagged_tlb: tagged,
+            ..MockConfig::x86_like(2)
+        })
+        .unwrap();
+        let mm = m.new_mm_at(asid(1), root).unwrap();
+        m.attach_table(&mm, Arc::new(HostMmu { root })).unwrap();
+        let other = m.new_mm(asid(2)).unwrap();
+        let frame = m.alloc_frame().unwrap();
+        {
+            let (mut mapper, mut pool) = tables.mapper();
+            map::<Size4KiB>(&mut mapper, &mut pool, VA, frame.addr(), user_rw());
+        }
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        cpu1.switch_to(&mm).unwrap();
+        cpu1.write(VA, 3).unwrap();
+        cpu1.switch_to(&other).unwrap();
+        let kernel = MmTlbState::kernel(root);
+        let refused = Error::NonGlobalKernelEntry { va: VA };
+        let range = PageRange::page(VA).unwrap();
+        let mut dealloc = Dealloc(&m, Vec::new());
+        let (mut mapper, _) = tables.mapper();
+        if tagged {
+            {
+                let space = OffsetSpace::new(&mut mapper, &kernel);
+                let read_only = |p: Pte| Pte(p.0 & !PteFlags::WRITABLE.bits());
+                assert_eq!(change_protection(&cpu0, &space, range, read_only), Err(refused));
+                let rmap = OneMapping {
+                    space: &space,
+                    frame,
+                    va: VA,
+                    pages: Pages::default(),
+                };
+                let mut batch = TlbFlushUnmapBatch::new();
+                for flags in [TtuFlags::BATCH_FLUSH, TtuFlags::IGNORE_ACCESS] {
+                    let got = try_to_unmap(&cpu0, &rmap, frame, flags, &mut batch);
+                    assert_eq!(got, Err(refused), "{flags:?}");
+                }
+                assert_eq!(
+                    page_referenced(&cpu0, &rmap, frame, &mut batch).unwrap_err(),
+                    refused
+                );
+                assert!(batch.is_empty());
+            }
+            // SAFETY: the page is mapped once and its frame is the test's;
+            // nothing is torn down (the call is refused).
+            let space = unsafe { OffsetSpace::new(&mut mapper, &kernel).for_teardown() };
+            // SAFETY: frames are not reference-counted.
+            let mut frees = unsafe { DeallocatorFrees::new(&mut dealloc) };
+            let got = space.munmap(&cpu0, &mut PageGather::new(), range, &mut frees);
+            assert_eq!(got.unwrap_err(), refused);
+            assert!(space.lookup(VA).maps(frame) && space.lookup(VA).is_writable());
+            assert_eq!(m.ipis_sent(), 0);
+            assert_eq!(frees.dirty_pages(), 0, "nothing was torn down");
+            // The process's own state unmaps it; CPU 1 catches up when it
+            // switches back.
+            let space = unsafe { OffsetSpace::new(&mut mapper, &mm).for_teardown() };
+            // SAFETY: as above, and now the frame is freed after the flush.
+            let mut frees = unsafe { DeallocatorFrees::new(&mut dealloc) };
+            space
+                .munmap(&cpu0, &mut PageGather::new(), range, &mut frees)
+                .unwrap();
+        } else {
+            // SAFETY: as above.
+            let space = unsafe { OffsetSpace::new(&mut mapper, &kernel).for_teardown() };
+            // SAFETY: as above.
+            let mut frees = unsafe { DeallocatorFrees::new(&mut dealloc) };
+            let summary = space
+                .munmap(&cpu0, &mut PageGather::new(), range, &mut frees)
+                .unwrap();
+            assert_eq!(summary.pages_unmapped, 1);
+        }
+        assert_eq!(dealloc.1, [frame], "tagged {tagged}");
+        cpu1.switch_to(&mm).unwrap();
+        assert!(cpu1.write(VA, 4).is_err(), "tagged {tagged}");
+        assert_eq!(m.violations(), [], "tagged {tagged}");
+    }
+}

@@ -161,6 +161,13 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
         self.machine.config.tagged_tlb
     }
 
+    fn kernel_flush_needs_global(&self) -> bool {
+        // A kernel page flush removes the loaded ASID's entry and the
+        // global one, as INVLPG does (the machine's own kernel mappings are
+        // always global).
+        self.machine.config.tagged_tlb
+    }
+
     fn va_bits(&self) -> u32 {
         self.machine.config.va_bits
     }

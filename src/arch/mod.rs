@@ -203,6 +203,20 @@ pub unsafe trait Arch {
     /// The machine's shootdown bookkeeping, normally a `static`.
     fn shootdown_state(&self) -> &TlbShootdown;
 
+    /// Whether [`flush_local_page`](Arch::flush_local_page) of a kernel
+    /// page relies on every kernel mapping being global: it removes the
+    /// global entry and the loaded ASID's, and a non-global entry cached
+    /// under another ASID survives it (x86 with PCIDs and
+    /// `Features::kernel_global`: one `INVLPG`). Then the crate refuses to
+    /// change a present non-global entry through the kernel's address space
+    /// ([`Error::NonGlobalKernelEntry`](crate::Error::NonGlobalKernelEntry)):
+    /// such an entry is a process's page handed to the wrong state, or a
+    /// kernel page mapped against the promise. The default is false (the
+    /// kernel-page flush reaches every ASID, or there is only one).
+    fn kernel_flush_needs_global(&self) -> bool {
+        false
+    }
+
     /// Whether TLB entries of an address space survive switching away from
     /// it (x86 with PCID, arm64 ASIDs). Either way switching away takes the
     /// CPU out of the address space's CPU set, so it gets no further IPIs

@@ -448,6 +448,13 @@ unsafe impl Arch for X86_64 {
         self.pcid
     }
 
+    fn kernel_flush_needs_global(&self) -> bool {
+        // Without PCIDs every non-global entry is the loaded space's, which
+        // INVLPG removes; with them and without the promise, the flush
+        // reaches every PCID (`page_flush`).
+        self.pcid && self.kernel_global
+    }
+
     fn fill_sets_accessed(&self) -> bool {
         self.fill_sets_accessed
     }

@@ -55,10 +55,14 @@ fn new_acts_on_what_cr4_enables_and_refuses_more() {
     ));
     let arch = build(f, &cpu, CR4_PGE | CR4_PCIDE).unwrap();
     assert!(arch.uses_pcid() && arch.tagged_tlb() && arch.kernel_global);
+    // One INVLPG per kernel page: the crate must see only global entries
+    // changed through the kernel's space.
+    assert!(arch.kernel_flush_needs_global());
     // What the kernel enabled, read from the same registers: accepted.
     let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
     let arch = build(enabled, &cpu, CR4_PGE).unwrap();
     assert!(!arch.uses_pcid() && arch.invpcid && arch.pge_supported && !arch.kernel_global);
+    assert!(!arch.kernel_flush_needs_global());
     // PCIDs on without INVPCID: accepted, but nothing is tagged; PGE
     // left out: no global shortcut, and full flushes still toggle it.
     let no_invpcid = Supported {
@@ -72,6 +76,7 @@ fn new_acts_on_what_cr4_enables_and_refuses_more() {
     };
     let arch = build(f, &no_invpcid, CR4_PGE | CR4_PCIDE).unwrap();
     assert!(!arch.uses_pcid() && arch.pge_supported && !arch.kernel_global);
+    assert!(!arch.kernel_flush_needs_global());
 }
 
 #[test]

@@ -93,6 +93,8 @@ pub struct Referenced {
 /// [`Error::Unaligned`], [`Error::NonCanonical`], [`Error::KernelHalf`]
 /// or [`Error::AsidOutOfRange`] for a mapping the rmap reported,
 /// [`Error::GlobalUserEntry`] for a user mapping whose entry is global,
+/// [`Error::NonGlobalKernelEntry`] for a kernel mapping whose entry is not
+/// where the kernel's flushes rely on it,
 /// [`Error::RootMismatch`] for a mapping's table whose root is not its
 /// state's, [`Error::OtherMachine`] for a batch or a space of another machine;
 /// [`Error::CpuNotOnline`] and [`Error::UntrackedRoot`] for a caller that

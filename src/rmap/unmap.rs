@@ -188,7 +188,9 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// every space shares) or [`Error::AsidOutOfRange`] for a mapping the rmap
 /// reported,
 /// [`Error::GlobalUserEntry`] for a user mapping whose entry is global (no
-/// flush of its space would remove it),
+/// flush of its space would remove it), [`Error::NonGlobalKernelEntry`]
+/// for a kernel mapping whose entry is not global where the kernel's
+/// flushes rely on it,
 /// [`Error::RootMismatch`] for a mapping's table whose root is not its
 /// state's (its flushes would go to other CPUs),
 /// [`Error::OtherMachine`] for a batch or a space of another machine,

@@ -36,7 +36,7 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
         let checked = check_mapping(arch, &m)
             .and_then(|()| check_table_root(m.space))
             .and_then(|()| check_space_on(arch, m.space.tlb_state(), me))
-            .and_then(|()| check_not_global(m.space, m.va, m.space.lookup(m.va)));
+            .and_then(|()| check_not_global(arch, m.space, m.va, m.space.lookup(m.va)));
         match checked {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
