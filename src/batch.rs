@@ -2,11 +2,12 @@
 //! reclaim or migration, sent as one shootdown per flush point.
 
 use crate::arch::Arch;
+use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::generation::{still_running, GenStep};
 use crate::lifecycle::online_caller;
 use crate::mm::MmTlbState;
-use crate::pte::Pte;
+use crate::pte::{Pte, PteFlags};
 use crate::range::PageRange;
 use crate::request::{FlushRequest, FlushScope};
 use crate::shootdown::{complete_broadcast, issue_broadcast_page, shootdown, ShootdownReport};
@@ -101,16 +102,17 @@ impl TlbFlushUnmapBatch {
         PageRange::page(va)
     }
 
-    /// Records the flush of `page` in `mm` for `targets` (`mm`'s flush
-    /// targets, read after the PTE changed, with the generation step that
-    /// read made: [`MmTlbState::flush_targets_step`]), checked by
+    /// Records the flush of `page` under `asid` (its space's, or
+    /// [`Asid::KERNEL`] for a global entry) for `targets` (the space's
+    /// flush targets, read after the PTE changed, with the generation step
+    /// that read made: [`MmTlbState::flush_targets_step`]), checked by
     /// [`check_add`](Self::check_add) with the same `arch`. `aged`: an
     /// epoch past which no CPU holds an entry for the page (see the
     /// field), if one is known.
     pub(crate) fn record<A: Arch>(
         &mut self,
         arch: &A,
-        mm: &MmTlbState,
+        asid: Asid,
         page: PageRange,
         (targets, step): (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
@@ -120,7 +122,7 @@ impl TlbFlushUnmapBatch {
             // After the PTE change (the callers record only then): the
             // invalidation cannot let a walk refill the old entry.
             for va in page.iter() {
-                issue_broadcast_page(arch, mm.asid(), va);
+                issue_broadcast_page(arch, asid, va);
             }
             match arch.current_cpu() {
                 Ok(me) => {
@@ -134,7 +136,7 @@ impl TlbFlushUnmapBatch {
             self.unissued = true;
         }
         self.request
-            .add_range_step(mm.asid(), page, A::FULL_FLUSH_CEILING, step);
+            .add_range_step(asid, page, A::FULL_FLUSH_CEILING, step);
         self.targets = self.targets.union(targets);
         self.aged = self.aged.max(aged.unwrap_or(u64::MAX));
     }
@@ -151,7 +153,7 @@ impl TlbFlushUnmapBatch {
         targets: (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
     ) {
-        self.record(arch, mm, page, targets, aged);
+        self.record(arch, mm.asid(), page, targets, aged);
         self.writable |= old.is_writable() || old.is_dirty();
         mm.note_deferred();
         arch.shootdown_state().count(Counter::PagesDeferred, 1);
@@ -171,6 +173,12 @@ impl TlbFlushUnmapBatch {
     /// deferred to this batch; `old` is the value the atomic clear returned.
     /// Marks `mm` as having a batched flush pending (see
     /// [`flush_tlb_batched_pending`](crate::flush_tlb_batched_pending)).
+    ///
+    /// An `old` entry marked [`PteFlags::GLOBAL`] in a user space is no
+    /// ASID's: any CPU that ran the space may still hold it, whatever it
+    /// runs now, so its page is flushed as a kernel page is, on every
+    /// online CPU (an IPI to each). Map user pages without the bit (the
+    /// crate's reverse-map walks refuse one before clearing it).
     ///
     /// Call it after the PTE is cleared and only when
     /// [`should_defer`](Self::should_defer) allowed it; check `va` with
@@ -192,6 +200,16 @@ impl TlbFlushUnmapBatch {
         old: Pte,
     ) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
+        if !mm.is_kernel() && old.flags().contains(PteFlags::GLOBAL) {
+            // A global entry is no ASID's: a CPU that ran the space at
+            // any time may still hold it, whatever it runs now. Flushed as
+            // a kernel page is, on every online CPU.
+            self.record(arch, Asid::KERNEL, page, (&arch.online_cpus(), None), None);
+            self.writable |= old.is_writable() || old.is_dirty();
+            mm.note_deferred();
+            arch.shootdown_state().count(Counter::PagesDeferred, 1);
+            return Ok(());
+        }
         let (targets, step) = mm.flush_targets_step(arch);
         self.record_pending(arch, mm, page, old, (&targets, step), None);
         Ok(())
@@ -205,7 +223,7 @@ impl TlbFlushUnmapBatch {
     pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
         let (targets, step) = mm.flush_targets_step(arch);
-        self.record(arch, mm, page, (&targets, step), None);
+        self.record(arch, mm.asid(), page, (&targets, step), None);
         Ok(())
     }
 

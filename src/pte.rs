@@ -53,7 +53,9 @@ bitflags::bitflags! {
         /// removes it. For kernel mappings only: the crate flushes a user
         /// space by its ASID, which leaves global entries alone, so a user
         /// entry with this bit is refused by every operation that would
-        /// change it ([`Error::GlobalUserEntry`](crate::Error::GlobalUserEntry)).
+        /// change it ([`Error::GlobalUserEntry`](crate::Error::GlobalUserEntry));
+        /// [`TlbFlushUnmapBatch::add_pending`](crate::TlbFlushUnmapBatch::add_pending),
+        /// handed one already cleared, flushes its page on every online CPU.
         const GLOBAL = 1 << 8;
         /// Software bit (not present entries only): a migration entry; the
         /// frame field names the frame being migrated.

@@ -120,3 +120,43 @@ fn change_protection_never_makes_a_user_entry_global() {
     );
     assert_eq!(m.violations(), []);
 }
+
+/// Found by a new user's trial: `add_pending` is handed an entry its
+/// caller has already cleared, so it cannot refuse a global one without
+/// leaving it unflushed. It flushes it as a kernel page instead, on every
+/// online CPU: here CPU 1, which wrote the page in the space and switched
+/// to another (a flush of the space's ASID, or one of its running CPUs
+/// only, left its global entry alive, and the frame was freed under it),
+/// and CPU 2, which never ran the space at all.
+#[test]
+fn a_global_user_entry_handed_to_add_pending_is_flushed_on_every_online_cpu() {
+    for tagged_tlb in [false, true] {
+        let m = MockMachine::new(MockConfig {
+            tagged_tlb,
+            ..config(3, 64)
+        })
+        .unwrap();
+        let (mm, other) = (m.new_mm(asid(1)).unwrap(), m.new_mm(asid(2)).unwrap());
+        let f = m.alloc_frame().unwrap();
+        let flags = PteFlags::PRESENT | PteFlags::WRITABLE | PteFlags::USER | PteFlags::GLOBAL;
+        m.set_pte(&mm, va(0), Pte::new(f, flags)).unwrap();
+        let (cpu0, cpu1, cpu2) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), m.cpu(2).unwrap());
+        cpu1.switch_to(&mm).unwrap();
+        cpu1.write(va(0), 7).unwrap();
+        cpu1.switch_to(&other).unwrap();
+        cpu2.switch_to(&other).unwrap();
+        cpu0.switch_to(&mm).unwrap();
+        assert_eq!(cpu1.read(va(0)), Ok(7), "the global entry outlives the switch");
+
+        let old = m.clear_pte(&mm, va(0)).unwrap();
+        let mut batch = TlbFlushUnmapBatch::new();
+        batch.add_pending(&cpu0, &mm, va(0), old).unwrap();
+        assert!(batch.has_writable());
+        let report = batch.flush(&cpu0).unwrap();
+        m.free_frame(f).unwrap();
+        assert_eq!(m.violations(), [], "tagged {tagged_tlb}");
+        assert!(cpu1.read(va(0)).is_err() && cpu2.read(va(0)).is_err());
+        let reached = (report.remote_cpus, report.ipis_sent);
+        assert_eq!(reached, (2, 2), "tagged {tagged_tlb}");
+    }
+}

@@ -29,7 +29,7 @@ pub(super) fn clear_young<A: Arch, S: PageTable + ?Sized>(
     if let (true, Some(page)) = (young, page) {
         let mm = space.tlb_state();
         let (targets, step) = mm.flush_targets_step(arch);
-        batch.record(arch, mm, page, (&targets, step), None);
+        batch.record(arch, mm.asid(), page, (&targets, step), None);
     }
     Ok(young)
 }
