@@ -19,8 +19,8 @@ use common::x86_tables::{machine_with, map, user_rw, Dealloc, HostMmu, OneMappin
 use tlb_batch::arch::mock::{MockConfig, MockError, MockMachine};
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
 use tlb_batch::{
-    change_protection, page_referenced, try_to_unmap, BoundedRmap, Error, Frame, MappingFlags, MmTlbState,
-    PageGather, PageRange, PageTable, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
+    change_protection, BoundedRmap, Error, Frame, MappingFlags, MmTlbState, PageGather, PageRange, PageTable,
+    PAGE_SIZE,
 };
 use x86_64::structures::paging::Size4KiB;
 
@@ -167,14 +167,7 @@ fn reclaim_and_aging_with_another_spaces_state_are_refused_before_any_entry_chan
             va: VA,
             pages: Pages::default(),
         };
-        let mut batch = TlbFlushUnmapBatch::new();
-        for flags in [TtuFlags::BATCH_FLUSH, TtuFlags::IGNORE_ACCESS] {
-            let got = try_to_unmap(&cpu0, &rmap, frame, flags, &mut batch);
-            assert_eq!(got, Err(refused), "{flags:?}");
-        }
-        let got = page_referenced(&cpu0, &rmap, frame, &mut batch);
-        assert_eq!(got.unwrap_err(), refused);
-        assert!(batch.is_empty() && rmap.pages.0.lock().unwrap().is_empty());
+        rmap.assert_walks_refused(&cpu0, refused);
 
         // BoundedRmap refuses the mapping when it is recorded.
         let pages = Pages::default();

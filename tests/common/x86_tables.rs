@@ -9,8 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tlb_batch::arch::mock::{MmuTable, MockConfig, MockMachine};
+use tlb_batch::arch::Arch;
 use tlb_batch::mapper::OffsetSpace;
-use tlb_batch::{Frame, Mapping, MappingFlags, MmTlbState, PageState, Rmap};
+use tlb_batch::{
+    page_referenced, try_to_unmap, Error, Frame, Mapping, MappingFlags, MmTlbState, PageState, Rmap,
+    TlbFlushUnmapBatch, TtuFlags,
+};
 use x86_64::structures::paging::{
     FrameAllocator, FrameDeallocator, Mapper, OffsetPageTable, Page, PageSize, PageTable as X86Table,
     PageTableFlags as F, PhysFrame, Size4KiB,
@@ -170,6 +174,22 @@ pub struct OneMapping<'s, 'a> {
     pub frame: Frame,
     pub va: u64,
     pub pages: Pages,
+}
+
+impl OneMapping<'_, '_> {
+    /// Asserts that reclaim (batched or not) and aging of the frame on
+    /// `arch` are refused with `refused`, with nothing recorded: no
+    /// deferred flush, no page marked dirty.
+    pub fn assert_walks_refused<A: Arch>(&self, arch: &A, refused: Error) {
+        let mut batch = TlbFlushUnmapBatch::new();
+        for flags in [TtuFlags::BATCH_FLUSH, TtuFlags::IGNORE_ACCESS] {
+            let got = try_to_unmap(arch, self, self.frame, flags, &mut batch);
+            assert_eq!(got, Err(refused), "{flags:?}");
+        }
+        let got = page_referenced(arch, self, self.frame, &mut batch);
+        assert_eq!(got.unwrap_err(), refused);
+        assert!(batch.is_empty() && self.pages.0.lock().unwrap().is_empty());
+    }
 }
 
 // SAFETY: the tests that use it map `frame` once, at `va` in `space`.
