@@ -46,7 +46,11 @@ use crate::Error;
 /// [`PteFlags::GLOBAL`] bit in what `update` returns is dropped, since a
 /// global entry would outlive every flush of the space's ASID (and be used
 /// by other address spaces). Making a user page global is not an
-/// operation this function offers.
+/// operation this function offers. In the kernel's space, where its
+/// flushes rely on global kernel mappings
+/// ([`Arch::kernel_flush_needs_global`]), every present entry it writes
+/// is global, whatever `update` returns: a non-global kernel entry could
+/// be cached under an ASID that a later flush of the page does not name.
 ///
 /// Errors, with nothing changed: [`Error::NonCanonical`], an address of a
 /// user space in the kernel's half ([`Error::KernelHalf`]),
@@ -91,16 +95,19 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     check_table_root(space)?;
     space.check_range(range)?;
     check_range_not_global(arch, space, range)?;
+    let needs_global = arch.kernel_flush_needs_global();
     let mut flush = FlushRequest::new();
     let mut changed = 0;
     let walked = walk_range(arch, space, range, &mut |va, pte| {
         if pte.is_present() {
             let old = space.clear(va);
             let new = keep_hardware_bits(old, update(old));
-            let new = if mm.is_kernel() {
-                new
-            } else {
+            let new = if !mm.is_kernel() {
                 Pte(new.0 & !PteFlags::GLOBAL.bits())
+            } else if needs_global && new.is_present() {
+                Pte(new.0 | PteFlags::GLOBAL.bits())
+            } else {
+                new
             };
             space.set(va, new);
             if new != old {

@@ -20,9 +20,9 @@ use common::x86_tables::{map, Dealloc, HostMmu, OneMapping, Pages, Tables};
 use tlb_batch::arch::mock::{MockConfig, MockError, MockKernel, MockMachine, MockRmap};
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
 use tlb_batch::{
-    change_protection, check_space_range, check_space_va, flush_tlb_page, flush_tlb_range, page_referenced,
-    try_to_unmap, BoundedRmap, Error, Frame, MappingFlags, MmTlbState, MmuGather, PageGather, PageRange,
-    PageTable, Pte, PteFlags, TableFreePolicy, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
+    change_protection, check_space_range, check_space_va, flush_tlb_page, flush_tlb_range, BoundedRmap,
+    Error, Frame, MappingFlags, MmTlbState, MmuGather, PageGather, PageRange, PageTable, Pte, PteFlags,
+    TableFreePolicy, TlbFlushUnmapBatch, PAGE_SIZE,
 };
 use x86_64::structures::paging::{PageTableFlags as F, Size4KiB};
 
@@ -154,16 +154,7 @@ fn reclaim_aging_and_mprotect_of_a_kernel_page_through_a_process_are_refused() {
             va: KVA,
             pages: Pages::default(),
         };
-        let mut batch = TlbFlushUnmapBatch::new();
-        for flags in [TtuFlags::BATCH_FLUSH, TtuFlags::IGNORE_ACCESS] {
-            let got = try_to_unmap(&cpu0, &rmap, s.frame, flags, &mut batch);
-            assert_eq!(got, Err(refused), "{flags:?}");
-        }
-        assert_eq!(
-            page_referenced(&cpu0, &rmap, s.frame, &mut batch).unwrap_err(),
-            refused
-        );
-        assert!(batch.is_empty() && rmap.pages.0.lock().unwrap().is_empty());
+        rmap.assert_walks_refused(&cpu0, refused);
         let read_only = |p: Pte| Pte(p.0 & !PteFlags::WRITABLE.bits());
         let got = change_protection(&cpu0, &space, PageRange::page(KVA).unwrap(), read_only);
         assert_eq!(got, Err(refused));
@@ -307,16 +298,7 @@ fn a_process_page_changed_through_the_kernels_state_is_refused_on_a_tagged_tlb()
                     va: VA,
                     pages: Pages::default(),
                 };
-                let mut batch = TlbFlushUnmapBatch::new();
-                for flags in [TtuFlags::BATCH_FLUSH, TtuFlags::IGNORE_ACCESS] {
-                    let got = try_to_unmap(&cpu0, &rmap, frame, flags, &mut batch);
-                    assert_eq!(got, Err(refused), "{flags:?}");
-                }
-                assert_eq!(
-                    page_referenced(&cpu0, &rmap, frame, &mut batch).unwrap_err(),
-                    refused
-                );
-                assert!(batch.is_empty());
+                rmap.assert_walks_refused(&cpu0, refused);
             }
             // SAFETY: the page is mapped once and its frame is the test's;
             // nothing is torn down (the call is refused).
@@ -351,4 +333,37 @@ fn a_process_page_changed_through_the_kernels_state_is_refused_on_a_tagged_tlb()
         assert!(cpu1.write(VA, 4).is_err(), "tagged {tagged}");
         assert_eq!(m.violations(), [], "tagged {tagged}");
     }
+}
+
+/// `change_protection` in the kernel's space keeps its entries global
+/// where its flushes rely on that (here the mock's tagged TLB): an
+/// `update` written as for a process (`PRESENT` and the frame, no
+/// `GLOBAL`) used to store a non-global kernel entry, which CPUs would
+/// cache under their own ASIDs and which the next change refused
+/// (`Error::NonGlobalKernelEntry`). (The mock keeps every kernel entry
+/// global, tagged or not, so the untagged case is x86's unit test.)
+#[test]
+fn change_protection_keeps_the_kernels_entries_global_where_its_flushes_need_it() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..MockConfig::x86_like(2)
+    })
+    .unwrap();
+    let kernel = m.kernel_mm();
+    let f = m.alloc_frame().unwrap();
+    m.map(kernel, KVA, f, true).unwrap();
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    cpu1.write(KVA, 1).unwrap();
+    let space = m.space(kernel);
+    let page = PageRange::page(KVA).unwrap();
+    let read_only = |p: Pte| Pte::new(p.frame(), PteFlags::PRESENT);
+    assert_eq!(change_protection(&cpu0, &space, page, read_only), Ok(1));
+    let pte = m.pte(kernel, KVA).unwrap();
+    assert!(pte.maps(f) && !pte.is_writable(), "{pte:?}");
+    assert!(pte.flags().contains(PteFlags::GLOBAL));
+    assert!(cpu1.write(KVA, 2).is_err());
+    let writable = |p: Pte| Pte::new(p.frame(), PteFlags::PRESENT | PteFlags::WRITABLE);
+    assert_eq!(change_protection(&cpu0, &space, page, writable), Ok(1));
+    cpu1.write(KVA, 3).unwrap();
+    assert_eq!(m.violations(), []);
 }
