@@ -58,6 +58,23 @@ fn new_acts_on_what_cr4_enables_and_refuses_more() {
     // One INVLPG per kernel page: the crate must see only global entries
     // changed through the kernel's space.
     assert!(arch.kernel_flush_needs_global());
+    // Either half alone needs nothing: without the promise every kernel
+    // page flush reaches every PCID, and without PCIDs every non-global
+    // entry is the loaded space's.
+    let arch = build(
+        Features {
+            kernel_global: false,
+            ..f
+        },
+        &cpu,
+        CR4_PGE | CR4_PCIDE,
+    )
+    .unwrap();
+    assert!(arch.uses_pcid() && !arch.kernel_global);
+    assert!(!arch.kernel_flush_needs_global());
+    let arch = build(Features { pcid: false, ..f }, &cpu, CR4_PGE).unwrap();
+    assert!(!arch.uses_pcid() && arch.kernel_global);
+    assert!(!arch.kernel_flush_needs_global());
     // What the kernel enabled, read from the same registers: accepted.
     let enabled = Features::from_parts(cpu, CR4_PGE, 0, b"GenuineIntel");
     let arch = build(enabled, &cpu, CR4_PGE).unwrap();
