@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Model-checks the cross-CPU shootdown protocol with loom. The models are
 # unit tests of the library in src/loom/: shootdown.rs (models (a) to (d),
-# (offline)), mm.rs ((e) to (g), (j), (k), (m), (n)) and pool.rs ((h) to
+# (offline)), mm.rs ((e) to (g), (j), (k), (m) to (o)) and pool.rs ((h) to
 # (i), (l)), over the model machine of src/loom/machine.rs and run.rs,
 # compiled only under `cfg(all(test, loom))`.
 #
@@ -59,6 +59,11 @@
 #       cached it runs another space, never while it can use the entry;
 #   (m) a batch's flush may skip a recorded target that switched away,
 #       never one that still caches the page;
+#   (n) a CPU's own page flush carries it forward by generation only
+#       past flushes it carried out, while a batched unmap advances too;
+#   (o) on a tagged TLB, an aged batch credits a CPU with its flush only
+#       when that CPU had caught up to the step's start, never one that
+#       switches back while it still owes the catch-up of an earlier flush;
 #   (offline) a shootdown whose target goes offline (`take_cpu_offline`)
 #       and parks still returns;
 #

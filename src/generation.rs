@@ -100,6 +100,11 @@
 //! credit is never given on another ASID's values. A CPU keeps one credit;
 //! a newer one for another ASID replaces it, which costs at most a local
 //! flush. Linux 6.1 has no such record: it interrupts those CPUs.
+//!
+//! The condition on the step's start is what keeps a CPU that is switching
+//! back into the space (in its set again, its catch-up not yet done) from
+//! being credited past an earlier flush whose stale entry it still holds:
+//! loom model (o) (`src/loom/mm.rs`) fails without it.
 use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;

@@ -33,6 +33,12 @@
 //!   generation was published first, advances the space concurrently: the
 //!   page flush must not carry the CPU past the batched one, which skips
 //!   it once it switched away.
+//! - (o) on a tagged TLB, a batch whose entry was aged (so that a CPU
+//!   holding none of it may be credited with the flush instead of
+//!   interrupted) is flushed while a CPU that owes a catch-up for an
+//!   earlier flush switches back into the space: the credit must never
+//!   carry that CPU past the earlier flush, whose stale entry it still
+//!   holds.
 //!
 //! The model machine (simulated CPUs, their `Arch`, the bounds) is in
 //! `machine.rs`, running a model in `run.rs`; the shootdown models (a) to
@@ -343,4 +349,64 @@ fn n_a_page_flush_step_races_with_a_batched_unmap() {
         seen.outcome(interrupted);
     });
     seen.both_outcomes(["cpu1 caught up by itself", "cpu1 was interrupted"]);
+}
+
+/// (o) Tagged TLB. Page 1 was aged (its accessed bit cleared at an epoch
+/// every later flush follows) and is never cached. CPU 1 ran the space,
+/// cached page 0, and switched to another space, keeping the entry
+/// tagged. CPU 0 then unmapped page 0 and flushed it (CPU 1 was no target:
+/// it owes a catch-up, which drops the entry before it loads the ASID
+/// again). Now CPU 1 switches back while CPU 0 clears page 1 and flushes a
+/// batch of it that carries the aging epoch. CPU 1 holds no entry of page
+/// 1 and flushed its ASID after the aging, so the batch may credit it with
+/// its generation step instead of interrupting it, but only if CPU 1 had
+/// carried out every flush up to the step's start (`caught >= step.from`
+/// in `TlbFlushUnmapBatch::flush`). A CPU that has put itself back in the
+/// space's set but not yet caught up is behind the earlier flush: credited
+/// then, its catch-up would find itself current and load the ASID with page
+/// 0's stale entry. Dropping that condition fails.
+#[test]
+fn o_a_credit_never_skips_a_catch_up_owed_for_an_earlier_flush() {
+    let seen = check("(o) aged batch credit vs a switch back", 4, |seen| {
+        let m = Machine::tagged(2);
+        let mm = Arc::new(MmTlbState::new(asid(), 0x1000));
+        let other = Arc::new(MmTlbState::new(Asid::new(2).unwrap(), 0x2000));
+        let aged = m.tlb.publish_epoch();
+        cached_on(&m, seen, 1, &mm);
+        let away = Cpu::detached(1, &m, seen);
+        // SAFETY: a model: the roots are never dereferenced.
+        unsafe { switch_mm(&away, Some(&mm), &other).unwrap() };
+        let cpu0 = Cpu::detached(0, &m, seen);
+        assert_eq!(m.pte.swap(EMPTY, Ordering::Relaxed), MAPPED);
+        let report = flush_tlb_page(&cpu0, &mm, BASE).unwrap();
+        assert_eq!(report.remote_cpus, 0, "cpu1 switched away before the unmap");
+        assert!(m.caches(1), "a tagged TLB keeps the entry until the catch-up");
+        let mm0 = mm.clone();
+        let h0 = spawn_cpu(&m, seen, 0, move |cpu| {
+            let page1 = BASE + crate::PAGE_SIZE;
+            let old = Pte::new(Frame(0x101), PteFlags::PRESENT | PteFlags::USER);
+            let mut batch = TlbFlushUnmapBatch::new();
+            let page = batch.check_add(&cpu, &mm0, page1).unwrap();
+            let (targets, step) = mm0.flush_targets_step(&cpu);
+            batch.record_pending(&cpu, &mm0, page, old, (&targets, step), Some(aged));
+            batch.flush(&cpu).unwrap();
+            let credited = cpu.m.tlb.stats().generations_granted > 0;
+            cpu.finish();
+            usize::from(credited)
+        });
+        let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // SAFETY: as above.
+            unsafe { switch_mm(&cpu, Some(&other), &mm).unwrap() };
+            cpu.finish()
+        });
+        let credited = h0.join().unwrap() == 1;
+        h1.join().unwrap();
+        assert!(
+            !m.caches(1),
+            "cpu1 runs the space again with page 0's stale entry: the batch credited it \
+             past a flush it had not caught up with"
+        );
+        seen.outcome(credited);
+    });
+    seen.both_outcomes(["cpu1 was not credited", "cpu1 was credited"]);
 }

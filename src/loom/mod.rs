@@ -16,7 +16,7 @@
 //!   the checks the shootdown models end with;
 //! - `shootdown.rs`: models (a) to (d) and (offline), the shootdown
 //!   protocol itself;
-//! - `mm.rs`: models (e) to (g), (j), (k), (m) and (n), an address space's
+//! - `mm.rs`: models (e) to (g), (j), (k) and (m) to (o), an address space's
 //!   fences;
 //! - `pool.rs`: models (h), (h'), (h''), (i) and (l), the frame pool's
 //!   epochs and passes.
