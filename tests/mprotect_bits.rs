@@ -8,7 +8,9 @@
 mod common;
 
 use common::{asid, config, va};
-use tlb_batch::arch::mock::{MockKernel, MockMachine, MockRmap};
+use tlb_batch::arch::mock::{
+    FrameError, FrameState, MockError, MockKernel, MockMachine, MockRmap, Violation,
+};
 use tlb_batch::{
     change_protection, shrink_page_list, MappingFlags, PageRange, Pte, PteFlags, UnmapBatch, Verdict,
 };
@@ -62,4 +64,38 @@ fn making_a_written_page_read_only_keeps_its_dirty_bit_and_reclaim_writes_it_out
         "written out, then freed"
     );
     assert_eq!(m.violations(), []);
+}
+
+/// A write the mock refuses is recorded, not dropped in silence: the
+/// crate's `PageTable::set` cannot fail, and the mock's used to ignore its
+/// own refusal, leaving the page unmapped with nothing reported. Here an
+/// `update` maps a free frame (the kernel's mistake, which the mock
+/// exists to catch); the entry is cleared and the oracle names the write.
+#[test]
+fn an_entry_the_mock_refuses_is_a_violation_never_a_silent_unmap() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let mm = m.new_mm(asid(1)).unwrap();
+    let space = m.space(&mm);
+    let f = m.map_new(&mm, va(0), true).unwrap();
+    let free = m.alloc_frame().unwrap();
+    m.free_frame(free).unwrap();
+    let page = PageRange::page(va(0)).unwrap();
+    let to_free = |_: Pte| Pte::new(free, PteFlags::PRESENT | PteFlags::USER);
+    assert_eq!(
+        change_protection(&m.cpu(0).unwrap(), &space, page, to_free),
+        Ok(1)
+    );
+    assert!(!m.pte(&mm, va(0)).unwrap().is_present());
+    let refused = MockError::Frame(FrameError::WrongState {
+        frame: free,
+        state: FrameState::Free,
+    });
+    assert_eq!(
+        m.violations(),
+        [Violation::RefusedPteWrite {
+            va: va(0),
+            error: refused
+        }]
+    );
+    assert_eq!(m.frame_state(f).unwrap(), FrameState::InUse);
 }

@@ -6,6 +6,8 @@ use std::vec::Vec;
 use crate::cpuset::CpuId;
 use crate::pte::Frame;
 
+use super::MockError;
+
 /// The life-cycle state of a physical frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FrameState {
@@ -166,6 +168,19 @@ pub enum Violation {
         cpu: CpuId,
         /// The freed page-table frame.
         table: Frame,
+    },
+    /// The crate wrote a page-table entry through a
+    /// [`MockSpace`](super::MockSpace) that the machine refuses (`error`
+    /// says why: a present entry naming a free frame, a non-global entry
+    /// in the kernel's space, an upper-half address of a user space).
+    /// `PageTable::set` and `exchange` cannot fail, so the write is
+    /// dropped and recorded here rather than lost silently: an address the
+    /// crate meant to map is left unmapped.
+    RefusedPteWrite {
+        /// The address written.
+        va: u64,
+        /// What the machine refused.
+        error: MockError,
     },
     /// After an operation changed a range of mappings and returned, a CPU
     /// still cached an entry there that disagrees with the page table

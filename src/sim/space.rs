@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{DetachedTable, MockMachine, Model, X86Like};
+use super::{DetachedTable, MockError, MockMachine, Model, Violation, X86Like};
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte};
 use crate::range::PageRange;
@@ -40,6 +40,17 @@ impl<M: Model> core::fmt::Debug for MockSpace<'_, M> {
     }
 }
 
+impl<M: Model> MockSpace<'_, M> {
+    /// A write the machine refused, which `PageTable` has no way to
+    /// report: recorded as a violation (the crate wrote an entry no
+    /// hardware table would take), never dropped silently. Nothing was
+    /// written, so nothing was there to return.
+    fn refused(&self, va: u64, error: MockError) -> Pte {
+        self.machine.record(Violation::RefusedPteWrite { va, error });
+        Pte::EMPTY
+    }
+}
+
 // SAFETY: every operation is one atomic instruction on the modelled PTE
 // (swap, fetch_and, load, store), the same word the simulated hardware
 // updates with its own atomic read-modify-write; `tlb_state` is the state of
@@ -55,7 +66,9 @@ unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
     }
 
     fn exchange(&self, va: u64, new: Pte) -> Pte {
-        self.machine.exchange_pte(&self.mm, va, new).unwrap_or(Pte::EMPTY)
+        self.machine
+            .exchange_pte(&self.mm, va, new)
+            .unwrap_or_else(|error| self.refused(va, error))
     }
 
     fn test_and_clear_accessed(&self, va: u64) -> bool {
@@ -65,7 +78,9 @@ unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
     }
 
     fn set(&self, va: u64, pte: Pte) {
-        let _ = self.machine.set_pte(&self.mm, va, pte);
+        if let Err(error) = self.machine.set_pte(&self.mm, va, pte) {
+            self.refused(va, error);
+        }
     }
 
     fn next_populated(&self, range: PageRange) -> Option<u64> {
