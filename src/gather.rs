@@ -366,10 +366,17 @@ impl<const N: usize> MmuGather<N> {
             }
         }
         if free_tables {
-            while let Some(table) = space.detach_table(range) {
+            loop {
+                // Room first, then the detach: a mid-way completion that
+                // fails (its flush or its sync) returns with the next table
+                // still linked, where a retry finds it, never unlinked and
+                // held by nothing.
                 if self.tables.is_full() {
                     self.complete(arch, space, backing, policy, handback)?;
                 }
+                let Some(table) = space.detach_table(range) else {
+                    break;
+                };
                 // Paging-structure caches may hold the table: its whole
                 // range is flushed before it is freed.
                 self.request
