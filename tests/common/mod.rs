@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod bounded_rmap;
+pub mod gather;
 pub mod pool;
 #[cfg(all(feature = "page-table-multiarch", feature = "mock", target_arch = "x86_64"))]
 pub mod ptm_tables;
