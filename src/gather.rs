@@ -366,6 +366,16 @@ impl<const N: usize> MmuGather<N> {
             }
         }
         if free_tables {
+            // Where the next search starts: past the table detached last,
+            // so that a teardown of T tables costs what it frees, not T
+            // searches from the range's start (a search that finds tables
+            // in address order has nothing left before that table but
+            // tables that are not empty). When that narrower search finds
+            // nothing, one more goes over the whole range (tables of a
+            // level whose span starts before it), and the teardown ends
+            // only when a whole-range search finds none: whatever order a
+            // `TableTeardown` finds tables in, none is left.
+            let mut from = range;
             loop {
                 // Room first, then the detach: a mid-way completion that
                 // fails (its flush or its sync) returns with the next table
@@ -374,8 +384,17 @@ impl<const N: usize> MmuGather<N> {
                 if self.tables.is_full() {
                     self.complete(arch, space, backing, policy, handback)?;
                 }
-                let Some(table) = space.detach_table(range) else {
-                    break;
+                let table = match space.detach_table(from) {
+                    Some(table) => table,
+                    None if from != range => {
+                        from = range;
+                        continue;
+                    }
+                    None => break,
+                };
+                from = match table.range.last() {
+                    Some(last) if !range.after(last).is_empty() => range.after(last),
+                    _ => range,
                 };
                 // Paging-structure caches may hold the table: its whole
                 // range is flushed before it is freed.

@@ -4,6 +4,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::vec::Vec;
 
 use super::{
     lock, DetachedTable, FrameError, FrameState, MmuTable, MockCpu, MockError, MockMachine, MockSpace, Model,
@@ -12,7 +13,7 @@ use super::{
 use crate::arch::Asid;
 use crate::cpuset::CpuId;
 use crate::mm::MmTlbState;
-use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
+use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT};
 use crate::range::PageRange;
 use crate::validate::{check_asid, check_space_va, check_va};
 
@@ -384,12 +385,18 @@ impl<M: Model> MockMachine<M> {
     /// region. The frame stays allocated: the caller frees it when safe.
     pub fn detach_table(&self, mm: &MmTlbState, range: PageRange) -> Option<DetachedTable> {
         let last = range.last()?;
+        // The regions wholly inside the range: from the first that starts
+        // at or after its start, to the last that ends at or before its
+        // last page. Looked up by key, so that a teardown of T tables
+        // costs O(T log T), not a scan of every table per call.
+        let shift = REGION_SHIFT + PAGE_SHIFT;
+        let lo = range.start().div_ceil(1 << shift);
+        let hi = ((last >> PAGE_SHIFT) + 1) >> REGION_SHIFT;
+        if hi == 0 || lo > hi - 1 {
+            return None;
+        }
         let mut leaves = lock(&self.leaf_tables);
-        let key = leaves.keys().copied().find(|&(root, region)| {
-            let first = region << (REGION_SHIFT + PAGE_SHIFT);
-            let table_last = first + ((1u64 << (REGION_SHIFT + PAGE_SHIFT)) - PAGE_SIZE);
-            root == mm.root() && first >= range.start() && table_last <= last
-        })?;
+        let key = *leaves.range((mm.root(), lo)..=(mm.root(), hi - 1)).next()?.0;
         let frame = leaves.remove(&key)?;
         drop(leaves);
         lock(&self.detached).insert(frame);
@@ -397,7 +404,10 @@ impl<M: Model> MockMachine<M> {
         let last_vpn = first_vpn + ((1 << REGION_SHIFT) - 1);
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         if let Some(table) = tables.get_mut(&mm.root()) {
-            table.retain(|vpn, _| !(first_vpn..=last_vpn).contains(vpn));
+            let cleared: Vec<u64> = table.range(first_vpn..=last_vpn).map(|(&vpn, _)| vpn).collect();
+            for vpn in cleared {
+                table.remove(&vpn);
+            }
         }
         Some(DetachedTable {
             frame,
