@@ -153,7 +153,16 @@ impl TlbFlushUnmapBatch {
         targets: (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
     ) {
-        self.record(arch, mm.asid(), page, targets, aged);
+        if !mm.is_kernel() && old.flags().contains(PteFlags::GLOBAL) {
+            // A global entry is no ASID's: a CPU that ran the space at any
+            // time may still hold it, whatever it runs now. Flushed as a
+            // kernel page is, on every online CPU. (Only `add_pending`
+            // gets here: the reverse-map walks refuse such an entry before
+            // they clear it.)
+            self.record(arch, Asid::KERNEL, page, (&arch.online_cpus(), None), None);
+        } else {
+            self.record(arch, mm.asid(), page, targets, aged);
+        }
         self.writable |= old.is_writable() || old.is_dirty();
         mm.note_deferred();
         arch.shootdown_state().count(Counter::PagesDeferred, 1);
@@ -200,16 +209,6 @@ impl TlbFlushUnmapBatch {
         old: Pte,
     ) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
-        if !mm.is_kernel() && old.flags().contains(PteFlags::GLOBAL) {
-            // A global entry is no ASID's: a CPU that ran the space at
-            // any time may still hold it, whatever it runs now. Flushed as
-            // a kernel page is, on every online CPU.
-            self.record(arch, Asid::KERNEL, page, (&arch.online_cpus(), None), None);
-            self.writable |= old.is_writable() || old.is_dirty();
-            mm.note_deferred();
-            arch.shootdown_state().count(Counter::PagesDeferred, 1);
-            return Ok(());
-        }
         let (targets, step) = mm.flush_targets_step(arch);
         self.record_pending(arch, mm, page, old, (&targets, step), None);
         Ok(())

@@ -365,5 +365,10 @@ fn change_protection_keeps_the_kernels_entries_global_where_its_flushes_need_it(
     let writable = |p: Pte| Pte::new(p.frame(), PteFlags::PRESENT | PteFlags::WRITABLE);
     assert_eq!(change_protection(&cpu0, &space, page, writable), Ok(1));
     cpu1.write(KVA, 3).unwrap();
+    // An entry the update clears stays clear: only present entries are
+    // made global.
+    assert_eq!(change_protection(&cpu0, &space, page, |_| Pte::EMPTY), Ok(1));
+    assert_eq!(m.pte(kernel, KVA).unwrap(), Pte::EMPTY);
+    assert!(cpu1.read(KVA).is_err());
     assert_eq!(m.violations(), []);
 }
