@@ -47,6 +47,9 @@ pub struct MmTlbState {
     tlb_gen: AtomicU64,
     batch_pending: AtomicU64,
     batch_flushed: AtomicU64,
+    /// The `batch_pending` count the newest owed flush (a change whose
+    /// shootdown failed) took it to: owed until `batch_flushed` reaches it.
+    owed: AtomicU64,
     /// Whether a deferral was ever noted from outside the crate
     /// ([`note_batched_pending`](Self::note_batched_pending)), with no
     /// generation advance known to follow its PTE clears: then
@@ -84,6 +87,7 @@ impl MmTlbState {
                 tlb_gen: AtomicU64::new(0),
                 batch_pending: AtomicU64::new(0),
                 batch_flushed: AtomicU64::new(0),
+                owed: AtomicU64::new(0),
                 untracked: AtomicBool::new(false),
                 machine: AtomicU64::new(0),
             }
@@ -250,10 +254,10 @@ impl MmTlbState {
     /// Records a deferral whose PTE clears this space's generation was
     /// advanced after (by [`flush_targets`](Self::flush_targets) or
     /// [`advance`](Self::advance)), before this call.
-    pub(crate) fn note_deferred(&self) {
+    pub(crate) fn note_deferred(&self) -> u64 {
         // Releases the PTE clear to a flusher that reads `pending` (loom:
         // model (f) fails when this is Relaxed).
-        self.batch_pending.fetch_add(1, Ordering::SeqCst);
+        self.batch_pending.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     /// Records that a flush of this address space is owed and not yet done
@@ -267,7 +271,17 @@ impl MmTlbState {
         if !self.is_kernel() {
             self.advance(state);
         }
-        self.note_deferred();
+        let counted = self.note_deferred();
+        self.owed.fetch_max(counted, Ordering::SeqCst);
+    }
+
+    /// Whether a change of this space whose shootdown failed is still
+    /// unflushed: a CPU may then hold an entry that allows more than its
+    /// PTE now says (a write through a page made read-only), so a change
+    /// that trusts the PTE flushes the space first
+    /// ([`flush_tlb_batched_pending`]).
+    pub(crate) fn flush_owed(&self) -> bool {
+        self.batch_flushed.load(Ordering::SeqCst) < self.owed.load(Ordering::SeqCst)
     }
 
     /// Identity of this state (its address), to tell address spaces apart

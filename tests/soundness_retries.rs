@@ -81,6 +81,61 @@ fn a_failed_change_is_flushed_by_the_next_change_of_the_address_space() {
     assert_eq!(m.violations(), []);
 }
 
+/// Found by a new user's trial: mprotect (read-write to read-only) whose
+/// shootdown fails leaves CPU 1 a writable entry for a page whose PTE is
+/// now read-only; reclaim then found the PTE read-only and clean, skipped
+/// the flush before the page-out (`flush_dirty`), and started the write
+/// while CPU 1 could still write (`IoWhileWritable`). The unmap now pays
+/// the failed change's owed flush before it clears the entry, with the
+/// plain and the pooled reclaim alike.
+#[test]
+fn reclaim_after_a_failed_mprotect_flushes_the_writable_entry_before_io() {
+    for pooled in [false, true] {
+        let m = MockMachine::new(config(2, 64)).unwrap();
+        let rmap = rmap_of(&m, 1);
+        let space = &rmap.spaces()[0];
+        let f = m.alloc_frame().unwrap();
+        rmap.map(f, 0, va(0), true, MappingFlags::empty()).unwrap();
+        // CPU 1 reads: its entry allows writes, the PTE stays clean.
+        touch(&m, &rmap, 1, 0, va(0), false);
+        let cpu0 = m.cpu(0).unwrap();
+        let read_only = |p: Pte| Pte(p.0 & !PteFlags::WRITABLE.bits());
+        let failed = cpu0
+            .in_shootdown(|| change_protection(&cpu0, space, pages(0, 1), read_only))
+            .unwrap();
+        assert!(matches!(failed, Err(Error::ShootdownReentered { .. })));
+        // The page is dirty by other means (a write(2) into the page
+        // cache): reclaim must write it out.
+        rmap.set_dirty(f);
+        let mut kernel = MockKernel::new(&rmap);
+        let mut batch = UnmapBatch::<4>::new();
+        let mut verdicts = Vec::new();
+        if pooled {
+            let mut pool = tlb_batch::FramePool::<8>::new();
+            tlb_batch::shrink_page_list_pooled(
+                &cpu0,
+                &rmap,
+                &mut kernel,
+                &mut batch,
+                &mut pool,
+                [owned(f)],
+                &mut |_, v| verdicts.push(v),
+            )
+            .unwrap();
+            let mut released = pool.flush(&cpu0).unwrap();
+            kernel.free_batch(released.frames_mut());
+        } else {
+            shrink_page_list(&cpu0, &rmap, &mut kernel, &mut batch, [owned(f)], &mut |_, v| {
+                verdicts.push(v)
+            })
+            .unwrap();
+        }
+        assert_eq!(kernel.page_outs, 1, "pooled {pooled}: {verdicts:?}");
+        assert!(m.cpu(1).unwrap().write(va(0), 9).is_err(), "pooled {pooled}");
+        assert_eq!(m.violations(), [], "pooled {pooled}");
+    }
+}
+
 /// Counts what the kernel's migration services were asked to do.
 struct Counting<'k, 'r, 'm> {
     kernel: MockKernel<'r, 'm>,

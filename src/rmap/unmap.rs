@@ -10,6 +10,7 @@ use super::{Mapping, MappingFlags, PageTable, Rmap, TtuFlags};
 use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
 use crate::cpuset::CpuSet;
+use crate::mm::flush_tlb_batched_pending;
 use crate::pte::{Frame, Pte};
 use crate::request::FlushRequest;
 use crate::shootdown::shootdown;
@@ -83,6 +84,16 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     let mm = m.space.tlb_state();
     let page = batch.check_add(arch, mm, m.va).map_err(|e| (false, e))?;
     let me = arch.current_cpu().map_err(|e| (false, e))?;
+    // A change of this space whose flush failed (a `change_protection`
+    // that returned its error) may have left a CPU an entry that allows
+    // more than the PTE says: writable where the PTE is now read-only.
+    // What this unmap records (whether a writable entry survives, so that
+    // `flush_dirty` must flush before a write-out) is judged by the PTE,
+    // so that flush comes first, as every later change of the space owes
+    // it; an error stops here, nothing changed for this mapping.
+    if mm.flush_owed() {
+        flush_tlb_batched_pending(arch, mm).map_err(|e| (false, e))?;
+    }
     let current = m.space.lookup(m.va);
     let replacement = if poisoned {
         Pte::hwpoison(frame)
@@ -198,9 +209,13 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
 /// miss the calling CPU (it is not online, or loaded a mapping's address
 /// space without [`switch_mm`](crate::switch_mm)), the error of
 /// [`Arch::current_cpu`] when it cannot tell the CPU. During the walk:
-/// [`Error::ShootdownReentered`] from an immediate flush
-/// (or a check failing on a mapping that appeared meanwhile); the walk stops
-/// there, and what it cleared is in `batch`.
+/// [`Error::ShootdownReentered`] from an immediate flush, or from the
+/// flush a mapping's space still owes for a change whose shootdown failed
+/// (a [`change_protection`](crate::change_protection) that returned its
+/// error: it is paid before that mapping is cleared, since a CPU may hold
+/// an entry that allows more than the PTE says), or a check failing on a
+/// mapping that appeared meanwhile; the walk stops there, and what it
+/// cleared is in `batch`.
 pub fn try_to_unmap<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
