@@ -121,6 +121,15 @@ pub enum Error {
         /// The CPU index.
         cpu: usize,
     },
+    /// [`prepare_cpu_online`](crate::prepare_cpu_online) on a CPU that is
+    /// online already: it would forget the address space the CPU runs and
+    /// the ASIDs it caches entries of, and flushes would then skip the CPU
+    /// while it still uses them. Nothing changed; call it only on a CPU's
+    /// way back, before it joins [`Arch::online_cpus`](crate::Arch::online_cpus).
+    AlreadyOnline {
+        /// The CPU index.
+        cpu: usize,
+    },
     /// A CPU's removal from the online set did not take it out of the set
     /// [`Arch::online_cpus`](crate::Arch::online_cpus) reads: shootdowns
     /// still target it, so it must keep serving them, not park. Nothing
@@ -299,6 +308,12 @@ impl fmt::Display for Error {
                 write!(
                     f,
                     "CPU {cpu} has the address space's root loaded without switch_mm"
+                )
+            }
+            Error::AlreadyOnline { cpu } => {
+                write!(
+                    f,
+                    "CPU {cpu} is online already: it cannot be prepared to come online"
                 )
             }
             Error::CpuStillOnline { cpu } => {

@@ -501,11 +501,16 @@ fn check_loaded<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<CpuId, Error> {
 /// reach and skip. The CPU loads an address space with [`switch_mm`]
 /// afterwards, as usual.
 ///
-/// Errors: the error of [`Arch::current_cpu`] when the CPU cannot be
-/// told; nothing is flushed or forgotten, and the CPU must not join.
+/// Errors, with nothing flushed or forgotten: the error of
+/// [`Arch::current_cpu`] when the CPU cannot be told (it must not join);
+/// [`Error::AlreadyOnline`] when it is in [`Arch::online_cpus`] already
+/// (forgetting what it runs would let flushes skip it while it uses it).
 pub fn prepare_cpu_online<A: Arch>(arch: &A) -> Result<(), Error> {
     let state = arch.shootdown_state();
     let me = arch.current_cpu()?;
+    if arch.online_cpus().contains(me) {
+        return Err(Error::AlreadyOnline { cpu: me.index() });
+    }
     flush_local_all_as_pass(arch, me, true);
     state.clear_loaded_asid(me);
     state.set_lazy(me, false);

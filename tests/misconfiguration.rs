@@ -470,3 +470,36 @@ fn the_mock_forgets_exactly_the_epochs_a_write_invalidates() {
     assert_eq!(rmap.aged_epoch(frames[3]), None);
     assert!(rmap.aged_epoch(frames[2]).is_some(), "its bit was clear");
 }
+
+/// Found by a new user's trial: `prepare_cpu_online` on a CPU that is
+/// online and runs an address space answered `Ok` and forgot what the CPU
+/// ran, so a batch's flush then skipped it (`FreedWhileCached`, then
+/// `WriteToFreeFrame`). It is refused with nothing forgotten, and the
+/// flush reaches the CPU.
+#[test]
+fn preparing_an_online_cpu_to_come_online_is_refused() {
+    let m = MockMachine::new(config(2, 16)).unwrap();
+    let (rmap, f) = one_page(&m);
+    let mm = rmap.spaces()[0].mm();
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    cpu1.switch_to(mm).unwrap();
+    cpu1.write(va(0), 1).unwrap();
+    assert_eq!(
+        tlb_batch::prepare_cpu_online(&cpu1),
+        Err(Error::AlreadyOnline { cpu: 1 })
+    );
+    assert_eq!(check_cpu_state(&cpu1, mm), Ok(()), "nothing was forgotten");
+    let old = m.clear_pte(mm, va(0)).unwrap();
+    let mut batch = TlbFlushUnmapBatch::new();
+    batch.add_pending(&cpu0, mm, va(0), old).unwrap();
+    assert_eq!(batch.flush(&cpu0).unwrap().remote_cpus, 1);
+    rmap.remove_frame(f);
+    m.free_frame(f).unwrap();
+    assert!(cpu1.write(va(0), 2).is_err());
+    assert_eq!(m.violations(), []);
+    // The way back still works: offline, then prepared and joined.
+    cpu1.go_offline();
+    cpu1.come_online();
+    assert!(m.online().contains(cpu1.id()));
+    assert_eq!(m.violations(), []);
+}

@@ -323,8 +323,9 @@ impl Aarch64 {
     /// CPU is a local flush, which does not.)
     ///
     /// Errors: [`Error::UnregisteredCpu`] (with the packed affinity) when
-    /// this CPU's MPIDR is not in the table; nothing changes, and the CPU
-    /// must not run crate code.
+    /// this CPU's MPIDR is not in the table, [`Error::AlreadyOnline`] when
+    /// it is online already; nothing changes, and the CPU must not run
+    /// crate code (an online one goes on as it was).
     pub fn bring_online(&self) -> Result<CpuId, Error> {
         // SAFETY: EL1 (constructor contract).
         let mpidr = unsafe { read_mpidr_el1() };

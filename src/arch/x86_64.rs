@@ -288,8 +288,9 @@ impl X86_64 {
     /// Errors: [`Error::UnregisteredCpu`] when this CPU's APIC ID is not in
     /// the table; [`Error::CpuIndexMismatch`] when the kernel's index
     /// ([`with_cpu_index`](Self::with_cpu_index)) names another CPU than
-    /// the one this APIC ID is registered as. Nothing changes, and the CPU
-    /// must not run crate code.
+    /// the one this APIC ID is registered as; [`Error::AlreadyOnline`] when
+    /// the CPU is online already. Nothing changes, and the CPU must not run
+    /// crate code (an online one goes on as it was).
     pub fn bring_online(&self) -> Result<CpuId, Error> {
         let apic_id = self.apic.id();
         let cpu = self

@@ -127,8 +127,13 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// [`prepare_cpu_online`](crate::prepare_cpu_online) (everything it
     /// cached while away goes), then joins the online set; it runs no
     /// address space until it switches to one, and is not lazy (its TLB
-    /// holds nothing the oracle could still hold against it).
+    /// holds nothing the oracle could still hold against it). On a CPU
+    /// that is online already it does nothing (the crate refuses to
+    /// prepare one: [`Error::AlreadyOnline`]).
     pub fn come_online(&self) {
+        if self.machine.online.contains(self.id, Ordering::SeqCst) {
+            return;
+        }
         // The mock always tells its CPU: this cannot fail.
         let _ = crate::mm::prepare_cpu_online(self);
         *lock(&self.state().loaded) = None;
