@@ -396,10 +396,14 @@ impl<M: Model> MockMachine<M> {
             return None;
         }
         let mut leaves = lock(&self.leaf_tables);
-        let key = *leaves.range((mm.root(), lo)..=(mm.root(), hi - 1)).next()?.0;
-        let frame = leaves.remove(&key)?;
-        drop(leaves);
+        let (&key, &frame) = leaves.range((mm.root(), lo)..=(mm.root(), hi - 1)).next()?;
+        // Detached before it is unlinked, under the leaf tables' lock: a
+        // walk through a CPU's cached pointer that finds the table no
+        // longer linked must find it detached (it was judged freed in that
+        // window, a false violation a new user's threaded trial hit).
         lock(&self.detached).insert(frame);
+        leaves.remove(&key);
+        drop(leaves);
         let first_vpn = key.1 << REGION_SHIFT;
         let last_vpn = first_vpn + ((1 << REGION_SHIFT) - 1);
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
