@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::gather::{setup, tear_down};
 use common::{asid, config, va, within};
-use tlb_batch::arch::mock::{BroadcastTlbi, FrameState, MockKernel, MockMachine, MockRmap, Violation};
+use tlb_batch::arch::mock::{BroadcastTlbi, Fault, FrameState, MockKernel, MockMachine, MockRmap, Violation};
 use tlb_batch::{
     Error, Frame, FrameKind, MappingFlags, MmuGather, PageGather, TableFreePolicy, TlbFlushUnmapBatch,
     TtuFlags,
@@ -414,4 +414,19 @@ fn a_failed_ipi_sync_keeps_the_tables_and_owes_no_flush() {
     );
     assert_eq!(again, Ok(tlb_batch::TeardownSummary::default()));
     assert_eq!(m.violations(), []);
+}
+
+/// A lockless walk on a machine with synchronous delivery (the default)
+/// is refused: interrupts held off are not modelled there, so an IPI sync
+/// would return while the walk still runs (a new user's trial: `Ok`, then
+/// `TableFreedUnderWalker`). Nothing starts.
+#[test]
+fn a_lockless_walk_needs_threaded_delivery() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let _mapped = setup(&m, 0, 1, &[1]);
+    let cpu1 = m.cpu(1).unwrap();
+    let refused = cpu1.begin_lockless_walk(va(0));
+    assert!(matches!(refused, Err(Fault::SynchronousDelivery)));
+    assert!(cpu1.interrupts_enabled());
+    assert!(m.lockless_walkers().is_empty());
 }

@@ -36,6 +36,13 @@ pub enum Fault {
         /// The refused address.
         va: u64,
     },
+    /// [`MockCpu::begin_lockless_walk`](super::MockCpu::begin_lockless_walk)
+    /// on a machine with synchronous delivery (the default): a lockless
+    /// walk holds interrupts off, which only threaded delivery models
+    /// ([`MockConfig::threaded`](super::MockConfig::threaded)). With IPIs
+    /// run at once, an IPI sync would return while the walk still runs,
+    /// and a table freed after it would be reported as freed under it.
+    SynchronousDelivery,
 }
 
 /// Why a machine-level operation was refused.

@@ -5,7 +5,7 @@ use core::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::vec::Vec;
 
-use super::{lock, Fault, MockCpu, MockMachine, Model, X86Like};
+use super::{lock, Delivery, Fault, MockCpu, MockMachine, Model, X86Like};
 use crate::cpuset::CpuId;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte};
@@ -34,8 +34,14 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// address space, the way Linux's fast GUP walks: interrupts off, no
     /// lock, so that only an IPI sync or a grace period can tell when it is
     /// over. The walk lasts until the returned guard is dropped. Errors:
-    /// [`Fault::NotMapped`] when no table maps `va`.
+    /// [`Fault::NotMapped`] when no table maps `va`;
+    /// [`Fault::SynchronousDelivery`] on a machine whose IPIs are delivered
+    /// synchronously, which does not model interrupts held off (use
+    /// [`MockConfig::threaded`](super::MockConfig::threaded)).
     pub fn begin_lockless_walk(&self, va: u64) -> Result<LocklessWalk<'m, M>, Fault> {
+        if self.machine.config.delivery == Delivery::Synchronous {
+            return Err(Fault::SynchronousDelivery);
+        }
         let mm = self.current_mm().ok_or(Fault::NotMapped { va })?;
         let table = self.machine.leaf_table(&mm, va).ok_or(Fault::NotMapped { va })?;
         self.disable_interrupts();
