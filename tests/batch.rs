@@ -340,6 +340,35 @@ fn bad_input_is_an_error_and_changes_nothing() {
     assert!(matches!(m.cpu(2), Err(Error::CpuOutOfRange { cpu: 2, limit: 2 })));
     assert!(MockMachine::new(config(0, 64)).is_err());
     assert!(MockMachine::new(config(tlb_batch::MAX_CPUS + 1, 64)).is_err());
+    // Widths no hardware has (a new user's trial built machines with
+    // these): refused, not clamped or run.
+    for (va_bits, asid_bits) in [
+        (0, 12),
+        (13, 12),
+        (31, 12),
+        (65, 12),
+        (200, 12),
+        (48, 17),
+        (48, 64),
+    ] {
+        let refused = MockMachine::new(MockConfig {
+            va_bits,
+            asid_bits,
+            ..config(2, 64)
+        });
+        assert!(
+            matches!(refused, Err(Error::FeatureUnavailable { supported: false, .. })),
+            "va_bits {va_bits}, asid_bits {asid_bits}"
+        );
+    }
+    for (va_bits, asid_bits) in [(32, 0), (39, 8), (48, 12), (57, 16), (64, 16)] {
+        let built = MockMachine::new(MockConfig {
+            va_bits,
+            asid_bits,
+            ..config(2, 64)
+        });
+        assert!(built.is_ok(), "va_bits {va_bits}, asid_bits {asid_bits}");
+    }
     assert_eq!(
         tlb_batch::PageRange::from_bounds(va(2), va(1)),
         Err(Error::InvalidRange {

@@ -129,12 +129,27 @@ impl MockMachine<X86Like> {
 
 impl<M: Model> MockMachine<M> {
     /// A machine of model `M`. Errors: [`Error::CpuOutOfRange`] when
-    /// `config.cpus` is 0 or above [`MAX_CPUS`].
+    /// `config.cpus` is 0 or above [`MAX_CPUS`];
+    /// [`Error::FeatureUnavailable`] (`supported: false`) for an address
+    /// width outside 32 to 64 bits or an ASID wider than 16 bits, which no
+    /// hardware the crate runs on has (the crate's ASIDs are 16 bits).
     pub fn with_model(config: MockConfig) -> Result<Self, Error> {
         if config.cpus == 0 || config.cpus > MAX_CPUS {
             return Err(Error::CpuOutOfRange {
                 cpu: config.cpus,
                 limit: MAX_CPUS,
+            });
+        }
+        if !(32..=64).contains(&config.va_bits) {
+            return Err(Error::FeatureUnavailable {
+                feature: "a virtual-address width of 32 to 64 bits (MockConfig::va_bits)",
+                supported: false,
+            });
+        }
+        if config.asid_bits > 16 {
+            return Err(Error::FeatureUnavailable {
+                feature: "an ASID width of at most 16 bits (MockConfig::asid_bits)",
+                supported: false,
             });
         }
         let cpus = (0..config.cpus)
