@@ -75,7 +75,11 @@ pub struct ReclaimSummary {
     pub paged_out: usize,
     /// Shootdowns done: at most two (the dirty flush before the first
     /// page-out, and the flush before freeing; with a pool, the pool's
-    /// flush instead of the latter).
+    /// flush instead of the latter). Not counted here: the flush an
+    /// address space still owed for a change whose shootdown failed, which
+    /// [`try_to_unmap`](crate::try_to_unmap) pays before it clears an entry
+    /// of that space (the machine's
+    /// [`TlbStatsSnapshot`](crate::TlbStatsSnapshot) counts it).
     pub shootdowns: usize,
     /// IPIs those shootdowns sent.
     pub ipis_sent: usize,
