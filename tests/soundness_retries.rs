@@ -132,6 +132,18 @@ fn reclaim_after_a_failed_mprotect_flushes_the_writable_entry_before_io() {
         }
         assert_eq!(kernel.page_outs, 1, "pooled {pooled}: {verdicts:?}");
         assert!(m.cpu(1).unwrap().write(va(0), 9).is_err(), "pooled {pooled}");
+        // Paid once: a later unmap in the space defers its flush again,
+        // with no shootdown of its own.
+        let g = m.alloc_frame().unwrap();
+        rmap.map(g, 0, va(1), true, MappingFlags::empty()).unwrap();
+        touch(&m, &rmap, 1, 0, va(1), false);
+        let before = m.stats();
+        let mut later = tlb_batch::TlbFlushUnmapBatch::new();
+        let ttu = tlb_batch::TtuFlags::BATCH_FLUSH;
+        let got = tlb_batch::try_to_unmap(&cpu0, &rmap, g, ttu, &mut later).unwrap();
+        assert!(got.is_unmapped(), "{got:?}");
+        assert_eq!(m.stats().since(&before).shootdowns, 0, "pooled {pooled}");
+        later.flush(&cpu0).unwrap();
         assert_eq!(m.violations(), [], "pooled {pooled}");
     }
 }
