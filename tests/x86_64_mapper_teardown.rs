@@ -355,3 +355,64 @@ fn detach_table_refuses_a_range_with_an_end_in_the_hole() {
     let upper = pages_through(UPPER, UPPER + GIB - PAGE_SIZE);
     assert_eq!(detach_all(&space, upper), want[1]);
 }
+
+/// A teardown of many tables searches on from the table it found last,
+/// not from the range's start each time (which cost O(T^2) entry reads
+/// for T tables: 6.4 us per table at 2,048 tables against 1.2 us at 256,
+/// `examples/teardown_cost.rs`), and still frees the upper-level tables
+/// whose span starts before where its last search began. One page in
+/// each of 1,024 leaf tables (two level-2 tables' worth), and a range that
+/// ends 2 MiB past them, where nothing is mapped.
+#[test]
+fn a_teardown_searches_on_from_its_last_table_and_frees_every_level() {
+    use tlb_batch::arch::mock::CountingTable;
+    let mut t = Tables::new();
+    let (m, mm) = machine_with(2, &t);
+    let base = 4 * GIB;
+    let (mut mapper, mut pool) = t.mapper();
+    for i in 0..1024 {
+        let f = m.alloc_frame().unwrap();
+        map::<Size4KiB>(&mut mapper, &mut pool, base + i * MIB2, f.addr(), user_rw());
+    }
+    let (mut mapper, _) = t.mapper();
+    // SAFETY: each mapped frame's claim is the test's, handed over here,
+    // and no table is shared with another address space.
+    let space = CountingTable::new(unsafe { OffsetSpace::new(&mut mapper, &mm).for_teardown() });
+    let mut backing = Backing {
+        machine: &m,
+        dirty: Vec::new(),
+        freed: Vec::new(),
+        tables: Vec::new(),
+    };
+    let range = PageRange::from_bounds(base, base + 2 * GIB + MIB2).unwrap();
+    let summary = MmuGather::<64>::new()
+        .unmap_range(
+            &m.cpu(0).unwrap(),
+            &space,
+            &mut backing,
+            range,
+            true,
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("nothing refused"),
+        )
+        .unwrap();
+    assert_eq!(
+        summary.tables_freed,
+        1024 + 2,
+        "every leaf table and both level-2 tables"
+    );
+    let searches = space.detach_searches();
+    // One search per table found, and three that find none: past the last
+    // leaf table (then the whole range again, which finds the first
+    // level-2 table), past the last level-2 table, and the whole range at
+    // the end.
+    assert_eq!(searches.len(), 1024 + 2 + 3);
+    let whole = searches.iter().filter(|s| **s == range).count();
+    assert!(whole <= 3, "{whole} searches of the whole range");
+    // After the first, each leaf table's search starts past the last one.
+    assert!(searches[1..1024]
+        .iter()
+        .enumerate()
+        .all(|(i, s)| s.start() == base + (i as u64 + 1) * MIB2));
+    assert_eq!(m.violations(), []);
+}

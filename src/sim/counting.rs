@@ -2,7 +2,8 @@
 //! test or a benchmark sees what an operation costs in page-table work,
 //! independently of time.
 
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
+use std::vec::Vec;
 
 use crate::gather::{DetachedTable, TableTeardown};
 use crate::mm::MmTlbState;
@@ -21,6 +22,7 @@ pub struct CountingTable<P> {
     inner: P,
     calls: Cell<u64>,
     budget: u64,
+    searches: RefCell<Vec<PageRange>>,
 }
 
 impl<P: PageTable> CountingTable<P> {
@@ -36,7 +38,14 @@ impl<P: PageTable> CountingTable<P> {
             inner,
             calls: Cell::new(0),
             budget,
+            searches: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The ranges [`detach_table`](TableTeardown::detach_table) was asked
+    /// to search, in order (how a teardown's table searches add up).
+    pub fn detach_searches(&self) -> Vec<PageRange> {
+        self.searches.borrow().clone()
     }
 
     /// Calls so far.
@@ -117,6 +126,7 @@ unsafe impl<P: PageTable> PageTable for CountingTable<P> {
 unsafe impl<P: TableTeardown> TableTeardown for CountingTable<P> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
         self.tick();
+        self.searches.borrow_mut().push(range);
         self.inner.detach_table(range)
     }
 }
