@@ -71,8 +71,13 @@ FAIL=35 # (0x11 << 1) | 1
 # TCG: a switch flushes by its CR3 write, so it counts no catch-up).
 generations_counted() {
     local aps=$(($1 - 1)) want
+    # How many reads went through the APs' stale entries varies (a TLB
+    # may drop an entry at any time, and QEMU's does): at least one.
+    if ! grep -qxE "scenario pooled reclaim flow: PASS \(16 pages pooled with 0 IPIs, then read through the APs' TLBs [1-9][0-9]* of $((16 * aps)) times, frames intact: true; 0 released before the APs flushed; after a quiescent flush on $aps APs, 16 released by passes with 0 IPIs sent and 0 taken; 16 more pooled, AP 1 switched away, a forced flush sent $((aps - 1)) IPIs \($((aps - 1)) taken\) and released 16; stale: 0 reads after the flushes\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu generations, $1 cpus: missing the pooled reclaim flow's line with these counts"
+    fi
     for want in \
-        "scenario pooled reclaim flow: PASS (16 pages pooled with 0 IPIs, then read through the APs' TLBs $((16 * aps)) of $((16 * aps)) times, frames intact: true; 0 released before the APs flushed; after a quiescent flush on $aps APs, 16 released by passes with 0 IPIs sent and 0 taken; 16 more pooled, AP 1 switched away, a forced flush sent $((aps - 1)) IPIs ($((aps - 1)) taken) and released 16; stale: 0 reads after the flushes)" \
         "scenario generations: PASS (AP 1 on A: a flush of A sent 1 IPI (1 taken); AP 1 switched to B: 0 IPIs (0 taken), catch-ups when back on A: 0 (no PCIDs: the CR3 write of the switch flushed A); AP 1 lazy on A: 0 IPIs (0 taken), catch-ups at leave_lazy_tlb: 1; stale: 0 reads of an old frame)" \
         "generations: PCID entries kept across a CR3 write: not applicable (PCIDs off: every CR3 write drops the non-global entries)"; do
         if ! grep -qxF -- "$want" "$log"; then

@@ -153,7 +153,12 @@ pub fn scenario_pooled_reclaim() -> bool {
     let ok = warm == full
         && pooled == PAGES
         && pooled_ipis == 0
-        && cached == full
+        // Some, not necessarily all: a TLB may drop an entry whenever it
+        // likes, and QEMU's does (its direct-mapped softmmu TLB shrinks
+        // with use, and the kernel's own pages then evict some of these:
+        // 41 of 48 in some 4-CPU runs). What matters is that the APs
+        // could still read pooled frames, which `kept` and `early` judge.
+        && cached > 0
         && kept
         && early == 0
         && quiesced == n_aps
