@@ -3,6 +3,10 @@
 //! registration and the all-but-self shorthand are tested in
 //! `x86_64_cpus.rs`). The instructions themselves run in the QEMU and
 //! Bochs test kernels (`qemu-test/`).
+//!
+//! This file is `x86_64.rs`'s `#[cfg(test)]` module (included by
+//! `#[path]`), compiled into the test harness only: its `unwrap`s are test
+//! assertions on values each test built itself, not library code.
 use super::*;
 
 #[test]
