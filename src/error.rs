@@ -164,10 +164,17 @@ pub enum Error {
         /// The running CPU.
         cpu: usize,
     },
-    /// A 2 MiB or 1 GiB page maps part of a range that is changed 4 KiB
-    /// entry by 4 KiB entry (a teardown through `mapper::OffsetTeardown`
-    /// of the feature `x86_64-mapper`): split or unmap it first. Nothing
-    /// changed.
+    /// A 2 MiB or 1 GiB page (an arm64 block) maps an address that an
+    /// operation changes 4 KiB entry by 4 KiB entry: a range of
+    /// [`change_protection`](crate::change_protection) or
+    /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) (through a
+    /// table whose [`PageTable::check_range`](crate::PageTable::check_range)
+    /// refuses it, as the `mapper` and `ptm` adapters' do), or a mapping a
+    /// reverse-map walk ([`try_to_unmap`](crate::try_to_unmap),
+    /// [`page_referenced`](crate::page_referenced),
+    /// [`migrate_pages`](crate::migrate_pages)) met, whose
+    /// [`PageTable::entry_size`](crate::PageTable::entry_size) is huge.
+    /// Split or unmap the huge page first. Nothing changed.
     HugePage {
         /// The first address the huge page maps.
         va: u64,

@@ -198,6 +198,7 @@ pub mod mapper;
 mod migrate;
 mod mm;
 mod mprotect;
+mod page_size;
 mod percpu;
 pub mod pool;
 mod pte;
@@ -261,6 +262,7 @@ pub use mm::{
     prepare_cpu_online, switch_mm, MmTlbState,
 };
 pub use mprotect::change_protection;
+pub use page_size::PageSize;
 pub use percpu::TlbShootdown;
 pub use pool::{quiescent_flush, FramePool, PoolRefusal, PoolReleases, POOL_GENERATIONS};
 pub use pte::{check_aligned, Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};

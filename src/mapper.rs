@@ -28,10 +28,14 @@
 //!   piece at the address, so no frame of it is ever believed unmapped and
 //!   freed) but never changed: [`exchange`](PageTable::exchange),
 //!   [`clear`](PageTable::clear) and [`set`](PageTable::set) leave it
-//!   alone (an exchange answers [`Pte::EMPTY`]: no 4 KiB entry was removed,
-//!   so nothing is freed and [`try_to_unmap`](crate::try_to_unmap) answers
-//!   [`SwapResult::Again`](crate::SwapResult::Again)).
-//!   [`OffsetSpace::check_no_huge`] refuses a range holding one with
+//!   alone (an exchange answers [`Pte::EMPTY`]: no 4 KiB entry was
+//!   removed, so nothing is freed). Its size is the answer of
+//!   [`entry_size`](PageTable::entry_size), and the reverse-map walks
+//!   ([`try_to_unmap`](crate::try_to_unmap),
+//!   [`page_referenced`](crate::page_referenced),
+//!   [`migrate_pages`](crate::migrate_pages)) refuse a frame it maps with
+//!   [`Error::HugePage`](crate::Error::HugePage) before they change
+//!   anything. [`OffsetSpace::check_no_huge`] refuses a range holding one with
 //!   [`MapperError::HugePage`] (it converts into the crate's
 //!   [`Error`](crate::Error)), and the range operations,
 //!   [`change_protection`](crate::change_protection) and a teardown

@@ -38,9 +38,12 @@
 //!   [`lookup`](PageTable::lookup) (the 4 KiB piece at the address, so no
 //!   frame of it is believed unmapped and freed) but never changed:
 //!   [`exchange`](PageTable::exchange) answers [`Pte::EMPTY`] (nothing
-//!   was removed, so [`try_to_unmap`](crate::try_to_unmap) answers
-//!   [`SwapResult::Again`](crate::SwapResult::Again)), and
-//!   [`set`](PageTable::set) leaves it alone. [`PtmSpace::check_no_huge`]
+//!   was removed), and [`set`](PageTable::set) leaves it alone. Its size
+//!   is the answer of [`entry_size`](PageTable::entry_size), and the
+//!   reverse-map walks ([`try_to_unmap`](crate::try_to_unmap),
+//!   [`page_referenced`](crate::page_referenced),
+//!   [`migrate_pages`](crate::migrate_pages)) refuse a frame it maps with
+//!   [`Error::HugePage`] before anything changes. [`PtmSpace::check_no_huge`]
 //!   refuses a range holding one with [`Error::HugePage`], and is the
 //!   table's [`check_range`](PageTable::check_range): the range operations
 //!   ([`change_protection`](crate::change_protection), a teardown through

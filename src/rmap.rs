@@ -12,6 +12,7 @@
 use core::ops::ControlFlow;
 
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte};
 use crate::range::PageRange;
 
@@ -57,6 +58,10 @@ bitflags::bitflags! {
 ///
 /// - [`next_populated`](PageTable::next_populated) never skips an entry
 ///   that is not empty (a present PTE, or a migration or hwpoison entry);
+/// - [`entry_size`](PageTable::entry_size) answers the huge page's size
+///   wherever a huge entry maps the address (the default's 4 KiB is right
+///   only for a table without huge entries), so that no walk changes one
+///   piece of an entry all of whose pieces share its bits;
 /// - [`with_table_locked`](PageTable::with_table_locked) calls its `body`
 ///   exactly once, and a kernel with split page-table locks holds there the
 ///   same lock its reverse-map walk ([`Rmap::walk`]) holds for entries of
@@ -101,6 +106,23 @@ pub unsafe trait PageTable {
     /// [`lookup`](Self::lookup) per page.
     fn next_populated(&self, range: PageRange) -> Option<u64> {
         range.last().map(|_| range.start())
+    }
+
+    /// The size of the entry that maps `va`: [`PageSize::SIZE_4K`] for a
+    /// base-page entry (and where nothing is mapped), the huge page's size
+    /// where a 2 MiB or 1 GiB entry (an arm64 block) maps it.
+    ///
+    /// The reverse-map operations ([`try_to_unmap`], [`page_referenced`],
+    /// [`migrate_pages`](crate::migrate_pages)) ask it for every mapping
+    /// before any entry changes, and refuse a mapping through a huge entry
+    /// with [`Error::HugePage`](crate::Error::HugePage): they change 4 KiB
+    /// entries, and one 4 KiB piece of a huge entry cannot be unmapped, aged
+    /// or migrated on its own (the kernel splits the huge page first). The
+    /// default answers 4 KiB everywhere: right for a table without huge
+    /// pages, and what every table written before this method answered.
+    fn entry_size(&self, va: u64) -> PageSize {
+        let _ = va;
+        PageSize::SIZE_4K
     }
 
     /// Refuses `range` before a range operation

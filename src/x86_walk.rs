@@ -25,6 +25,7 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::gather::DetachedTable;
+use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 use crate::range::{is_canonical, PageRange};
 
@@ -217,6 +218,18 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
             Slot::Absent { .. } => Pte::EMPTY,
             Slot::Page { entry, .. } => Pte(entry.load(Ordering::SeqCst)),
             Slot::Huge { entry, level } => Self::huge_piece(entry.load(Ordering::SeqCst), level, va),
+        }
+    }
+
+    /// The size of the entry that maps `va`: the huge page's where a
+    /// level-3 or level-2 entry with the page-size bit maps it, 4 KiB
+    /// otherwise (a leaf entry, or nothing mapped).
+    pub(crate) fn entry_size(&self, va: u64) -> PageSize {
+        match self.slot(va) {
+            // `slot` answers `Huge` at levels 3 and 2 only.
+            Slot::Huge { level: 3, .. } => PageSize::SIZE_1G,
+            Slot::Huge { .. } => PageSize::SIZE_2M,
+            Slot::Absent { .. } | Slot::Page { .. } => PageSize::SIZE_4K,
         }
     }
 
@@ -413,6 +426,10 @@ macro_rules! walk_table_ops {
 
         fn next_populated(&self, range: $crate::PageRange) -> Option<u64> {
             self.$walk().next_populated(range)
+        }
+
+        fn entry_size(&self, va: u64) -> $crate::PageSize {
+            self.$walk().entry_size(va)
         }
     };
 }

@@ -276,10 +276,10 @@ fn a_huge_page_is_refused_and_never_changed() {
     rmap.add(Frame(0x205), &space, inside, RmapFlags::empty())
         .unwrap();
     let mut batch = TlbFlushUnmapBatch::new();
-    let result = try_to_unmap(&cpu0, &rmap, Frame(0x205), TtuFlags::BATCH_FLUSH, &mut batch).unwrap();
-    assert_eq!(result, SwapResult::Again);
+    let result = try_to_unmap(&cpu0, &rmap, Frame(0x205), TtuFlags::BATCH_FLUSH, &mut batch);
+    assert_eq!(result, Err(refused), "a piece of a huge page is not unmapped alone");
     assert_eq!(space.lookup(inside), before);
-    assert!(batch.is_empty());
+    assert!(batch.is_empty() && !mm.batched_flush_pending());
     assert_eq!(m.violations(), []);
 }
 

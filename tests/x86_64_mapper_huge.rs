@@ -16,7 +16,7 @@ use common::x86_tables::{machine_with, map, upper_entry, user_rw, Pages, Tables,
 use tlb_batch::mapper::{MapperError, OffsetSpace};
 use tlb_batch::{
     change_protection, try_to_unmap, BoundedRmap, Frame, MappingFlags, MmTlbState, PageRange, PageTable, Pte,
-    PteFlags, SwapResult, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
+    PteFlags, TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
 };
 use x86_64::structures::paging::{PageTable as X86Table, PageTableFlags as F, Size1GiB, Size2MiB, Size4KiB};
 use x86_64::{PhysAddr, VirtAddr};
@@ -93,7 +93,8 @@ fn huge_pages_are_reported_present_refused_and_never_changed() {
     assert!(!space.lookup(two).is_accessed() && !space.test_and_clear_accessed(two));
 
     // The crate's drivers: a frame inside the huge page is never believed
-    // unmapped, and a protection change leaves the page as it is.
+    // unmapped (its unmap is refused, tests/huge_rmap.rs has the rest), and
+    // a protection change leaves the page as it is.
     let pages = Pages::default();
     // SAFETY: the one mapping is added before the crate walks.
     let mut rmap: BoundedRmap<'_, OffsetSpace<'_>, Pages, 4> = unsafe { BoundedRmap::new(&pages) };
@@ -102,9 +103,13 @@ fn huge_pages_are_reported_present_refused_and_never_changed() {
         .unwrap();
     let cpu0 = m.cpu(0).unwrap();
     let mut batch = TlbFlushUnmapBatch::new();
-    let r = try_to_unmap(&cpu0, &rmap, inside, TtuFlags::BATCH_FLUSH, &mut batch).unwrap();
-    assert_eq!(r, SwapResult::Again);
+    let r = try_to_unmap(&cpu0, &rmap, inside, TtuFlags::BATCH_FLUSH, &mut batch);
+    assert_eq!(r, Err(tlb_batch::Error::HugePage { va: two, size: MIB2 }));
     assert!(space.lookup(two + PAGE_SIZE).maps(inside));
+    assert!(
+        batch.is_empty() && !mm.batched_flush_pending(),
+        "no flush recorded"
+    );
     batch.flush(&cpu0).unwrap();
     // A range a huge page maps part of is refused, with nothing changed,
     // rather than changed around the huge page.

@@ -8,7 +8,7 @@ use core::ops::ControlFlow;
 use super::{Mapping, PageTable, Rmap};
 use crate::arch::Arch;
 use crate::lifecycle::online_caller;
-use crate::pte::Frame;
+use crate::pte::{Frame, Pte};
 use crate::validate::{check_asid, check_space_va};
 use crate::verify::{check_space_on, check_table_root};
 use crate::walk::check_not_global;
@@ -18,7 +18,8 @@ use crate::Error;
 /// an ASID the hardware can tag) and the calling CPU against each
 /// mapping's space (online, the space of this machine, its root not
 /// loaded behind the crate's back: [`space_caller`]'s checks; the table's
-/// own root its state's, [`Error::RootMismatch`]), and that
+/// own root its state's, [`Error::RootMismatch`]), that no mapping is
+/// through a huge entry ([`Error::HugePage`]), and that
 /// no user entry is global ([`Error::GlobalUserEntry`]), without
 /// touching any entry, so that a walk that then changes entries, or ages
 /// them, does not stop half-way on bad input or a misconfigured caller.
@@ -36,7 +37,11 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
         let checked = check_mapping(arch, &m)
             .and_then(|()| check_table_root(m.space))
             .and_then(|()| check_space_on(arch, m.space.tlb_state(), me))
-            .and_then(|()| check_not_global(arch, m.space, m.va, m.space.lookup(m.va)));
+            .and_then(|()| {
+                let pte = m.space.lookup(m.va);
+                check_base_page(m.space, m.va, pte, frame)?;
+                check_not_global(arch, m.space, m.va, pte)
+            });
         match checked {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
@@ -46,6 +51,27 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
         }
     });
     failure.map_or(Ok(()), Err)
+}
+
+/// Refuses a mapping of `frame` through a huge entry
+/// ([`PageTable::entry_size`]): the walks clear, age and replace one 4 KiB
+/// entry per mapping, and a huge entry has one accessed and one dirty bit,
+/// and one flush, for all of its pieces. Clearing its accessed bit for one
+/// piece, or recording a flush for a piece whose entry stays mapped, would
+/// each be wrong. A place the rmap lists whose entry (`pte`, huge or not)
+/// no longer maps `frame` is not a mapping of it: the walk steps over it.
+fn check_base_page<S: PageTable + ?Sized>(space: &S, va: u64, pte: Pte, frame: Frame) -> Result<(), Error> {
+    if !pte.maps(frame) {
+        return Ok(());
+    }
+    let size = space.entry_size(va);
+    if size.is_huge() {
+        return Err(Error::HugePage {
+            va: size.align_down(va),
+            size: size.bytes(),
+        });
+    }
+    Ok(())
 }
 
 fn check_mapping<A: Arch, S: PageTable + ?Sized>(arch: &A, m: &Mapping<'_, S>) -> Result<(), Error> {

@@ -7,9 +7,11 @@ use std::vec::Vec;
 
 use crate::gather::{DetachedTable, TableTeardown};
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::Pte;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
+use crate::Error;
 
 /// Wraps a page table and counts every call to it (all methods but
 /// [`tlb_state`](PageTable::tlb_state)). With a budget, a walk whose cost
@@ -117,6 +119,17 @@ unsafe impl<P: PageTable> PageTable for CountingTable<P> {
         self.tick();
         self.inner.with_table_locked(va, body)
     }
+
+    fn entry_size(&self, va: u64) -> PageSize {
+        self.tick();
+        self.inner.entry_size(va)
+    }
+
+    fn check_range(&self, range: PageRange) -> Result<(), Error> {
+        self.tick();
+        self.inner.check_range(range)
+    }
+
     fn root(&self) -> Option<u64> {
         self.inner.root()
     }
