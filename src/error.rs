@@ -181,6 +181,19 @@ pub enum Error {
         /// Its size in bytes.
         size: u64,
     },
+    /// A range to flush as pages of `stride` bytes
+    /// ([`FlushRequest::add_huge_range`](crate::FlushRequest::add_huge_range))
+    /// that does not start, or end, on a `stride` boundary: flushed at that
+    /// stride, the 4 KiB entries between two invalidations would stay
+    /// cached. Nothing was added.
+    StrideUnaligned {
+        /// The range's first address.
+        start: u64,
+        /// Its length in 4 KiB pages.
+        pages: u64,
+        /// The stride in bytes.
+        stride: u64,
+    },
     /// A frame whose physical address does not fit the 52 bits a
     /// page-table entry holds.
     FrameOutOfRange {
@@ -349,6 +362,12 @@ impl fmt::Display for Error {
             }
             Error::HugePage { va, size } => {
                 write!(f, "a huge page of {size:#x} bytes maps {va:#x}")
+            }
+            Error::StrideUnaligned { start, pages, stride } => {
+                write!(
+                    f,
+                    "{pages} pages at {start:#x} are not whole pages of {stride:#x} bytes"
+                )
             }
             Error::FrameOutOfRange { frame } => {
                 write!(f, "{frame:?} lies beyond 52 bits of physical address")

@@ -7,6 +7,7 @@
 use crate::asid::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
 use crate::generation::{AsidSlots, GenStep};
+use crate::page_size::PageSize;
 use crate::request::{FlushRange, FlushRequest, FlushScope, MAX_FLUSH_ASIDS, MAX_FLUSH_ENTRIES};
 use crate::stats::{Counter, TlbStats, TlbStatsSnapshot};
 use crate::sync::{atomic_array, maybe_const_fn, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -44,6 +45,8 @@ pub(crate) struct RequestSlot {
 }
 
 static_assertions::const_assert!(MAX_FLUSH_ENTRIES <= u8::MAX as usize);
+// A range's page count shares its slot word with the ASID and the stride.
+static_assertions::const_assert!(MAX_FLUSH_ENTRIES < 1 << 24);
 static_assertions::const_assert!(MAX_FLUSH_ASIDS <= u8::MAX as usize);
 
 impl RequestSlot {
@@ -76,7 +79,11 @@ impl RequestSlot {
             FlushScope::Ranges(ranges) => {
                 for (i, r) in ranges.iter().enumerate() {
                     self.words[2 * i].store(r.start, Ordering::Relaxed);
-                    let meta = (u64::from(r.asid.value()) << 32) | u64::from(r.pages);
+                    // A range's pages are at most MAX_FLUSH_ENTRIES (below
+                    // 2^24, asserted), its stride's shift below 2^8.
+                    let meta = (u64::from(r.asid.value()) << 32)
+                        | (u64::from(r.stride.shift()) << 24)
+                        | u64::from(r.pages);
                     self.words[2 * i + 1].store(meta, Ordering::Relaxed);
                 }
                 let mut n = 0;
@@ -117,13 +124,21 @@ impl RequestSlot {
                     asid: Asid::KERNEL,
                     start: 0,
                     pages: 0,
+                    stride: PageSize::SIZE_4K,
                 }; MAX_FLUSH_ENTRIES];
                 for (i, r) in ranges.iter_mut().enumerate().take(len) {
                     let meta = self.words[2 * i + 1].load(Ordering::Relaxed);
+                    // Only shifts `write` stored from a valid `PageSize`
+                    // are read back; should one not be, the receiving CPU
+                    // flushes everything rather than guess a stride.
+                    let Some(stride) = PageSize::from_shift(((meta >> 24) & 0xff) as u32) else {
+                        return Some(FlushRequest::from_parts(FlushScope::Everything { include_global: true }));
+                    };
                     *r = FlushRange {
                         asid: asid_of(meta >> 32),
                         start: self.words[2 * i].load(Ordering::Relaxed),
-                        pages: meta as u32,
+                        pages: (meta & 0xff_ffff) as u32,
+                        stride,
                     };
                 }
                 let mut req = FlushRequest::from_parts(FlushScope::Ranges(&ranges[..len]));
@@ -444,5 +459,20 @@ mod tests {
         plain.add_range(a, page(0), 33);
         slot.write(Payload::Flush(&plain));
         assert_eq!(slot.read().unwrap().steps().count(), 0);
+    }
+
+    /// A slot carries each range's stride: huge pages read back as huge
+    /// pages, beside 4 KiB ones of the same ASID.
+    #[test]
+    fn a_slot_carries_the_stride_of_each_range() {
+        let slot = RequestSlot::new();
+        let a = Asid::new(1).unwrap();
+        let mut req = FlushRequest::new();
+        let gib = PageRange::new(1 << 30, 2 << 18).unwrap();
+        req.add_huge_range(a, gib, PageSize::SIZE_1G, 33).unwrap();
+        req.add_range(a, PageRange::page(0x4000).unwrap(), 33);
+        slot.write(Payload::Flush(&req));
+        let back = slot.read().unwrap();
+        assert_eq!((back.scope(), back.pages()), (req.scope(), 3));
     }
 }

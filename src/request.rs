@@ -2,7 +2,8 @@
 
 use crate::asid::Asid;
 use crate::generation::GenStep;
-use crate::pte::PAGE_SIZE;
+use crate::page_size::PageSize;
+use crate::pte::PAGE_SHIFT;
 use crate::range::PageRange;
 use crate::Error;
 
@@ -28,21 +29,50 @@ pub const MAX_FLUSH_ASIDS: usize = 8;
 #[cfg(all(test, loom))]
 pub const MAX_FLUSH_ASIDS: usize = 2;
 
-/// A run of consecutive pages of one address space.
+/// A run of consecutive pages of one address space, all of one size.
+///
+/// The receiving CPU invalidates once per page: at `start`, `start +
+/// stride`, and so on, `pages` times. A page larger than 4 KiB (a huge
+/// page, an arm64 block) needs one invalidation of any address inside it,
+/// which removes its entry whatever size the TLB cached it at: on x86,
+/// `INVLPG` "flushes all TLB entries for that page", every one of them
+/// where the processor cached a large page as several smaller entries
+/// (Intel SDM vol. 2, INVLPG, and vol. 3, 4.10.2.3); on arm64 a `TLBI` by
+/// address removes the entries that translate that address, a block's
+/// included (Arm ARM, D8.13, "TLB maintenance").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlushRange {
     /// The address space.
     pub asid: Asid,
-    /// The first page's virtual address (page-aligned).
+    /// The first page's virtual address (aligned to `stride`).
     pub start: u64,
-    /// How many pages, at least one.
+    /// How many pages of `stride` bytes, at least one.
     pub pages: u32,
+    /// The size of each page, and so the distance between invalidations.
+    pub stride: PageSize,
+}
+
+impl FlushRange {
+    /// The addresses the receiving CPU invalidates, one per page.
+    pub fn addresses(&self) -> impl Iterator<Item = u64> {
+        let (start, stride) = (self.start, self.stride.bytes());
+        (0..u64::from(self.pages)).map(move |i| start + i * stride)
+    }
+
+    /// The base pages it covers, as a [`PageRange`] (`None` for an empty
+    /// range, or one that runs past the top of the address space, which a
+    /// request never holds).
+    pub(crate) fn covered(&self) -> Option<PageRange> {
+        let base = u64::from(self.pages).checked_mul(self.stride.base_pages())?;
+        PageRange::new(self.start, base).ok()
+    }
 }
 
 const EMPTY_RANGE: FlushRange = FlushRange {
     asid: Asid::KERNEL,
     start: 0,
     pages: 0,
+    stride: PageSize::SIZE_4K,
 };
 
 /// What a request covers, as the receiving CPU sees it.
@@ -152,8 +182,9 @@ impl FlushRequest {
         self.nr_asids == 0 && !self.too_many_asids
     }
 
-    /// Pages added so far (also counted after the request degraded to a
-    /// full flush).
+    /// Pages added so far, each counted once whatever its size (the
+    /// invalidations its ranges ask for; also counted after the request
+    /// degraded to a full flush).
     pub fn pages(&self) -> usize {
         self.pages
     }
@@ -249,12 +280,69 @@ impl FlushRequest {
         ceiling: usize,
         step: Option<GenStep>,
     ) {
+        self.add_pages(asid, range, PageSize::SIZE_4K, ceiling, step);
+    }
+
+    /// Adds the pages of `stride` bytes that `range` covers in `asid`: one
+    /// invalidation each ([`FlushRange`] says why one is enough for a huge
+    /// page), counted once each against `ceiling`, past which the request
+    /// degrades to a full flush of its ASIDs as with
+    /// [`add_range`](Self::add_range). For the huge pages of a range a
+    /// kernel unmapped or changed, whose entries are 2 MiB or 1 GiB
+    /// ([`PageTable::entry_size`](crate::PageTable::entry_size)).
+    ///
+    /// Errors, with nothing added: [`Error::StrideUnaligned`] when `range` does
+    /// not start and end on a `stride` boundary. A range of 4 KiB pages
+    /// flushed at a larger stride would leave all but one entry of each
+    /// stride cached, so it is refused rather than rounded.
+    pub fn add_huge_range(
+        &mut self,
+        asid: Asid,
+        range: PageRange,
+        stride: PageSize,
+        ceiling: usize,
+    ) -> Result<(), Error> {
+        self.add_huge_range_step(asid, range, stride, ceiling, None)
+    }
+
+    /// [`add_huge_range`](Self::add_huge_range) with the generation step of
+    /// [`add_range_step`](Self::add_range_step).
+    pub(crate) fn add_huge_range_step(
+        &mut self,
+        asid: Asid,
+        range: PageRange,
+        stride: PageSize,
+        ceiling: usize,
+        step: Option<GenStep>,
+    ) -> Result<(), Error> {
+        let aligned = stride.align_down(range.start()) == range.start()
+            && range.pages().is_multiple_of(stride.base_pages());
+        if !aligned {
+            return Err(Error::StrideUnaligned {
+                start: range.start(),
+                pages: range.pages(),
+                stride: stride.bytes(),
+            });
+        }
+        self.add_pages(asid, range, stride, ceiling, step);
+        Ok(())
+    }
+
+    /// Adds `range` as pages of `stride` bytes; `range` is aligned to it.
+    fn add_pages(
+        &mut self,
+        asid: Asid,
+        range: PageRange,
+        stride: PageSize,
+        ceiling: usize,
+        step: Option<GenStep>,
+    ) {
         let Some(last) = range.last() else {
             return;
         };
         self.extent.note(range.start(), last);
         self.note_asid_step(asid, step);
-        let count = range.pages();
+        let count = range.pages() >> (stride.shift() - PAGE_SHIFT);
         self.pages = self
             .pages
             .saturating_add(usize::try_from(count).unwrap_or(usize::MAX));
@@ -274,8 +362,8 @@ impl FlushRequest {
             // address space has no end address.
             let follows = start
                 .checked_sub(last.start)
-                .is_some_and(|gap| gap == u64::from(last.pages) * PAGE_SIZE);
-            if last.asid == asid && follows {
+                .is_some_and(|gap| gap == u64::from(last.pages) * last.stride.bytes());
+            if last.asid == asid && last.stride == stride && follows {
                 last.pages += count;
                 return;
             }
@@ -288,6 +376,7 @@ impl FlushRequest {
             asid,
             start,
             pages: count,
+            stride,
         };
         self.nr_ranges += 1;
     }
@@ -320,9 +409,10 @@ impl FlushRequest {
         match other.scope() {
             FlushScope::Ranges(ranges) => {
                 for r in ranges {
-                    // Every range of a request was a valid `PageRange`.
-                    if let Ok(range) = PageRange::new(r.start, u64::from(r.pages)) {
-                        self.add_range(r.asid, range, ceiling);
+                    // Every range of a request was a valid `PageRange`,
+                    // aligned to its stride.
+                    if let Some(range) = r.covered() {
+                        self.add_pages(r.asid, range, r.stride, ceiling, None);
                     }
                 }
             }
@@ -398,197 +488,5 @@ impl FlushRequest {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn asid(v: u16) -> Asid {
-        Asid::new(v).unwrap()
-    }
-
-    fn step(from: u64, to: u64) -> Option<GenStep> {
-        Some(GenStep { from, to })
-    }
-
-    /// An ASID keeps a generation step while each addition's step starts
-    /// where the last ended; a gap (another flush of the space came in
-    /// between) or an addition without a step loses it, for that ASID only.
-    #[test]
-    fn steps_join_end_to_end_and_a_gap_or_an_unknown_loses_them() {
-        let mut r = FlushRequest::new();
-        let range = |i: u64| PageRange::page(0x10000 + i * PAGE_SIZE).unwrap();
-        r.add_range_step(asid(1), range(0), 33, step(5, 7));
-        r.add_range_step(asid(1), range(1), 33, step(7, 9));
-        r.add_range_step(asid(2), range(2), 33, step(6, 8));
-        r.add_range_step(asid(3), range(3), 33, step(2, 3));
-        let got: std::vec::Vec<_> = r.steps().collect();
-        assert_eq!(
-            got,
-            [
-                (asid(1), GenStep { from: 5, to: 9 }),
-                (asid(2), GenStep { from: 6, to: 8 }),
-                (asid(3), GenStep { from: 2, to: 3 })
-            ]
-        );
-        r.add_range_step(asid(2), range(4), 33, step(10, 11));
-        r.add_range(asid(3), range(5), 33);
-        let got: std::vec::Vec<_> = r.steps().collect();
-        assert_eq!(got, [(asid(1), GenStep { from: 5, to: 9 })], "a gap, an unknown");
-        let mut merged = FlushRequest::new();
-        merged.add_range_step(asid(1), range(6), 33, step(9, 10));
-        merged.merge(&r, 33);
-        assert_eq!(merged.steps().count(), 0, "a merge carries no step");
-    }
-
-    #[test]
-    fn adjacent_pages_merge_and_the_ceiling_degrades() {
-        let mut r = FlushRequest::new();
-        for i in 0..4 {
-            r.add_page(asid(1), 0x10000 + i * PAGE_SIZE, 33).unwrap();
-        }
-        r.add_page(asid(2), 0x10000, 33).unwrap();
-        assert_eq!(
-            r.scope(),
-            FlushScope::Ranges(&[
-                FlushRange {
-                    asid: asid(1),
-                    start: 0x10000,
-                    pages: 4
-                },
-                FlushRange {
-                    asid: asid(2),
-                    start: 0x10000,
-                    pages: 1
-                },
-            ])
-        );
-        for i in 0..40 {
-            r.add_page(asid(1), 0x100000 + 2 * i * PAGE_SIZE, 33).unwrap();
-        }
-        assert_eq!(r.pages(), 45);
-        assert_eq!(r.scope(), FlushScope::Asids(&[asid(1), asid(2)]));
-    }
-
-    /// Merging keeps where the other request's pages lay (after it
-    /// degraded too) and whether it named the kernel's global entries.
-    #[test]
-    fn a_merge_keeps_the_others_extent_and_its_kernel_entries() {
-        let mut degraded = FlushRequest::new();
-        degraded.add_range(asid(1), PageRange::new(0x7000, 40).unwrap(), 33);
-        degraded.add_range(
-            Asid::KERNEL,
-            PageRange::new(0xffff_f000_0000_0000, 2).unwrap(),
-            33,
-        );
-        degraded.add_everything();
-        let mut into = FlushRequest::new();
-        into.add_page(asid(2), 0x1000, 33).unwrap();
-        into.add_page(asid(2), 0xffff_ffff_ffff_f000, 33).unwrap();
-        into.merge(&degraded, 33);
-        assert_eq!(
-            into.extent(),
-            Extent {
-                lower_last: Some(0x7000 + 39 * PAGE_SIZE),
-                upper_start: Some(0xffff_f000_0000_0000),
-            }
-        );
-        assert!(into.names_kernel());
-        let mut everything = FlushRequest::new();
-        everything.add_everything();
-        let mut user = FlushRequest::new();
-        user.add_page(asid(2), 0x1000, 33).unwrap();
-        user.merge(&everything, 33);
-        assert!(user.names_kernel(), "everything includes the global entries");
-    }
-
-    /// What a remote CPU rebuilds from the published parts is the request
-    /// that was published: the same scope, page count and address spaces.
-    #[test]
-    fn a_request_rebuilt_from_its_parts_is_the_same_request() {
-        let mut r = FlushRequest::new();
-        for i in 0..3 {
-            r.add_page(asid(1), 0x10000 + i * PAGE_SIZE, 33).unwrap();
-        }
-        r.add_page(asid(2), 0x40000, 33).unwrap();
-        r.add_page(asid(2), 0x80000, 33).unwrap();
-        let mut asids = FlushRequest::new();
-        asids.add_asid(asid(3));
-        asids.add_asid(Asid::KERNEL);
-        let mut everything = FlushRequest::new();
-        everything.add_everything();
-        assert_eq!(FlushRequest::from_parts(r.scope()).pages(), 5);
-        for req in [r, asids, everything] {
-            let rebuilt = FlushRequest::from_parts(req.scope());
-            assert_eq!(rebuilt.scope(), req.scope());
-            assert_eq!(rebuilt.pages(), req.pages());
-            assert_eq!(rebuilt.asids(), req.asids());
-        }
-    }
-
-    #[test]
-    fn many_asids_become_everything_and_kernel_means_global() {
-        let mut r = FlushRequest::new();
-        for a in 1..=MAX_FLUSH_ASIDS as u16 + 1 {
-            r.add_asid(asid(a));
-        }
-        assert_eq!(
-            r.scope(),
-            FlushScope::Everything {
-                include_global: false
-            }
-        );
-        r.add_page(Asid::KERNEL, 0, 33).unwrap();
-        assert_eq!(r.scope(), FlushScope::Everything { include_global: true });
-        r.clear();
-        assert!(r.is_empty());
-    }
-
-    #[test]
-    fn bad_input_is_rejected_without_change() {
-        let mut r = FlushRequest::new();
-        assert_eq!(
-            r.add_page(asid(1), 0x1001, 33),
-            Err(Error::Unaligned { addr: 0x1001 })
-        );
-        assert!(r.is_empty());
-    }
-
-    #[test]
-    fn the_top_page_is_a_range_like_any_other() {
-        let top = !(PAGE_SIZE - 1);
-        let mut r = FlushRequest::new();
-        r.add_page(asid(1), top - PAGE_SIZE, 33).unwrap();
-        r.add_page(asid(1), top, 33).unwrap();
-        // Merged without computing an end past the top.
-        assert_eq!(
-            r.scope(),
-            FlushScope::Ranges(&[FlushRange {
-                asid: asid(1),
-                start: top - PAGE_SIZE,
-                pages: 2
-            }])
-        );
-        r.add_page(asid(2), 0, 33).unwrap();
-        assert_eq!(r.pages(), 3);
-    }
-
-    #[test]
-    fn full_says_whether_the_request_degraded() {
-        let mut r = FlushRequest::new();
-        assert!(!r.is_full());
-        r.add_page(asid(1), 0x10000, 2).unwrap();
-        r.add_page(asid(1), 0x20000, 2).unwrap();
-        assert!(!r.is_full(), "at the ceiling, not past it");
-        r.add_page(asid(1), 0x30000, 2).unwrap();
-        assert!(r.is_full());
-        assert_eq!(r.scope(), FlushScope::Asids(&[asid(1)]));
-        r.clear();
-        assert!(!r.is_full());
-        r.add_everything();
-        assert!(r.is_full() && !r.is_empty());
-        assert_eq!(r.scope(), FlushScope::Everything { include_global: true });
-        r.clear();
-        r.add_asid(asid(3));
-        assert!(r.is_full());
-        assert_eq!(r.scope(), FlushScope::Asids(&[asid(3)]));
-    }
-}
+#[path = "request_tests.rs"]
+mod tests;

@@ -19,7 +19,6 @@ use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::lifecycle::online_caller;
 use crate::percpu::{Payload, TlbShootdown};
-use crate::pte::PAGE_SIZE;
 use crate::request::{FlushRequest, FlushScope};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
 use crate::sync::{fence, AtomicU32, Ordering};
@@ -387,8 +386,8 @@ pub(crate) fn execute_local<A: Arch>(
         FlushScope::Ranges(ranges) => {
             let mut pages = 0usize;
             for r in ranges.iter().filter(|r| may_hold(r.asid)) {
-                for i in 0..u64::from(r.pages) {
-                    arch.flush_local_page(r.asid, r.start + i * PAGE_SIZE);
+                for va in r.addresses() {
+                    arch.flush_local_page(r.asid, va);
                 }
                 pages += r.pages as usize;
             }
@@ -444,8 +443,8 @@ fn issue_broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushReque
     match request.scope() {
         FlushScope::Ranges(ranges) => {
             for r in ranges {
-                for i in 0..u64::from(r.pages) {
-                    arch.broadcast_flush_page(r.asid, r.start + i * PAGE_SIZE);
+                for va in r.addresses() {
+                    arch.broadcast_flush_page(r.asid, va);
                 }
             }
             state.count(Counter::LocalPageFlushes, request.pages() as u64);

@@ -110,7 +110,10 @@ pub fn check_asid<A: Arch + ?Sized>(arch: &A, asid: Asid) -> Result<(), Error> {
 pub fn check_request<A: Arch + ?Sized>(arch: &A, request: &FlushRequest) -> Result<(), Error> {
     if let FlushScope::Ranges(ranges) = request.scope() {
         for r in ranges {
-            check_range(arch, PageRange::new(r.start, u64::from(r.pages))?)?;
+            // A range that does not fit the address space at its stride
+            // is refused as one that runs past its top.
+            let covered = r.covered().ok_or(Error::NonCanonical { addr: r.start })?;
+            check_range(arch, covered)?;
         }
     }
     let bits = arch.va_bits();

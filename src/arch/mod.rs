@@ -284,6 +284,18 @@ pub unsafe trait Arch {
 
     /// Invalidates this CPU's entry for the page at `va` in `asid`.
     ///
+    /// The page may be larger than 4 KiB (a [`FlushRange`] of a huge
+    /// stride names each huge page once, by its first address): the
+    /// invalidation must remove the entry that translates `va` whatever
+    /// size the TLB cached it at, and every smaller entry the CPU may have
+    /// cached for that page. x86 `INVLPG` and `INVPCID` by address do (SDM
+    /// vol. 2, INVLPG: "flushes all TLB entries for that page", all of them
+    /// where a large page was cached as several entries, vol. 3, 4.10.2.3);
+    /// arm64 `TLBI VAE1` by address removes the entries that translate the
+    /// address, a block's included (Arm ARM, D8.13).
+    ///
+    /// [`FlushRange`]: crate::FlushRange
+    ///
     /// For [`Asid::KERNEL`] it removes every entry this CPU may hold for
     /// the kernel page, whatever ASID was loaded when it was filled: the
     /// global entry, and a non-global one cached under any user ASID (a
@@ -328,7 +340,10 @@ pub unsafe trait Arch {
     unsafe fn switch_address_space(&self, asid: Asid, root: u64);
 
     /// Broadcast invalidation of one page on every CPU; only called when
-    /// [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true.
+    /// [`BROADCAST_INVALIDATE`](Arch::BROADCAST_INVALIDATE) is true. As
+    /// with [`flush_local_page`](Arch::flush_local_page), the page may be a
+    /// huge one, named by its first address, and its entries of every size
+    /// must go.
     fn broadcast_flush_page(&self, asid: Asid, va: u64) {
         let _ = (asid, va);
     }
