@@ -132,7 +132,9 @@ impl RequestSlot {
                     // are read back; should one not be, the receiving CPU
                     // flushes everything rather than guess a stride.
                     let Some(stride) = PageSize::from_shift(((meta >> 24) & 0xff) as u32) else {
-                        return Some(FlushRequest::from_parts(FlushScope::Everything { include_global: true }));
+                        return Some(FlushRequest::from_parts(FlushScope::Everything {
+                            include_global: true,
+                        }));
                     };
                     *r = FlushRange {
                         asid: asid_of(meta >> 32),

@@ -39,7 +39,7 @@ pub const MAX_FLUSH_ASIDS: usize = 2;
 /// where the processor cached a large page as several smaller entries
 /// (Intel SDM vol. 2, INVLPG, and vol. 3, 4.10.2.3); on arm64 a `TLBI` by
 /// address removes the entries that translate that address, a block's
-/// included (Arm ARM, D8.13, "TLB maintenance").
+/// included (Arm ARM DDI 0487, "TLB maintenance instructions").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlushRange {
     /// The address space.

@@ -207,8 +207,10 @@ fn huge_pages_are_flushed_at_their_stride() {
     const MIB2: u64 = 2 << 20;
     let huge = |first: u64, n: u64| PageRange::new(first * MIB2, n * 512).unwrap();
     let mut r = FlushRequest::new();
-    r.add_huge_range(asid(1), huge(1, 3), PageSize::SIZE_2M, 8).unwrap();
-    r.add_huge_range(asid(1), huge(4, 1), PageSize::SIZE_2M, 8).unwrap();
+    r.add_huge_range(asid(1), huge(1, 3), PageSize::SIZE_2M, 8)
+        .unwrap();
+    r.add_huge_range(asid(1), huge(4, 1), PageSize::SIZE_2M, 8)
+        .unwrap();
     // 4 KiB pages right after do not join the huge range.
     r.add_range(asid(1), PageRange::new(5 * MIB2, 2).unwrap(), 8);
     assert_eq!(r.pages(), 6, "one per huge page, one per small page");
@@ -253,7 +255,8 @@ fn huge_pages_are_flushed_at_their_stride() {
     assert_eq!((r.pages(), r.asids()), (6, &[asid(1)][..]));
 
     // The ceiling counts invalidations: 3 more huge pages pass 8.
-    r.add_huge_range(asid(1), huge(9, 3), PageSize::SIZE_2M, 8).unwrap();
+    r.add_huge_range(asid(1), huge(9, 3), PageSize::SIZE_2M, 8)
+        .unwrap();
     assert!(r.is_full() && r.pages() == 9);
     assert_eq!(r.scope(), FlushScope::Asids(&[asid(1)]));
 }
@@ -263,8 +266,13 @@ fn huge_pages_are_flushed_at_their_stride() {
 fn a_merge_keeps_the_stride() {
     const GIB: u64 = 1 << 30;
     let mut one = FlushRequest::new();
-    one.add_huge_range(asid(3), PageRange::new(GIB, 1 << 18).unwrap(), PageSize::SIZE_1G, 33)
-        .unwrap();
+    one.add_huge_range(
+        asid(3),
+        PageRange::new(GIB, 1 << 18).unwrap(),
+        PageSize::SIZE_1G,
+        33,
+    )
+    .unwrap();
     let mut all = FlushRequest::new();
     all.add_page(asid(3), 0x1000, 33).unwrap();
     all.merge(&one, 33);

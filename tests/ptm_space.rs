@@ -277,7 +277,11 @@ fn a_huge_page_is_refused_and_never_changed() {
         .unwrap();
     let mut batch = TlbFlushUnmapBatch::new();
     let result = try_to_unmap(&cpu0, &rmap, Frame(0x205), TtuFlags::BATCH_FLUSH, &mut batch);
-    assert_eq!(result, Err(refused), "a piece of a huge page is not unmapped alone");
+    assert_eq!(
+        result,
+        Err(refused),
+        "a piece of a huge page is not unmapped alone"
+    );
     assert_eq!(space.lookup(inside), before);
     assert!(batch.is_empty() && !mm.batched_flush_pending());
     assert_eq!(m.violations(), []);

@@ -292,7 +292,9 @@ pub unsafe trait Arch {
     /// vol. 2, INVLPG: "flushes all TLB entries for that page", all of them
     /// where a large page was cached as several entries, vol. 3, 4.10.2.3);
     /// arm64 `TLBI VAE1` by address removes the entries that translate the
-    /// address, a block's included (Arm ARM, D8.13).
+    /// address, a block's included (Arm ARM DDI 0487, "TLB maintenance
+    /// instructions": an invalidation by address applies to an entry of
+    /// any size that translates it).
     ///
     /// [`FlushRange`]: crate::FlushRange
     ///
