@@ -11,6 +11,7 @@ use super::{
 use crate::arch::Asid;
 use crate::cpuset::CpuId;
 use crate::mm::{switch_mm, MmTlbState};
+use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT};
 use crate::shootdown::handle_flush_ipi;
 use crate::Error;
@@ -263,23 +264,23 @@ impl<'m, M: Model> MockCpu<'m, M> {
                 m.record(Violation::ForeignTranslation {
                     cpu: self.id,
                     va,
-                    frame: e.frame,
+                    frame: e.frame_at(vpn),
                 });
             }
         }
         let frame = match (hit, write.is_some()) {
-            (Some(e), false) => e.frame,
+            (Some(e), false) => e.frame_at(vpn),
             (Some(e), true) if !e.writable => {
                 tlb.remove(asid, vpn);
                 return Err(Fault::WriteProtected { va });
             }
-            (Some(e), true) if e.dirty => e.frame,
+            (Some(e), true) if e.dirty => e.frame_at(vpn),
             (Some(e), true) if !M::CLEAN_WRITE_REWALK => {
                 // No re-walk: the write goes through the cached entry; the
                 // dirty bit reaches the PTE only if it still maps the frame.
                 tlb.mark_dirty(asid, vpn);
                 self.set_dirty_in_place(loaded, e);
-                e.frame
+                e.frame_at(vpn)
             }
             (Some(_), true) => {
                 // Clean entry: hardware walks again to set the dirty bit and
@@ -328,10 +329,11 @@ impl<'m, M: Model> MockCpu<'m, M> {
         } else {
             loaded.map_or(self.machine.kernel_root, |(_, r)| r)
         };
-        self.machine.with_pte(root, e.vpn, |p| {
+        self.machine.with_leaf(root, e.vpn, |p, size| {
             let _ = p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
                 let pte = Pte(v);
-                (pte.is_present() && pte.frame() == e.frame).then_some(v | PteFlags::DIRTY.bits())
+                let base = Frame(pte.frame().0 & !(size.base_pages() - 1));
+                (pte.is_present() && size == e.size && base == e.frame).then_some(v | PteFlags::DIRTY.bits())
             });
         });
     }
@@ -340,7 +342,8 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// through the walk cache's pointer to its leaf table when it holds one
     /// (even one that is no longer linked), caching the pointer otherwise.
     /// Returns the entry word's new value (`Ok`) or the value that made the
-    /// walk stop (`Err`); `None` when no table maps `vpn` under `root`.
+    /// walk stop (`Err`), with the size of the page the entry maps; `None`
+    /// when no table maps `vpn` under `root`.
     fn walk_table(
         &self,
         tlb: &mut Tlb,
@@ -348,7 +351,7 @@ impl<'m, M: Model> MockCpu<'m, M> {
         root: u64,
         vpn: u64,
         write: bool,
-    ) -> Option<Result<u64, u64>> {
+    ) -> Option<(Result<u64, u64>, PageSize)> {
         let m = self.machine;
         let region = vpn >> REGION_SHIFT;
         let linked = m.leaf_table_of(root, region);
@@ -365,7 +368,7 @@ impl<'m, M: Model> MockCpu<'m, M> {
                         va: vpn << PAGE_SHIFT,
                     });
                 }
-                return Some(Err(0));
+                return Some((Err(0), PageSize::SIZE_4K));
             }
             Some(_) => {}
             None => {
@@ -379,11 +382,12 @@ impl<'m, M: Model> MockCpu<'m, M> {
                 }
             }
         }
-        m.with_pte(root, vpn, |p| {
+        m.with_leaf(root, vpn, |p, size| {
             // The hardware's locked update of the A/D bits: it acts on the
             // PTE as it is at this instant, so it can never resurrect a
-            // cleared entry nor be lost to a concurrent clear.
-            p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            // cleared entry nor be lost to a concurrent clear. A huge
+            // entry keeps them at the same bits.
+            let word = p.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
                 let pte = Pte(v);
                 if !pte.is_present() || (write && !pte.is_writable()) {
                     return None;
@@ -396,7 +400,8 @@ impl<'m, M: Model> MockCpu<'m, M> {
                     bits |= PteFlags::DIRTY.bits();
                 }
                 Some(bits)
-            })
+            });
+            (word, size)
         })
     }
 
@@ -412,25 +417,33 @@ impl<'m, M: Model> MockCpu<'m, M> {
         let vpn = va >> PAGE_SHIFT;
         let asid = loaded.map_or(Asid::KERNEL, |(a, _)| a);
         let user = loaded.and_then(|(_, root)| self.walk_table(tlb, asid, root, vpn, write));
-        let (result, space) = match (user, loaded) {
-            (Some(Ok(v)), Some((_, root))) => (Ok(v), root),
+        let ((result, size), space) = match (user, loaded) {
+            (Some((Ok(v), size)), Some((_, root))) => ((Ok(v), size), root),
             // A non-empty user entry decides; an empty one falls through to
             // the kernel's half of the address space.
-            (Some(Err(v)), Some((_, root))) if v != 0 => (Err(v), root),
+            (Some((Err(v), size)), Some((_, root))) if v != 0 => ((Err(v), size), root),
             _ => (
                 self.walk_table(tlb, asid, m.kernel_root, vpn, write)
-                    .unwrap_or(Err(0)),
+                    .unwrap_or((Err(0), PageSize::SIZE_4K)),
                 m.kernel_root,
             ),
         };
+        // The entry's first page and frame: a huge entry's address is
+        // aligned to its size (its low bits hold its PAT bit, not frame).
+        let base_vpn = vpn & !(size.base_pages() - 1);
+        let frame_of = |v: u64| Frame(Pte(v).frame().0 & !(size.base_pages() - 1));
         let old = match result.map_err(Pte) {
-            Ok(v) if lock(&m.memory).state(Pte(v).frame()).is_err() => {
+            Ok(v)
+                if lock(&m.memory)
+                    .state(Frame(frame_of(v).0 + (vpn - base_vpn)))
+                    .is_err() =>
+            {
                 // Only a page table the kernel wrote itself can get here:
                 // the machine's own refuses such entries.
                 m.record(Violation::MapsNoSuchFrame {
                     cpu: self.id,
                     va,
-                    frame: Pte(v).frame(),
+                    frame: Frame(frame_of(v).0 + (vpn - base_vpn)),
                 });
                 return Err(Fault::NotMapped { va });
             }
@@ -441,16 +454,25 @@ impl<'m, M: Model> MockCpu<'m, M> {
             Err(_) => return Err(Fault::NotMapped { va }),
         };
         let global = old.flags().contains(PteFlags::GLOBAL);
-        tlb.insert(TlbEntry {
+        let entry = TlbEntry {
             asid: if global { Asid::KERNEL } else { asid },
             space,
-            vpn,
-            frame: old.frame(),
+            vpn: base_vpn,
+            frame: frame_of(old.0),
+            size,
             writable: old.is_writable(),
             dirty: write || old.is_dirty(),
             global,
-        });
-        Ok(old.frame())
+        };
+        if let Some(other) = tlb.insert(entry) {
+            m.record(Violation::ConflictingTranslations {
+                cpu: self.id,
+                va,
+                cached: other.frame_at(vpn),
+                filled: entry.frame_at(vpn),
+            });
+        }
+        Ok(entry.frame_at(vpn))
     }
 
     /// Takes the configured time of a local flush

@@ -215,17 +215,19 @@ impl<M: Model> MockMachine<M> {
                 && t.space == e.space
                 && t.vpn == e.vpn
                 && t.frame == e.frame
+                && t.size == e.size
                 && t.global == e.global
                 && t.writable == e.writable
         })
     }
 
-    /// Every (CPU, entry) pair caching a translation to `frame`, offline
+    /// Every (CPU, entry) pair caching a translation to `frame` (a 4 KiB
+    /// entry for it, or a huge entry one of whose pages it is), offline
     /// CPUs included.
     pub fn cached_translations(&self, frame: Frame) -> Vec<(CpuId, TlbEntry)> {
         self.all_entries()
             .into_iter()
-            .filter(|(_, e)| e.frame == frame)
+            .filter(|(_, e)| e.page_of(frame).is_some())
             .collect()
     }
 
@@ -245,9 +247,12 @@ impl<M: Model> MockMachine<M> {
         self.all_entries()
             .into_iter()
             .filter(|(_, e)| {
-                let pte = self.with_pte(e.space, e.vpn, |p| Pte(p.load(Ordering::SeqCst)));
-                !pte.is_some_and(|p| {
-                    p.is_present() && p.frame() == e.frame && (p.is_writable() || !e.writable)
+                // The entry it came from: the same size, present, at the
+                // same frame, allowing at least what the entry allows.
+                let now = self.with_leaf(e.space, e.vpn, |p, size| (Pte(p.load(Ordering::SeqCst)), size));
+                !now.is_some_and(|(p, size)| {
+                    let base = Frame(p.frame().0 & !(size.base_pages() - 1));
+                    p.is_present() && size == e.size && base == e.frame && (p.is_writable() || !e.writable)
                 })
             })
             .collect()
@@ -269,7 +274,9 @@ impl<M: Model> MockMachine<M> {
             .into_iter()
             .filter(|(cpu, _)| self.is_online(*cpu))
             .filter(|(_, e)| {
-                (e.asid == mm.asid() || e.global && mm.is_kernel()) && range.contains(e.vpn << PAGE_SHIFT)
+                (e.asid == mm.asid() || e.global && mm.is_kernel())
+                    && (range.contains(e.vpn << PAGE_SHIFT)
+                        || !range.is_empty() && e.covers(range.start() >> PAGE_SHIFT))
             })
             .filter(|(cpu, e)| !self.owes_catch_up(*cpu, e, mm))
             // Asked after the exemption: a CPU that caught up (and loaded
@@ -279,7 +286,7 @@ impl<M: Model> MockMachine<M> {
         for (cpu, e) in &stale {
             self.record(Violation::StaleAfterChange {
                 cpu: *cpu,
-                va: e.vpn << PAGE_SHIFT,
+                va: (e.vpn << PAGE_SHIFT).max(range.start()),
                 writable: e.writable,
             });
         }

@@ -29,7 +29,12 @@ impl Lazy {
 /// Whether two entries are the same translation (their accessed and dirty
 /// state aside).
 fn same_translation(a: &TlbEntry, b: &TlbEntry) -> bool {
-    a.asid == b.asid && a.space == b.space && a.vpn == b.vpn && a.frame == b.frame && a.global == b.global
+    a.asid == b.asid
+        && a.space == b.space
+        && a.vpn == b.vpn
+        && a.frame == b.frame
+        && a.size == b.size
+        && a.global == b.global
 }
 
 impl<M: Model> MockCpu<'_, M> {
@@ -119,7 +124,9 @@ impl<M: Model> MockCpu<'_, M> {
         let user_hit = lock(&self.state().tlb).peek(asid, vpn).is_some_and(|e| !e.global);
         let user_pte = loaded.is_some_and(|(_, root)| {
             self.machine
-                .with_pte(root, vpn, |p| p.load(core::sync::atomic::Ordering::SeqCst) != 0)
+                .with_leaf(root, vpn, |p, _| {
+                    p.load(core::sync::atomic::Ordering::SeqCst) != 0
+                })
                 .unwrap_or(false)
         });
         if user_hit || user_pte {
@@ -149,7 +156,7 @@ impl<M: Model> MockMachine<M> {
     pub(crate) fn defer_to_lazy(&self, cpu: CpuId, entry: &TlbEntry, frame: Frame) -> bool {
         let mut lazy = lock(&self.state(cpu).lazy);
         match lazy.as_mut() {
-            Some(l) if l.covers(entry) && entry.frame == frame => {
+            Some(l) if l.covers(entry) && entry.page_of(frame).is_some() => {
                 if !l.stale.iter().any(|s| same_translation(s, entry)) {
                     l.stale.push(*entry);
                 }

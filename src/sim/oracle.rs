@@ -124,6 +124,22 @@ pub enum Violation {
         /// The frame the foreign entry named.
         frame: Frame,
     },
+    /// A CPU's TLB held two translations of one address that differ (other
+    /// frames, or other permissions): a page cached both through a huge
+    /// entry and through a 4 KiB one, after the page table was split or
+    /// promoted without the flush between that removes the older
+    /// translation. Intel's SDM (vol. 3, 4.10.2.3) leaves which one a
+    /// processor then uses undefined.
+    ConflictingTranslations {
+        /// The CPU.
+        cpu: CpuId,
+        /// The address whose walk added the second translation.
+        va: u64,
+        /// The frame the translation already cached gives it.
+        cached: Frame,
+        /// The frame the new one gives it.
+        filled: Frame,
+    },
     /// A lazy CPU ([`MockCpu::enter_lazy`](super::MockCpu::enter_lazy))
     /// resumed user code ([`MockCpu::leave_lazy`](super::MockCpu::leave_lazy))
     /// while its TLB still held an entry of the space it was lazy on for a

@@ -3,6 +3,7 @@
 
 use core::sync::atomic::AtomicU64;
 
+use crate::page_size::PageSize;
 use crate::pte::Frame;
 
 /// What the simulated MMU needs from a page table a kernel wrote itself:
@@ -109,6 +110,19 @@ pub trait MmuTable: Send + Sync {
     /// The entry word for `va`, or `None` when no table maps it (the walk
     /// faults).
     fn entry(&self, va: u64) -> Option<&AtomicU64>;
+
+    /// The entry word that maps `va` and the size of the page it maps: a
+    /// 4 KiB entry, or a huge one (an x86 level-2 or level-3 entry with the
+    /// page-size bit, in its own format: the page's physical address
+    /// aligned to its size, its PAT bit at bit 12). The MMU then caches one
+    /// translation for the whole huge page, as hardware does, and the
+    /// oracle judges every 4 KiB frame of it. The default is
+    /// [`entry`](Self::entry), a 4 KiB entry: a table without huge pages
+    /// (or one whose huge entries the MMU should treat as unmapped) needs
+    /// nothing more.
+    fn leaf(&self, va: u64) -> Option<(&AtomicU64, PageSize)> {
+        self.entry(va).map(|e| (e, PageSize::SIZE_4K))
+    }
 
     /// The frame holding the leaf table that maps `va`, if any. With it the
     /// MMU caches a pointer to the table (the walk cache), and the oracle

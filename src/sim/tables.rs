@@ -13,6 +13,7 @@ use super::{
 use crate::arch::Asid;
 use crate::cpuset::CpuId;
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT};
 use crate::range::PageRange;
 use crate::validate::{check_asid, check_space_va, check_va};
@@ -123,6 +124,22 @@ impl<M: Model> MockMachine<M> {
         }
         let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
         tables.get(&root).and_then(|t| t.get(&vpn)).map(f)
+    }
+
+    /// [`with_pte`](Self::with_pte) for the MMU: the word of the entry
+    /// that maps `vpn`, whatever its size, and that size (a kernel-written
+    /// table's huge entry, [`MmuTable::leaf`]; the machine's own tables
+    /// hold 4 KiB entries only).
+    pub(crate) fn with_leaf<R>(
+        &self,
+        root: u64,
+        vpn: u64,
+        f: impl FnOnce(&AtomicU64, PageSize) -> R,
+    ) -> Option<R> {
+        if let Some(own) = self.own_table(root) {
+            return own.leaf(vpn << PAGE_SHIFT).map(|(e, size)| f(e, size));
+        }
+        self.with_pte(root, vpn, |e| f(e, PageSize::SIZE_4K))
     }
 
     /// The kernel-written page table attached to `root`, if any.

@@ -1,15 +1,20 @@
 //! One simulated CPU's translation caches: a bounded TLB (least recently
-//! used eviction, tagged by ASID, global entries kept apart) and a bounded
-//! paging-structure cache (the pointers to leaf page tables that walks
-//! cached, tagged by ASID).
+//! used eviction, tagged by ASID, global entries kept apart, each entry as
+//! large as the page-table entry it was filled from: one huge entry covers
+//! a whole 2 MiB or 1 GiB page) and a bounded paging-structure cache (the
+//! pointers to leaf page tables that walks cached, tagged by ASID).
 //!
 //! Invalidation is modelled as narrowly as real hardware guarantees it, so
 //! that a crate relying on more is caught:
 //!
 //! - [`invalidate_va`](Tlb::invalidate_va) is x86's `INVLPG` (the current
 //!   ASID's entry and a global one) or `INVPCID` by address (one ASID's
-//!   non-global entry); it drops the walk-cache entry for that address's
-//!   table in that ASID only (x86 may drop more, arm64 does not).
+//!   non-global entry): it drops every entry that translates the address,
+//!   of any size (a huge entry whatever address inside it is named; a
+//!   4 KiB entry only at its own address, so a flush at a 2 MiB stride
+//!   over 4 KiB entries leaves all but the first of each stride); it drops
+//!   the walk-cache entry for that address's table in that ASID only (x86
+//!   may drop more, arm64 does not).
 //! - [`invalidate_asid`](Tlb::invalidate_asid) drops one ASID's non-global
 //!   entries and walk-cache entries.
 //! - [`invalidate_all`](Tlb::invalidate_all) drops every non-global entry
@@ -23,19 +28,22 @@
 use std::vec::Vec;
 
 use crate::arch::Asid;
-use crate::pte::Frame;
+use crate::page_size::PageSize;
+use crate::pte::{Frame, PAGE_SHIFT};
 
-/// One cached translation.
+/// One cached translation: of one 4 KiB page, or of a whole huge page.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TlbEntry {
     /// The ASID it was filled under ([`Asid::KERNEL`] when global).
     pub asid: Asid,
     /// The page-table root of the address space it was filled from.
     pub space: u64,
-    /// Virtual page number (address >> 12).
+    /// Virtual page number (address >> 12) of its first 4 KiB page.
     pub vpn: u64,
-    /// The frame it translates to.
+    /// The frame its first 4 KiB page translates to; the others follow.
     pub frame: Frame,
+    /// The size of the page-table entry it was filled from.
+    pub size: PageSize,
     /// Whether writes through it are allowed.
     pub writable: bool,
     /// Whether the entry already recorded a write (hardware will not walk
@@ -43,6 +51,52 @@ pub struct TlbEntry {
     pub dirty: bool,
     /// Whether it survives address-space switches.
     pub global: bool,
+}
+
+impl TlbEntry {
+    /// How many 4 KiB pages it translates.
+    pub fn pages(&self) -> u64 {
+        self.size.base_pages()
+    }
+
+    /// Whether it translates the page `vpn`.
+    pub fn covers(&self, vpn: u64) -> bool {
+        vpn.wrapping_sub(self.vpn) < self.pages()
+    }
+
+    /// The frame it translates the page `vpn` to (`vpn` covered).
+    pub fn frame_at(&self, vpn: u64) -> Frame {
+        Frame(self.frame.0 + vpn.wrapping_sub(self.vpn))
+    }
+
+    /// The page through which it reaches `frame`, if it does.
+    pub fn page_of(&self, frame: Frame) -> Option<u64> {
+        let offset = frame.0.wrapping_sub(self.frame.0);
+        (offset < self.pages()).then(|| self.vpn + offset)
+    }
+
+    /// The address of the page through which it reaches `frame`, or its
+    /// first page's when it does not.
+    pub fn va_of(&self, frame: Frame) -> u64 {
+        self.page_of(frame).unwrap_or(self.vpn) << PAGE_SHIFT
+    }
+
+    /// Whether it and `other` translate some page in common.
+    fn overlaps(&self, other: &TlbEntry) -> bool {
+        self.covers(other.vpn) || other.covers(self.vpn)
+    }
+
+    /// Whether it and `other` translate their common pages differently:
+    /// another frame or other permissions (the case Intel's SDM vol. 3,
+    /// 4.10.2.3 leaves undefined when a page is cached both as a small and
+    /// as a large translation).
+    fn conflicts_with(&self, other: &TlbEntry) -> bool {
+        let vpn = self.vpn.max(other.vpn);
+        self.overlaps(other)
+            && (self.frame_at(vpn) != other.frame_at(vpn)
+                || self.writable != other.writable
+                || self.space != other.space)
+    }
 }
 
 /// One cached pointer to a leaf page table (a paging-structure-cache
@@ -97,7 +151,7 @@ impl Tlb {
     fn position(&self, asid: Asid, vpn: u64) -> Option<usize> {
         self.entries
             .iter()
-            .position(|(e, _)| e.vpn == vpn && (e.global || e.asid == asid))
+            .position(|(e, _)| e.covers(vpn) && (e.global || e.asid == asid))
     }
 
     /// The entry the hardware uses for `vpn` under `asid` (its own or a
@@ -127,13 +181,24 @@ impl Tlb {
         }
     }
 
-    /// Caches `entry`, replacing one for the same page and evicting the
-    /// least recently used entry when full.
-    pub(crate) fn insert(&mut self, entry: TlbEntry) {
-        self.remove(entry.asid, entry.vpn);
+    /// Caches `entry`, replacing one of the same page and size and evicting
+    /// the least recently used entry when full. Entries of another size
+    /// that overlap it stay, as in hardware; the first one (same ASID, or
+    /// global) that translates a common page differently is returned: the
+    /// TLB now holds two differing translations for one address.
+    pub(crate) fn insert(&mut self, entry: TlbEntry) -> Option<TlbEntry> {
+        let same_tag = |e: &TlbEntry| e.global == entry.global && (e.global || e.asid == entry.asid);
+        self.entries
+            .retain(|(e, _)| !(same_tag(e) && e.vpn == entry.vpn && e.size == entry.size));
+        let conflict = self
+            .entries
+            .iter()
+            .map(|(e, _)| *e)
+            .find(|e| same_tag(e) && e.conflicts_with(&entry));
         evict_lru(&mut self.entries, self.capacity);
         self.clock += 1;
         self.entries.push((entry, self.clock));
+        conflict
     }
 
     /// The cached pointer to the leaf table for `region` of the address
@@ -158,12 +223,13 @@ impl Tlb {
         self.walks.push((entry, self.clock));
     }
 
-    /// Drops the entry for `vpn` filled under `asid`, a global one for it
-    /// too when `include_global`, and the walk-cache entry for its table
-    /// under `asid`.
+    /// Drops every entry that translates `vpn` filled under `asid` (of any
+    /// size: a huge one whatever page of it `vpn` is), a global one too
+    /// when `include_global`, and the walk-cache entry for its table under
+    /// `asid`.
     pub(crate) fn invalidate_va(&mut self, asid: Asid, vpn: u64, include_global: bool) {
         self.entries.retain(|(e, _)| {
-            !(e.vpn == vpn && ((e.global && include_global) || (!e.global && e.asid == asid)))
+            !(e.covers(vpn) && ((e.global && include_global) || (!e.global && e.asid == asid)))
         });
         let region = vpn >> super::REGION_SHIFT;
         self.walks
@@ -173,7 +239,7 @@ impl Tlb {
     /// Drops every entry for `vpn`, of every ASID and global (arm64's
     /// `TLBI VAAE1IS`), and the walk-cache entries for its table.
     pub(crate) fn invalidate_va_all_asids(&mut self, vpn: u64) {
-        self.entries.retain(|(e, _)| e.vpn != vpn);
+        self.entries.retain(|(e, _)| !e.covers(vpn));
         let region = vpn >> super::REGION_SHIFT;
         self.walks.retain(|(w, _)| w.region != region);
     }
@@ -223,6 +289,7 @@ mod tests {
             space: 1,
             vpn,
             frame: Frame(vpn + 100),
+            size: PageSize::SIZE_4K,
             writable: true,
             dirty: false,
             global,

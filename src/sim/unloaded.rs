@@ -20,7 +20,7 @@ impl<M: Model> MockMachine<M> {
     /// entry of an ASID `cpu` has not loaded, and returns whether it did;
     /// the caller judges the entry otherwise.
     pub(crate) fn defer_to_load(&self, cpu: CpuId, entry: &TlbEntry, frame: Frame) -> bool {
-        if !self.config.tagged_tlb || entry.global || entry.frame != frame {
+        if !self.config.tagged_tlb || entry.global || entry.page_of(frame).is_none() {
             return false;
         }
         let state = self.state(cpu);
@@ -109,5 +109,10 @@ impl<M: Model> MockCpu<'_, M> {
 /// Whether two entries are the same translation (accessed and dirty state
 /// aside).
 fn same(a: &TlbEntry, b: &TlbEntry) -> bool {
-    a.asid == b.asid && a.space == b.space && a.vpn == b.vpn && a.frame == b.frame && a.global == b.global
+    a.asid == b.asid
+        && a.space == b.space
+        && a.vpn == b.vpn
+        && a.frame == b.frame
+        && a.size == b.size
+        && a.global == b.global
 }

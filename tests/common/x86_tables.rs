@@ -88,14 +88,17 @@ pub fn map<S: PageSize + std::fmt::Debug>(
 }
 
 /// The simulated MMU's view of the same tables: its own walk (independent
-/// of the code under test) to the 4 KiB entry word of an address. Huge
-/// pages are not modelled: the walk faults there.
+/// of the code under test) to the entry word that maps an address, a
+/// 4 KiB entry or a 2 MiB or 1 GiB one (`leaf`), which the MMU caches as
+/// one huge translation.
 pub struct HostMmu {
     pub root: u64,
 }
 
-impl MmuTable for HostMmu {
-    fn entry(&self, va: u64) -> Option<&AtomicU64> {
+impl HostMmu {
+    /// The entry word that maps `va` and its size, walking from level 4
+    /// down to a leaf or a huge entry.
+    fn walk(&self, va: u64) -> Option<(&AtomicU64, tlb_batch::PageSize)> {
         let mut table = self.root;
         for level in (1..=4u32).rev() {
             let i = (va >> (12 + 9 * (level - 1))) & 511;
@@ -103,15 +106,33 @@ impl MmuTable for HostMmu {
             // i < 512; entries are only accessed atomically in this test.
             let word = unsafe { &*((table + i * 8) as *const AtomicU64) };
             if level == 1 {
-                return Some(word);
+                return Some((word, tlb_batch::PageSize::SIZE_4K));
             }
             let raw = word.load(Ordering::SeqCst);
-            if raw & 1 == 0 || raw & (1 << 7) != 0 {
+            if raw & 1 == 0 {
                 return None;
+            }
+            if raw & (1 << 7) != 0 {
+                return match level {
+                    3 => Some((word, tlb_batch::PageSize::SIZE_1G)),
+                    2 => Some((word, tlb_batch::PageSize::SIZE_2M)),
+                    _ => None,
+                };
             }
             table = raw & 0x000f_ffff_ffff_f000;
         }
         None
+    }
+}
+
+impl MmuTable for HostMmu {
+    fn entry(&self, va: u64) -> Option<&AtomicU64> {
+        self.walk(va)
+            .and_then(|(word, size)| (!size.is_huge()).then_some(word))
+    }
+
+    fn leaf(&self, va: u64) -> Option<(&AtomicU64, tlb_batch::PageSize)> {
+        self.walk(va)
     }
 }
 
