@@ -272,3 +272,33 @@ fn the_flush_drops_walk_pointers_to_a_freed_table_when_no_page_was_cleared() {
     );
     assert_eq!(m.violations(), []);
 }
+
+/// `CountingTable` forwards the bounded hook (not the default, which would
+/// keep to the range) and records its searches.
+#[test]
+fn the_counting_wrapper_forwards_bounded_searches() {
+    use tlb_batch::arch::mock::CountingTable;
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, mm, _) = space_with(&m, &[512, 1023]);
+    unmap(&m, &rmap, 768, 1024, None).unwrap();
+    let space = CountingTable::new(m.space(&mm));
+    let mut kernel = MockKernel::new(&rmap);
+    let range = common::pages(512, 768);
+    let s = MmuGather::<64>::new()
+        .unmap_range_bounded(
+            &m.cpu(0).unwrap(),
+            &space,
+            &mut kernel,
+            range,
+            gap(),
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("nothing refused"),
+        )
+        .unwrap();
+    assert_eq!((s.pages_unmapped, s.tables_freed), (1, 1));
+    assert_eq!(m.leaf_table(&mm, va(512)), None);
+    // The search that found the table, then the whole range, which finds
+    // none.
+    assert_eq!(space.detach_searches(), [range, range]);
+    assert_eq!(m.violations(), []);
+}
