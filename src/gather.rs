@@ -300,11 +300,11 @@ impl<const N: usize> MmuGather<N> {
     /// The caller guarantees that no mapping of `space` lies within
     /// `bounds` outside `range`, and that none is made there until the call
     /// returns (it holds, over the bounds, the lock that keeps the range
-    /// from being mapped again). Wrong bounds cost no memory safety: a
-    /// table that still holds an entry stays linked (the
-    /// [`TableTeardown`] contract), and a table that a concurrent mapping
-    /// fills after it was unlinked is the same breach as a mapping made in
-    /// `range` during the call.
+    /// from being mapped again). Bounds that wrongly take in a mapped page
+    /// cost nothing: a table that still holds an entry stays linked (the
+    /// [`TableTeardown`] contract). A mapping made within the bounds during
+    /// the call breaks the guarantee as one made in `range` would: it may
+    /// land in a table that is being unlinked.
     ///
     /// A freed table's whole span is flushed (the flush that covers the
     /// range's pages grows to it, often to the whole address space), which
