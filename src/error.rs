@@ -44,6 +44,13 @@ pub enum Error {
         /// The first offending address.
         addr: u64,
     },
+    /// The [`TableBounds`](crate::TableBounds) given with a teardown do not
+    /// enclose its range: their floor lies above the range's start, or
+    /// their ceiling below its end. Nothing changed.
+    OutsideTableBounds {
+        /// The range's first page outside the bounds.
+        addr: u64,
+    },
     /// A user ASID wider than the architecture's
     /// [`asid_bits`](crate::Arch::asid_bits): the hardware would confuse it
     /// with another address space's.
@@ -296,6 +303,12 @@ impl fmt::Display for Error {
                 )
             }
             Error::NonCanonical { addr } => write!(f, "address {addr:#x} is not canonical"),
+            Error::OutsideTableBounds { addr } => {
+                write!(
+                    f,
+                    "page {addr:#x} of the range lies outside the table bounds (floor, ceiling) given with it"
+                )
+            }
             Error::AsidOutOfRange { asid, bits } => {
                 write!(f, "ASID {asid} does not fit the hardware's {bits} bits")
             }

@@ -11,44 +11,18 @@ use crate::request::FlushRequest;
 use crate::rmap::PageTable;
 use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
-use crate::validate::{check_asid, check_space_range};
+use crate::validate::{check_asid, check_space_range, check_table_bounds};
 use crate::verify::{check_table_root, space_caller};
 use crate::walk::{check_range_not_global, walk_range, Step};
 use crate::Error;
 
+mod tables;
+
+pub use tables::{DetachedTable, TableBounds, TableTeardown};
+
 /// Frames per batch when a gather's batches are sized like Linux's: the
 /// pointers that fit in one page beside a small header.
 pub const PAGE_BATCH: usize = PAGE_SIZE as usize / 8 - 2;
-
-/// A page-table frame taken out of a page table, and the addresses it used
-/// to translate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DetachedTable {
-    /// The page-table frame.
-    pub frame: Frame,
-    /// The pages it translated.
-    pub range: PageRange,
-}
-
-/// A page table that can give up the tables of a torn-down range.
-///
-/// # Safety
-///
-/// - [`detach_table`](TableTeardown::detach_table) returns only a table
-///   that translates nothing outside `range`, after unlinking it so that no
-///   new walk can reach it (walks already under way may still be reading
-///   it, which is what [`TableFreePolicy`] is for), and hands the caller
-///   the table frame itself: nothing else frees it.
-/// - A present entry that [`PageTable::clear`] removes held one claim on
-///   its frame (the frame itself, or one reference of its count: see
-///   [`OwnedFrame`]), which passes to the caller: [`MmuGather`] wraps it in
-///   an [`OwnedFrame`] and hands it to [`FreeFrames::free_batch`] after the
-///   flush.
-pub unsafe trait TableTeardown: PageTable {
-    /// Unlinks one page-table frame whose addresses all lie in `range`, or
-    /// returns `None` when none is left.
-    fn detach_table(&self, range: PageRange) -> Option<DetachedTable>;
-}
 
 /// What the kernel supplies to [`MmuGather::unmap_range`].
 pub trait TeardownBacking: FreeFrames {
@@ -58,6 +32,18 @@ pub trait TeardownBacking: FreeFrames {
     /// Frees the page-table frames it accepts in ONE batched call, removing
     /// them from `tables`; what it leaves there was refused.
     fn free_tables<const N: usize>(&mut self, tables: &mut heapless::Vec<OwnedFrame, N>);
+}
+
+/// Which page-table frames a teardown detaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FreeTables {
+    /// None.
+    No,
+    /// Those wholly inside the range ([`TableTeardown::detach_table`]).
+    InRange,
+    /// Those the range touches that lie within the bounds
+    /// ([`TableTeardown::detach_table_bounded`]).
+    Within(TableBounds),
 }
 
 /// When page-table frames may be freed after the flush (rule 6).
@@ -238,7 +224,9 @@ impl<const N: usize> MmuGather<N> {
     ///    and its frame to the data batch; migration and hwpoison entries
     ///    are cleared too;
     /// 3. with `free_tables`, every page-table frame that translated only
-    ///    this range is detached into the table batch;
+    ///    this range is detached into the table batch (to free also the
+    ///    tables the range shares with unmapped space around it, see
+    ///    [`unmap_range_bounded`](Self::unmap_range_bounded));
     /// 4. one flush of the range (page by page up to the ceiling, the
     ///    whole address space above it), then the data frames in ONE
     ///    [`FreeFrames::free_batch`] call, then, after `policy` allows, the
@@ -287,15 +275,99 @@ impl<const N: usize> MmuGather<N> {
         S: TableTeardown + ?Sized,
         B: TeardownBacking + ?Sized,
     {
+        let tables = if free_tables {
+            FreeTables::InRange
+        } else {
+            FreeTables::No
+        };
+        self.run(arch, space, backing, range, tables, policy, handback)
+    }
+
+    /// [`unmap_range`](Self::unmap_range) with page tables freed up to the
+    /// bounds the kernel knows (Linux's `floor` and `ceiling`): the
+    /// munmap of one mapping between two others, with `bounds` from the
+    /// end of the mapping below it to the start of the one above.
+    ///
+    /// Step 3 then detaches, instead of the tables wholly inside `range`,
+    /// every empty page-table frame that translates some of `range` and
+    /// whose whole span lies within `bounds`
+    /// ([`TableTeardown::detach_table_bounded`]), leaf tables first, then
+    /// the upper-level tables that emptied with them. So two teardowns that
+    /// each cover half of a leaf table free it at the second one, as a
+    /// teardown of the whole table would; without bounds it stays linked,
+    /// empty, until the space goes.
+    ///
+    /// The caller guarantees that no mapping of `space` lies within
+    /// `bounds` outside `range`, and that none is made there until the call
+    /// returns (it holds, over the bounds, the lock that keeps the range
+    /// from being mapped again). Bounds that wrongly take in a mapped page
+    /// cost nothing: a table that still holds an entry stays linked (the
+    /// [`TableTeardown`] contract). A mapping made within the bounds during
+    /// the call breaks the guarantee as one made in `range` would: it may
+    /// land in a table that is being unlinked.
+    ///
+    /// A freed table's whole span is flushed (the flush that covers the
+    /// range's pages grows to it, often to the whole address space), which
+    /// drops the pointers to it that CPUs' paging-structure caches hold.
+    ///
+    /// Errors, with nothing changed: those of `unmap_range`;
+    /// [`Error::NonCanonical`] for bounds that are not canonical or cross
+    /// the hole between the two halves, [`Error::KernelHalf`] for bounds of
+    /// a user space that reach the kernel's half (the kernel's tables are
+    /// shared: give a user space's bounds a ceiling at the end of its
+    /// half), and [`Error::OutsideTableBounds`] for bounds that do not
+    /// enclose `range` (a floor above its start, a ceiling below its end),
+    /// naming its first page outside them. Unaligned bounds cannot be
+    /// built ([`TableBounds::new`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn unmap_range_bounded<A, S, B>(
+        &mut self,
+        arch: &A,
+        space: &S,
+        backing: &mut B,
+        range: PageRange,
+        bounds: TableBounds,
+        policy: &mut TableFreePolicy<'_>,
+        handback: &mut dyn FnMut(OwnedFrame, FrameKind),
+    ) -> Result<TeardownSummary, Error>
+    where
+        A: Arch,
+        S: TableTeardown + ?Sized,
+        B: TeardownBacking + ?Sized,
+    {
+        let tables = FreeTables::Within(bounds);
+        self.run(arch, space, backing, range, tables, policy, handback)
+    }
+
+    /// The checks, then the teardown, of both entry points.
+    #[allow(clippy::too_many_arguments)]
+    fn run<A, S, B>(
+        &mut self,
+        arch: &A,
+        space: &S,
+        backing: &mut B,
+        range: PageRange,
+        tables: FreeTables,
+        policy: &mut TableFreePolicy<'_>,
+        handback: &mut dyn FnMut(OwnedFrame, FrameKind),
+    ) -> Result<TeardownSummary, Error>
+    where
+        A: Arch,
+        S: TableTeardown + ?Sized,
+        B: TeardownBacking + ?Sized,
+    {
         let mm = space.tlb_state();
         check_space_range(arch, mm, range)?;
+        if let FreeTables::Within(bounds) = tables {
+            check_table_bounds(arch, mm, range, bounds)?;
+        }
         check_asid(arch, mm.asid())?;
         space_caller(arch, mm)?;
         check_table_root(space)?;
         space.check_range(range)?;
         check_range_not_global(arch, space, range)?;
         self.claim(arch, mm)?;
-        let result = self.tear_down(arch, space, backing, range, free_tables, policy, handback);
+        let result = self.tear_down(arch, space, backing, range, tables, policy, handback);
         if result.is_err() && !self.request.is_empty() {
             // Cleared but not flushed: whoever changes this address space
             // next flushes it first, even if the gather is never finished.
@@ -312,7 +384,7 @@ impl<const N: usize> MmuGather<N> {
         space: &S,
         backing: &mut B,
         range: PageRange,
-        free_tables: bool,
+        tables: FreeTables,
         policy: &mut TableFreePolicy<'_>,
         handback: &mut dyn FnMut(OwnedFrame, FrameKind),
     ) -> Result<(), Error>
@@ -365,7 +437,7 @@ impl<const N: usize> MmuGather<N> {
                 None => break,
             }
         }
-        if free_tables {
+        if tables != FreeTables::No {
             // Where the next search starts: past the table detached last,
             // so that a teardown of T tables costs what it frees, not T
             // searches from the range's start (a search that finds tables
@@ -384,7 +456,11 @@ impl<const N: usize> MmuGather<N> {
                 if self.tables.is_full() {
                     self.complete(arch, space, backing, policy, handback)?;
                 }
-                let table = match space.detach_table(from) {
+                let detached = match tables {
+                    FreeTables::Within(bounds) => space.detach_table_bounded(from, bounds),
+                    _ => space.detach_table(from),
+                };
+                let table = match detached {
                     Some(table) => table,
                     None if from != range => {
                         from = range;
@@ -397,7 +473,16 @@ impl<const N: usize> MmuGather<N> {
                     _ => range,
                 };
                 // Paging-structure caches may hold the table: its whole
-                // range is flushed before it is freed.
+                // span is flushed before it is freed, not only the range's
+                // pages in it. With bounds the span reaches past the range.
+                // A page of the range inside the span would do on every
+                // model the crate knows (INVLPG drops all of its PCID's
+                // paging-structure entries; arm64's non-last-level TLBI
+                // VAE1IS and the mock's page flush drop the walk entries on
+                // that page's path, which runs through this table), but
+                // the span is right whatever the table reports about the
+                // range. 512 pages lie above any usual full-flush ceiling:
+                // the flush becomes one of the whole address space.
                 self.request
                     .add_range(mm.asid(), table.range, A::FULL_FLUSH_CEILING);
                 // SAFETY: `detach_table` hands over the table frame itself

@@ -249,8 +249,8 @@ pub use batch::TlbFlushUnmapBatch;
 pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
 pub use error::Error;
 pub use gather::{
-    DetachedTable, FrameKind, MmuGather, PageGather, TableFreePolicy, TableTeardown, TeardownBacking,
-    TeardownSummary, PAGE_BATCH,
+    DetachedTable, FrameKind, MmuGather, PageGather, TableBounds, TableFreePolicy, TableTeardown,
+    TeardownBacking, TeardownSummary, PAGE_BATCH,
 };
 pub use lifecycle::take_cpu_offline;
 pub use migrate::{
@@ -280,5 +280,7 @@ pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent
 pub use unmap::{
     Flushed, FreeFrames, OwnedFrame, Released, StillMapped, UnmapBatch, Unmapped, Writeback, WritebackFrame,
 };
-pub use validate::{check_asid, check_range, check_request, check_space_range, check_space_va, check_va};
+pub use validate::{
+    check_asid, check_range, check_request, check_space_range, check_space_va, check_table_bounds, check_va,
+};
 pub use verify::check_cpu_state;

@@ -6,8 +6,9 @@
 
 use crate::arch::Arch;
 use crate::asid::Asid;
+use crate::gather::TableBounds;
 use crate::mm::MmTlbState;
-use crate::pte::check_aligned;
+use crate::pte::{check_aligned, PAGE_SIZE};
 use crate::range::{is_canonical, PageRange};
 use crate::request::{FlushRequest, FlushScope};
 use crate::Error;
@@ -75,6 +76,34 @@ pub fn check_space_range<A: Arch + ?Sized>(arch: &A, mm: &MmTlbState, range: Pag
     check_range(arch, range)?;
     match range.last() {
         Some(last) if last >> 63 != 0 => check_user_half(mm, range.start().max(1 << 63)),
+        _ => Ok(()),
+    }
+}
+
+/// Checks the [`TableBounds`] a teardown of `range` in `mm` is given:
+/// canonical, not across the hole and, for a user space, not in the
+/// kernel's half, as for [`check_space_range`] ([`Error::NonCanonical`],
+/// [`Error::KernelHalf`]); and enclosing `range`
+/// ([`Error::OutsideTableBounds`] naming the range's first page below the
+/// floor or at or above the ceiling).
+pub fn check_table_bounds<A: Arch + ?Sized>(
+    arch: &A,
+    mm: &MmTlbState,
+    range: PageRange,
+    bounds: TableBounds,
+) -> Result<(), Error> {
+    check_space_range(arch, mm, bounds.span())?;
+    if range.start() < bounds.floor() {
+        return Err(Error::OutsideTableBounds { addr: range.start() });
+    }
+    match (range.last(), bounds.span().last()) {
+        // The first page at or above the ceiling: the one after the
+        // bounds' last page (the range's own last page is above it, so
+        // that page exists), or the range's start for empty bounds.
+        (Some(last), Some(bound)) if last > bound => Err(Error::OutsideTableBounds {
+            addr: bound + PAGE_SIZE,
+        }),
+        (Some(_), None) => Err(Error::OutsideTableBounds { addr: range.start() }),
         _ => Ok(()),
     }
 }

@@ -24,7 +24,7 @@
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use crate::gather::DetachedTable;
+use crate::gather::{DetachedTable, TableBounds};
 use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT, PAGE_SIZE};
 use crate::range::{is_canonical, PageRange};
@@ -103,6 +103,16 @@ pub(crate) unsafe trait TableFrames {
 pub(crate) struct HugeAt {
     pub(crate) va: u64,
     pub(crate) size: u64,
+}
+
+/// Which tables a detach may take: those translating some of
+/// `first..=last` whose span lies inside `floor..=top` (all last pages).
+#[derive(Clone, Copy)]
+struct Within {
+    first: u64,
+    last: u64,
+    floor: u64,
+    top: u64,
 }
 
 /// What the walk to one address found.
@@ -325,28 +335,54 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
     /// whole span lies in `range`, the deepest first (a parent empties only
     /// once its children are gone), and answers its frame and span.
     pub(crate) fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
-        let last = range.last()?;
-        let first = range.start();
-        if !is_canonical(first, VA_BITS) || !is_canonical(last, VA_BITS) {
+        self.detach_table_bounded(range, TableBounds::from_range(range))
+    }
+
+    /// Unlinks one table below the root whose words are all 0, that
+    /// translates some of `range` and whose whole span lies within
+    /// `bounds`, the deepest first, and answers its frame and span.
+    /// [`detach_table`](Self::detach_table) is this with the bounds at the
+    /// range itself.
+    pub(crate) fn detach_table_bounded(
+        &self,
+        range: PageRange,
+        bounds: TableBounds,
+    ) -> Option<DetachedTable> {
+        let within = Within {
+            first: range.start(),
+            last: range.last()?,
+            floor: bounds.floor(),
+            top: bounds.span().last()?,
+        };
+        let canonical = |va| is_canonical(va, VA_BITS);
+        if ![within.first, within.last, within.floor, within.top]
+            .into_iter()
+            .all(canonical)
+        {
             return None;
         }
         let root = self.root()?;
-        (2..=4).find_map(|level| self.detach_below(root, 4, 0, first, last, level))
+        (2..=4).find_map(|level| self.detach_below(root, 4, 0, within, level))
     }
 
     /// Unlinks the first empty table named by an entry at `level` (2: a
     /// leaf table; 3 and 4: tables of tables) below the table at `table`
-    /// (at `table_level`, translating from `base`) whose span lies inside
-    /// `first..=last`.
+    /// (at `table_level`, translating from `base`) that translates some of
+    /// `first..=last` and whose span lies inside `floor..=top`.
     fn detach_below(
         &self,
         table: u64,
         table_level: u32,
         base: u64,
-        first: u64,
-        last: u64,
+        within: Within,
         level: u32,
     ) -> Option<DetachedTable> {
+        let Within {
+            first,
+            last,
+            floor,
+            top,
+        } = within;
         let entry_span = span(table_level);
         let from = if first > base {
             index(first, table_level)
@@ -369,16 +405,20 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
                 continue;
             };
             if table_level != level {
-                if let Some(found) = self.detach_below(child, table_level - 1, start, first, last, level) {
+                if let Some(found) = self.detach_below(child, table_level - 1, start, within, level) {
                     return Some(found);
                 }
                 continue;
             }
-            // The entry's last page (`last` is the range's last page too).
+            // The entry's last page. The entries from `from` on translate
+            // some of the range: they end at or after `first`, start at or
+            // before `last`.
             let end = start.checked_add(entry_span - PAGE_SIZE);
-            let inside = start >= first && end.is_some_and(|e| e <= last);
-            // One compare-exchange unlinks it; an entry changed meanwhile
-            // (the kernel mapped something again) stays.
+            let inside = start >= floor && end.is_some_and(|e| e <= top);
+            // Every word 0, then one compare-exchange unlinks it; an entry
+            // changed meanwhile (the kernel mapped something again) stays.
+            // The emptiness check is what keeps wrong bounds harmless: a
+            // table that still maps a page is never detached.
             if inside
                 && self.is_empty(child)
                 && entry

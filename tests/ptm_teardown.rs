@@ -283,3 +283,52 @@ fn detach_table_refuses_non_canonical_ranges_and_the_space_prints_what_it_holds(
     assert_eq!(teardown.detach_table(hole), None::<DetachedTable>);
     assert_eq!(teardown.check_range(hole), Ok(()));
 }
+
+/// With the bounds the kernel knows (the mappings around end at 1 GiB and
+/// start at 2 GiB), the second of two munmaps that each cover half of the
+/// leaf table at 1 GiB unlinks it and the level-2 table that emptied with
+/// it, and hands both back to the `PagingHandler` after the flush; the
+/// mappings around stay.
+#[test]
+fn two_half_munmaps_with_bounds_unlink_the_leaf_table_and_its_parent() {
+    let mut t = table();
+    let (m, mm) = machine_with(2, &t);
+    let vas = [GIB - PAGE_SIZE, GIB, GIB + MIB2 - PAGE_SIZE, 2 * GIB];
+    let frames: Vec<Frame> = vas.iter().map(|_| m.alloc_frame().unwrap()).collect();
+    for (&va, &f) in vas.iter().zip(&frames) {
+        map(&mut t, va, f, PageSize::Size4K, user_rw());
+    }
+    // Root, level 3, level 2 and leaf of the first GiB, level 2 and leaf
+    // of the second, level 2 and leaf of the third.
+    let tables = allocated();
+    assert_eq!(tables.len(), 8);
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.write(GIB, 5).unwrap();
+    // SAFETY: each mapped frame's claim is the test's, handed over here;
+    // no table is shared with another address space.
+    let space = unsafe { PtmSpace::new(&mut t, &mm).for_teardown() };
+    let bounds = tlb_batch::TableBounds::new(GIB, 2 * GIB).unwrap();
+    let mut backing = Backing::new(&m);
+    let cpu0 = m.cpu(0).unwrap();
+    for (first, end, pages, freed) in [(GIB, GIB + MIB2 / 2, 1, 0), (GIB + MIB2 / 2, GIB + MIB2, 1, 2)] {
+        let summary = MmuGather::<16>::new()
+            .unmap_range_bounded(
+                &cpu0,
+                &space,
+                &mut backing,
+                PageRange::from_bounds(first, end).unwrap(),
+                bounds,
+                &mut TableFreePolicy::AfterFlush,
+                &mut |_, _| panic!("nothing refused"),
+            )
+            .unwrap();
+        assert_eq!((summary.pages_unmapped, summary.tables_freed), (pages, freed));
+    }
+    assert_eq!(frames_of(&deallocated()), frames_of(&tables[4..6]));
+    assert_eq!(cpu1.read(GIB - PAGE_SIZE), Ok(0));
+    assert_eq!(cpu1.read(2 * GIB), Ok(0));
+    assert!(cpu1.read(GIB).is_err());
+    assert!(space.lookup(2 * GIB).maps(frames[3]));
+    assert_eq!(m.violations(), []);
+}

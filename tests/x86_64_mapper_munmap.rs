@@ -4,7 +4,8 @@
 //! into a `FrameDeallocator` only after a flush that reaches the CPUs
 //! running the space, refuses a range a huge page maps with nothing
 //! changed (the long form `unmap_range` too), keeps what a failed flush
-//! owes for the next call; `DeallocatorFrees` gets exactly the frames;
+//! owes for the next call; `munmap_bounded` frees the tables two half
+//! munmaps emptied; `DeallocatorFrees` gets exactly the frames;
 //! `MapperError` converts into `Error`.
 
 #![cfg(all(feature = "x86_64-mapper", feature = "mock"))]
@@ -19,8 +20,8 @@ use tlb_batch::arch::mock::MockMachine;
 use tlb_batch::heapless;
 use tlb_batch::mapper::{DeallocatorFrees, MapperError, OffsetSpace};
 use tlb_batch::{
-    Error, Frame, FreeFrames, MmuGather, OwnedFrame, PageGather, PageRange, PageTable, Pte, TableFreePolicy,
-    TeardownBacking, PAGE_SIZE,
+    Error, Frame, FreeFrames, MmuGather, OwnedFrame, PageGather, PageRange, PageTable, Pte, TableBounds,
+    TableFreePolicy, TeardownBacking, PAGE_SIZE,
 };
 use x86_64::structures::paging::{
     FrameDeallocator, PageTableFlags as F, PhysFrame, Size1GiB, Size2MiB, Size4KiB,
@@ -344,4 +345,60 @@ fn mapper_errors_convert_into_the_crates_error() {
         Err(Error::from(huge))
     );
     assert_eq!(check(PageRange::page(0x3fff_f000).unwrap()), Ok(()));
+}
+
+/// `munmap_bounded`: two munmaps of the halves of the leaf table at 1 GiB,
+/// between a mapping that ends at 1 GiB and one at 2 GiB. The second frees
+/// the leaf table and its emptied level-2 table into the deallocator;
+/// plain `munmap` frees neither. Bounds that do not enclose the range are
+/// refused with nothing changed.
+#[test]
+fn munmap_bounded_frees_the_tables_two_half_munmaps_emptied() {
+    for bounded in [true, false] {
+        let mut t = Tables::new();
+        let (m, mm) = machine_with(2, &t);
+        let vas = [GIB - PAGE_SIZE, GIB, GIB + MIB2 - PAGE_SIZE, 2 * GIB];
+        let frames: Vec<Frame> = vas.iter().map(|_| m.alloc_frame().unwrap()).collect();
+        let (mut mapper, mut pool) = t.mapper();
+        for (va, f) in vas.iter().zip(&frames) {
+            map::<Size4KiB>(&mut mapper, &mut pool, *va, f.addr(), user_rw());
+        }
+        // Level 3, level 2 and leaf of the first GiB, level 2 and leaf of
+        // the second, of the third.
+        let tables: Vec<Frame> = pool.0.iter().map(|&a| Frame(a >> 12)).collect();
+        assert_eq!(tables.len(), 7);
+        let (mut mapper, _) = t.mapper();
+        // SAFETY: each page is mapped once and its frame is the test's to
+        // free; the tables belong to this space alone.
+        let space = unsafe { OffsetSpace::new(&mut mapper, &mm).for_teardown() };
+        let mut dealloc = Dealloc::new(&m, &frames[1..3]);
+        let mut gather = PageGather::new();
+        // SAFETY: frames are not reference-counted and all are the test's.
+        let mut frees = unsafe { DeallocatorFrees::new(&mut dealloc) };
+        let cpu0 = m.cpu(0).unwrap();
+        let bounds = TableBounds::new(GIB, 2 * GIB).unwrap();
+        let halves = [GIB, GIB + MIB2 / 2, GIB + MIB2];
+        for (pair, mapped) in halves.windows(2).zip([vas[1], vas[2]]) {
+            let range = PageRange::from_bounds(pair[0], pair[1]).unwrap();
+            if bounded {
+                let outside = TableBounds::new(pair[0] + PAGE_SIZE, 2 * GIB).unwrap();
+                let refused = space.munmap_bounded(&cpu0, &mut gather, range, outside, &mut frees);
+                assert_eq!(refused, Err(Error::OutsideTableBounds { addr: range.start() }));
+                assert!(space.lookup(mapped).is_present(), "refused: nothing changed");
+                space
+                    .munmap_bounded(&cpu0, &mut gather, range, bounds, &mut frees)
+                    .unwrap();
+            } else {
+                space.munmap(&cpu0, &mut gather, range, &mut frees).unwrap();
+            }
+        }
+        let freed: BTreeSet<Frame> = dealloc.freed.iter().copied().collect();
+        let mut want: BTreeSet<Frame> = frames[1..3].iter().copied().collect();
+        if bounded {
+            want.extend(&tables[3..5]);
+        }
+        assert_eq!(freed, want, "bounded: {bounded}");
+        assert!(space.lookup(vas[0]).maps(frames[0]) && space.lookup(vas[3]).maps(frames[3]));
+        assert_eq!(m.violations(), []);
+    }
 }

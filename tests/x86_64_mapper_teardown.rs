@@ -3,7 +3,9 @@
 //! teardown through `OffsetTeardown`: `MmuGather` frees data frames after
 //! the flush and detaches the tables it emptied, `detach_table` leaves the
 //! tables a range covers only in part at every level and refuses a range
-//! with an end in the hole, and every primitive forwards to the space.
+//! with an end in the hole, every primitive forwards to the space, and
+//! with bounds (`unmap_range_bounded`) two half teardowns free a leaf table
+//! and its emptied parent, never a table that still maps a page.
 
 #![cfg(all(feature = "x86_64-mapper", feature = "mock"))]
 
@@ -18,7 +20,7 @@ use tlb_batch::arch::mock::{MmuTable, MockMachine};
 use tlb_batch::mapper::{OffsetSpace, OffsetTeardown};
 use tlb_batch::{
     DetachedTable, Frame, FrameKind, FreeFrames, MmTlbState, MmuGather, OwnedFrame, PageRange, PageTable,
-    Pte, PteFlags, TableFreePolicy, TeardownBacking, PAGE_SIZE,
+    Pte, PteFlags, TableBounds, TableFreePolicy, TeardownBacking, TeardownSummary, PAGE_SIZE,
 };
 use x86_64::structures::paging::{PageTableFlags as F, Size4KiB};
 
@@ -414,5 +416,136 @@ fn a_teardown_searches_on_from_its_last_table_and_frees_every_level() {
         .iter()
         .enumerate()
         .all(|(i, s)| s.start() == base + (i as u64 + 1) * MIB2));
+    assert_eq!(m.violations(), []);
+}
+
+/// A teardown of `range` through `OffsetTeardown` with `bounds` (`None`:
+/// `unmap_range`, tables wholly inside the range only): the summary, and
+/// the page-table frames freed.
+fn bounded(
+    m: &MockMachine,
+    space: &OffsetTeardown<'_>,
+    range: PageRange,
+    bounds: Option<TableBounds>,
+) -> (TeardownSummary, Vec<Frame>) {
+    let mut backing = Backing {
+        machine: m,
+        dirty: Vec::new(),
+        freed: Vec::new(),
+        tables: Vec::new(),
+    };
+    let mut gather = MmuGather::<16>::new();
+    let cpu0 = m.cpu(0).unwrap();
+    let policy = &mut TableFreePolicy::AfterFlush;
+    let back = &mut |_: OwnedFrame, _: FrameKind| panic!("nothing refused");
+    let summary = match bounds {
+        Some(b) => gather.unmap_range_bounded(&cpu0, space, &mut backing, range, b, policy, back),
+        None => gather.unmap_range(&cpu0, space, &mut backing, range, true, policy, back),
+    };
+    (summary.unwrap(), backing.tables)
+}
+
+/// Two munmaps that each cover half of the leaf table at 1 GiB, between a
+/// mapping that ends at 1 GiB and one at 2 GiB. With those bounds the
+/// second frees the leaf table and then the level-2 table that emptied
+/// with it (its GiB lies within them); the level-3 table (512 GiB) stays,
+/// as do the mappings around. Without bounds nothing is freed.
+#[test]
+fn two_half_munmaps_with_bounds_free_the_leaf_table_and_its_emptied_parent() {
+    for with_bounds in [true, false] {
+        let mut t = Tables::new();
+        let root = t.root_addr();
+        let (m, mm) = machine_with(2, &t);
+        let vas = [GIB - PAGE_SIZE, GIB, GIB + MIB2 - PAGE_SIZE, 2 * GIB];
+        let frames: Vec<Frame> = vas.iter().map(|_| m.alloc_frame().unwrap()).collect();
+        let (mut mapper, mut pool) = t.mapper();
+        for (va, f) in vas.iter().zip(&frames) {
+            map::<Size4KiB>(&mut mapper, &mut pool, *va, f.addr(), user_rw());
+        }
+        let leaf = table_named(root, GIB, 2);
+        let level_2 = table_named(root, GIB, 3);
+        let level_3 = table_named(root, GIB, 4);
+        let cpu1 = m.cpu(1).unwrap();
+        cpu1.switch_to(&mm).unwrap();
+        for (i, va) in vas.iter().enumerate() {
+            cpu1.write(*va, i as u64).unwrap();
+        }
+        let (mut mapper, _) = t.mapper();
+        // SAFETY: each mapped frame's claim is the test's, handed over
+        // here, and no table is shared with another address space.
+        let space = unsafe { OffsetSpace::new(&mut mapper, &mm).for_teardown() };
+        let bounds = with_bounds.then(|| TableBounds::new(GIB, 2 * GIB).unwrap());
+
+        let half = MIB2 / 2;
+        let (first, tables) = bounded(
+            &m,
+            &space,
+            PageRange::from_bounds(GIB, GIB + half).unwrap(),
+            bounds,
+        );
+        assert_eq!(
+            (first.pages_unmapped, tables),
+            (1, vec![]),
+            "the other half is mapped"
+        );
+        let second = PageRange::from_bounds(GIB + half, GIB + MIB2).unwrap();
+        let (second, tables) = bounded(&m, &space, second, bounds);
+        assert_eq!(second.pages_unmapped, 1);
+        if with_bounds {
+            let freed: BTreeSet<Frame> = tables.into_iter().collect();
+            assert_eq!(
+                freed,
+                [leaf.frame, level_2.frame].into(),
+                "the leaf and its parent"
+            );
+            assert_eq!(
+                table_named(root, GIB, 4),
+                level_3,
+                "512 GiB reach past the bounds"
+            );
+            assert!(HostMmu { root }.entry(GIB).is_none());
+        } else {
+            assert_eq!(tables, []);
+            assert_eq!(table_named(root, GIB, 2), leaf, "empty, still linked");
+        }
+        assert_eq!(cpu1.read(GIB - PAGE_SIZE), Ok(0));
+        assert_eq!(cpu1.read(2 * GIB), Ok(3));
+        assert!(cpu1.read(GIB).is_err());
+        assert_eq!(
+            m.check_coherent(&mm, PageRange::from_bounds(GIB, GIB + MIB2).unwrap()),
+            0
+        );
+        assert_eq!(m.violations(), []);
+    }
+}
+
+/// Bounds that wrongly say the whole first 4 GiB are free: the leaf table
+/// that still maps a page, and its parents, stay; the page stays mapped
+/// and readable.
+#[test]
+fn a_bound_over_a_still_mapped_page_never_frees_its_tables() {
+    let mut t = Tables::new();
+    let root = t.root_addr();
+    let (m, mm) = machine_with(2, &t);
+    let vas = [GIB, GIB + 300 * PAGE_SIZE];
+    let frames: Vec<Frame> = vas.iter().map(|_| m.alloc_frame().unwrap()).collect();
+    let (mut mapper, mut pool) = t.mapper();
+    for (va, f) in vas.iter().zip(&frames) {
+        map::<Size4KiB>(&mut mapper, &mut pool, *va, f.addr(), user_rw());
+    }
+    let linked = [2, 3, 4].map(|level| table_named(root, GIB, level));
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.write(vas[1], 7).unwrap();
+    let (mut mapper, _) = t.mapper();
+    // SAFETY: as above.
+    let space = unsafe { OffsetSpace::new(&mut mapper, &mm).for_teardown() };
+    let wrong = TableBounds::new(0, 4 * GIB).unwrap();
+    let range = PageRange::new(GIB, 256).unwrap();
+    let (summary, tables) = bounded(&m, &space, range, Some(wrong));
+    assert_eq!((summary.pages_unmapped, tables), (1, vec![]));
+    assert_eq!([2, 3, 4].map(|level| table_named(root, GIB, level)), linked);
+    assert!(space.lookup(vas[1]).maps(frames[1]));
+    assert_eq!(cpu1.read(vas[1]), Ok(7));
     assert_eq!(m.violations(), []);
 }

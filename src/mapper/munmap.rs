@@ -1,14 +1,16 @@
 //! [`OffsetTeardown::munmap`], the short form of
 //! [`MmuGather::unmap_range`] for a plain munmap over a table the `x86_64`
-//! crate built.
+//! crate built, and [`OffsetTeardown::munmap_bounded`], the same with
+//! tables freed up to the floor and ceiling the kernel knows.
 
 use x86_64::structures::paging::{FrameDeallocator, Size4KiB};
 
 use super::{DeallocatorFrees, OffsetTeardown};
 use crate::arch::Arch;
-use crate::gather::{MmuGather, TableFreePolicy, TeardownSummary};
+use crate::gather::{MmuGather, TableBounds, TableFreePolicy, TeardownSummary};
 use crate::pte::Frame;
 use crate::range::PageRange;
+use crate::unmap::OwnedFrame;
 use crate::Error;
 
 impl OffsetTeardown<'_> {
@@ -149,20 +151,68 @@ impl OffsetTeardown<'_> {
         A: Arch,
         D: FrameDeallocator<Size4KiB>,
     {
+        self.unmap(arch, gather, range, None, frees)
+    }
+
+    /// [`munmap`](Self::munmap) of a mapping between two others, with the
+    /// page tables freed up to `bounds` (Linux's floor and ceiling: from
+    /// the end of the mapping below to the start of the one above;
+    /// [`MmuGather::unmap_range_bounded`]): a leaf, level-2 or level-3
+    /// table that the range touches goes once it is empty and its span
+    /// lies within the bounds. So munmaps that each take part of a table's
+    /// span free it at the last one, which `munmap` leaves linked.
+    ///
+    /// The caller promises that nothing of the space is mapped within
+    /// `bounds` outside `range`, and that nothing is mapped there until
+    /// the call returns (it holds the lock that keeps the range unmapped
+    /// over the bounds too). A table that still holds an entry is never
+    /// freed, whatever the bounds.
+    ///
+    /// Errors: those of `munmap`, and those `unmap_range_bounded` adds for
+    /// bounds that are not canonical, reach the kernel's half, or do not
+    /// enclose `range` ([`Error::OutsideTableBounds`]), all with nothing
+    /// changed.
+    pub fn munmap_bounded<A, D, const N: usize>(
+        &self,
+        arch: &A,
+        gather: &mut MmuGather<N>,
+        range: PageRange,
+        bounds: TableBounds,
+        frees: &mut DeallocatorFrees<'_, D>,
+    ) -> Result<TeardownSummary, Error>
+    where
+        A: Arch,
+        D: FrameDeallocator<Size4KiB>,
+    {
+        self.unmap(arch, gather, range, Some(bounds), frees)
+    }
+
+    /// `munmap` (`bounds` `None`) or `munmap_bounded`.
+    fn unmap<A, D, const N: usize>(
+        &self,
+        arch: &A,
+        gather: &mut MmuGather<N>,
+        range: PageRange,
+        bounds: Option<TableBounds>,
+        frees: &mut DeallocatorFrees<'_, D>,
+    ) -> Result<TeardownSummary, Error>
+    where
+        A: Arch,
+        D: FrameDeallocator<Size4KiB>,
+    {
         let mut refused: Option<Frame> = None;
-        let summary = gather.unmap_range(
-            arch,
-            self,
-            frees,
-            range,
-            true,
-            &mut TableFreePolicy::AfterFlush,
-            &mut |frame, _kind| {
-                // Only a frame number beyond 52 bits comes back here (see
-                // above): it names no memory, and the error names it.
-                refused.get_or_insert(frame.into_frame());
-            },
-        )?;
+        // Only a frame number beyond 52 bits comes back here (see
+        // `munmap`): it names no memory, and the error names it.
+        let mut handback = |frame: OwnedFrame, _kind| {
+            refused.get_or_insert(frame.into_frame());
+        };
+        let policy = &mut TableFreePolicy::AfterFlush;
+        let summary = match bounds {
+            Some(bounds) => {
+                gather.unmap_range_bounded(arch, self, frees, range, bounds, policy, &mut handback)
+            }
+            None => gather.unmap_range(arch, self, frees, range, true, policy, &mut handback),
+        }?;
         match refused {
             Some(frame) => Err(Error::FrameOutOfRange { frame }),
             None => Ok(summary),

@@ -7,7 +7,7 @@
 #![cfg_attr(not(feature = "x86_64-mapper"), allow(rustdoc::broken_intra_doc_links))]
 
 use super::OffsetSpace;
-use crate::gather::{DetachedTable, TableTeardown};
+use crate::gather::{DetachedTable, TableBounds, TableTeardown};
 use crate::mm::MmTlbState;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
@@ -20,9 +20,11 @@ use crate::Error;
 /// detaches ([`TableTeardown`]). Made by [`OffsetSpace::for_teardown`].
 ///
 /// A table is detached once the teardown emptied it and its whole span
-/// lies in the range: leaf tables first, then level-2 and level-3 tables
-/// left empty by that. The level-4 table stays (it is the address space's
-/// root). A range that a 2 MiB or 1 GiB page maps any of is refused with
+/// lies in the range (with [`MmuGather::unmap_range_bounded`](crate::MmuGather::unmap_range_bounded):
+/// once every word of it is 0, it translates some of the range and its
+/// whole span lies within the bounds): leaf tables first, then level-2
+/// and level-3 tables left empty by that. The level-4 table stays (it is
+/// the address space's root). A range that a 2 MiB or 1 GiB page maps any of is refused with
 /// [`Error::HugePage`] before anything changes
 /// ([`PageTable::check_range`], which runs
 /// [`OffsetSpace::check_no_huge`]): clearing 4 KiB entries would leave it
@@ -86,14 +88,20 @@ unsafe impl PageTable for OffsetTeardown<'_> {
     }
 }
 
-// SAFETY: `detach_table` unlinks a table with one atomic compare-exchange
-// of its parent's entry, only when every word of it is 0 (it translates
-// nothing) and its whole span lies in `range`; once unlinked no new walk
-// reaches it, and the frame is handed over: the caller of `for_teardown`
-// promised that page-table frames belong to this address space alone and
-// that a cleared present entry's claim passes to the gather.
+// SAFETY: both hooks unlink a table with one atomic compare-exchange of
+// its parent's entry, only when every word of it is 0 (it translates
+// nothing), and report its whole span; `detach_table` only when that span
+// lies in `range`, `detach_table_bounded` only when it lies within
+// `bounds` and meets `range`. Once unlinked no new walk reaches it, and
+// the frame is handed over: the caller of `for_teardown` promised that
+// page-table frames belong to this address space alone and that a cleared
+// present entry's claim passes to the gather.
 unsafe impl TableTeardown for OffsetTeardown<'_> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
         self.walk().detach_table(range)
+    }
+
+    fn detach_table_bounded(&self, range: PageRange, bounds: TableBounds) -> Option<DetachedTable> {
+        self.walk().detach_table_bounded(range, bounds)
     }
 }

@@ -8,7 +8,7 @@ use core::fmt;
 use page_table_multiarch::PagingHandler;
 
 use super::PtmSpace;
-use crate::gather::{DetachedTable, TableTeardown};
+use crate::gather::{DetachedTable, TableBounds, TableTeardown};
 use crate::mm::MmTlbState;
 use crate::range::PageRange;
 use crate::rmap::PageTable;
@@ -21,7 +21,10 @@ use crate::Error;
 /// ([`TableTeardown::detach_table`]).
 ///
 /// A table is unlinked once every entry of it is empty and its whole span
-/// lies inside the torn-down range, leaf tables first, then the level-2
+/// lies inside the torn-down range (with
+/// [`MmuGather::unmap_range_bounded`](crate::MmuGather::unmap_range_bounded):
+/// within the bounds, and it translates some of the range), leaf tables
+/// first, then the level-2
 /// and level-3 tables that emptied with them; the root stays. Unlinked
 /// frames are no longer reachable from the `X64PageTable`, so dropping the
 /// table later does not free them again: the kernel frees them in
@@ -92,15 +95,20 @@ unsafe impl<H: PagingHandler> PageTable for PtmTeardown<'_, H> {
     }
 }
 
-// SAFETY: `detach_table` unlinks a table by one compare-exchange of its
+// SAFETY: both hooks unlink a table by one compare-exchange of its
 // parent's entry word, only when all 512 words of the table are 0 (it
-// translates nothing) and its whole span lies in `range`; from then on no
-// new walk reaches it, and its frame goes to the caller alone, as the
+// translates nothing), and report its whole span; `detach_table` only when
+// that span lies in `range`, `detach_table_bounded` only when it lies
+// within `bounds` and meets `range`. From then on no new walk reaches it, and its frame goes to the caller alone, as the
 // caller of `for_teardown` promised that table frames belong to this
 // address space only and that a cleared present entry's claim passes to
 // the gather.
 unsafe impl<H: PagingHandler> TableTeardown for PtmTeardown<'_, H> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
         self.walk().detach_table(range)
+    }
+
+    fn detach_table_bounded(&self, range: PageRange, bounds: TableBounds) -> Option<DetachedTable> {
+        self.walk().detach_table_bounded(range, bounds)
     }
 }

@@ -5,7 +5,7 @@
 use core::cell::{Cell, RefCell};
 use std::vec::Vec;
 
-use crate::gather::{DetachedTable, TableTeardown};
+use crate::gather::{DetachedTable, TableBounds, TableTeardown};
 use crate::mm::MmTlbState;
 use crate::page_size::PageSize;
 use crate::pte::Pte;
@@ -44,8 +44,9 @@ impl<P: PageTable> CountingTable<P> {
         }
     }
 
-    /// The ranges [`detach_table`](TableTeardown::detach_table) was asked
-    /// to search, in order (how a teardown's table searches add up).
+    /// The ranges [`detach_table`](TableTeardown::detach_table) and
+    /// [`detach_table_bounded`](TableTeardown::detach_table_bounded) were
+    /// asked to search, in order (how a teardown's table searches add up).
     pub fn detach_searches(&self) -> Vec<PageRange> {
         self.searches.borrow().clone()
     }
@@ -141,5 +142,11 @@ unsafe impl<P: TableTeardown> TableTeardown for CountingTable<P> {
         self.tick();
         self.searches.borrow_mut().push(range);
         self.inner.detach_table(range)
+    }
+
+    fn detach_table_bounded(&self, range: PageRange, bounds: TableBounds) -> Option<DetachedTable> {
+        self.tick();
+        self.searches.borrow_mut().push(range);
+        self.inner.detach_table_bounded(range, bounds)
     }
 }

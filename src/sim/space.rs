@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::{DetachedTable, MockError, MockMachine, Model, Violation, X86Like};
+use crate::gather::TableBounds;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, Pte};
 use crate::range::PageRange;
@@ -88,10 +89,17 @@ unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
     }
 }
 
-// SAFETY: `detach_table` hands out only a table whose whole region lies in
-// the range, removing its entries from the simulated table first.
+// SAFETY: both hooks hand out only a leaf table all of whose entries are
+// empty, checked and unlinked under the lock every writer of the simulated
+// table takes, and report its whole region: `detach_table` one whose
+// region lies in the range, `detach_table_bounded` one whose region lies
+// within the bounds and meets the range.
 unsafe impl<M: Model> crate::gather::TableTeardown for MockSpace<'_, M> {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
         self.machine.detach_table(&self.mm, range)
+    }
+
+    fn detach_table_bounded(&self, range: PageRange, bounds: TableBounds) -> Option<DetachedTable> {
+        self.machine.detach_table_bounded(&self.mm, range, bounds)
     }
 }

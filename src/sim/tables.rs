@@ -12,6 +12,7 @@ use super::{
 };
 use crate::arch::Asid;
 use crate::cpuset::CpuId;
+use crate::gather::TableBounds;
 use crate::mm::MmTlbState;
 use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte, PteFlags, PAGE_SHIFT};
@@ -398,22 +399,55 @@ impl<M: Model> MockMachine<M> {
     }
 
     /// Detaches one leaf table of `mm` whose whole region lies inside
-    /// `range`, dropping its (cleared) entries; returns its frame and
-    /// region. The frame stays allocated: the caller frees it when safe.
+    /// `range` and all of whose entries are empty, dropping them; returns
+    /// its frame and region. The frame stays allocated: the caller frees it
+    /// when safe.
     pub fn detach_table(&self, mm: &MmTlbState, range: PageRange) -> Option<DetachedTable> {
+        self.detach_table_bounded(mm, range, TableBounds::from_range(range))
+    }
+
+    /// Detaches one leaf table of `mm` whose region meets `range` and lies
+    /// wholly within `bounds`, and all of whose entries are empty (one that
+    /// still holds any, present or not, stays, whatever the bounds say);
+    /// returns its frame and region. The frame stays allocated: the caller
+    /// frees it when safe. [`detach_table`](Self::detach_table) is this
+    /// with the bounds at the range.
+    pub fn detach_table_bounded(
+        &self,
+        mm: &MmTlbState,
+        range: PageRange,
+        bounds: TableBounds,
+    ) -> Option<DetachedTable> {
         let last = range.last()?;
-        // The regions wholly inside the range: from the first that starts
-        // at or after its start, to the last that ends at or before its
-        // last page. Looked up by key, so that a teardown of T tables
-        // costs O(T log T), not a scan of every table per call.
+        let top = bounds.span().last()?;
+        // The regions wholly within the bounds (from the first that starts
+        // at or after the floor, to the last that ends at or before the
+        // bounds' last page) that meet the range (from the region of its
+        // start to that of its last page); `hi` is one past the last.
+        // Looked up by key, so that a teardown of T tables costs
+        // O(T log T), not a scan of every table per call.
         let shift = REGION_SHIFT + PAGE_SHIFT;
-        let lo = range.start().div_ceil(1 << shift);
-        let hi = ((last >> PAGE_SHIFT) + 1) >> REGION_SHIFT;
-        if hi == 0 || lo > hi - 1 {
+        let lo = bounds.floor().div_ceil(1 << shift).max(range.start() >> shift);
+        let hi = (((top >> PAGE_SHIFT) + 1) >> REGION_SHIFT).min((last >> shift) + 1);
+        if lo >= hi {
             return None;
         }
+        let region_pages =
+            |region: u64| (region << REGION_SHIFT)..=(region << REGION_SHIFT) + ((1 << REGION_SHIFT) - 1);
+        // The entries' lock first, as `set_pte` takes them: no entry can
+        // be written between the check that the table is empty and its
+        // unlinking.
+        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
+        let table = tables.get_mut(&mm.root())?;
         let mut leaves = lock(&self.leaf_tables);
-        let (&key, &frame) = leaves.range((mm.root(), lo)..=(mm.root(), hi - 1)).next()?;
+        let (key, frame) = leaves
+            .range((mm.root(), lo)..(mm.root(), hi))
+            .map(|(&key, &frame)| (key, frame))
+            .find(|&(key, _)| {
+                table
+                    .range(region_pages(key.1))
+                    .all(|(_, pte)| pte.load(Ordering::SeqCst) == 0)
+            })?;
         // Detached before it is unlinked, under the leaf tables' lock: a
         // walk through a CPU's cached pointer that finds the table no
         // longer linked must find it detached (it was judged freed in that
@@ -421,18 +455,13 @@ impl<M: Model> MockMachine<M> {
         lock(&self.detached).insert(frame);
         leaves.remove(&key);
         drop(leaves);
-        let first_vpn = key.1 << REGION_SHIFT;
-        let last_vpn = first_vpn + ((1 << REGION_SHIFT) - 1);
-        let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
-        if let Some(table) = tables.get_mut(&mm.root()) {
-            let cleared: Vec<u64> = table.range(first_vpn..=last_vpn).map(|(&vpn, _)| vpn).collect();
-            for vpn in cleared {
-                table.remove(&vpn);
-            }
+        let cleared: Vec<u64> = table.range(region_pages(key.1)).map(|(&vpn, _)| vpn).collect();
+        for vpn in cleared {
+            table.remove(&vpn);
         }
         Some(DetachedTable {
             frame,
-            range: PageRange::new(first_vpn << PAGE_SHIFT, 1 << REGION_SHIFT).ok()?,
+            range: PageRange::new((key.1 << REGION_SHIFT) << PAGE_SHIFT, 1 << REGION_SHIFT).ok()?,
         })
     }
 }
