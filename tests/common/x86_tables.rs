@@ -94,7 +94,39 @@ pub struct HostMmu {
     pub root: u64,
 }
 
+impl HostMmu {
+    /// The host address of the table at `level` (4, the root, to 1, the
+    /// leaf) on the way to `va`, if every entry above it is present and
+    /// none maps a huge page.
+    fn table_at(&self, va: u64, level: u32) -> Option<u64> {
+        let mut table = self.root;
+        for l in (level + 1..=4u32).rev() {
+            let i = (va >> (12 + 9 * (l - 1))) & 511;
+            // SAFETY: as in `entry`.
+            let raw = unsafe { &*((table + i * 8) as *const AtomicU64) }.load(Ordering::SeqCst);
+            if raw & 1 == 0 || raw & (1 << 7) != 0 {
+                return None;
+            }
+            table = raw & 0x000f_ffff_ffff_f000;
+        }
+        Some(table)
+    }
+}
+
 impl MmuTable for HostMmu {
+    fn table_frame(&self, va: u64) -> Option<Frame> {
+        self.table_frame_at(va, 1)
+    }
+
+    /// Every level below the root, so that the simulated MMU caches
+    /// pointers to page directories and PDPTs as well as to page tables.
+    fn table_frame_at(&self, va: u64, level: u32) -> Option<Frame> {
+        if !(1..=3).contains(&level) {
+            return None;
+        }
+        self.table_at(va, level).map(|addr| Frame(addr >> 12))
+    }
+
     fn entry(&self, va: u64) -> Option<&AtomicU64> {
         let mut table = self.root;
         for level in (1..=4u32).rev() {
