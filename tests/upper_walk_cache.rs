@@ -312,3 +312,37 @@ fn a_tlbi_by_va_drops_only_the_walk_cache_entries_on_its_way() {
     assert!(cpu1.walk_cache().is_empty());
     assert_eq!(m.violations(), []);
 }
+
+/// Tagged TLBs: CPU 1 walked through a page directory, then switched to
+/// another address space, leaving the first one's CPU set but keeping its
+/// tagged pointer. The teardown's flush skips CPU 1, the table is freed
+/// (no violation: CPU 1 cannot use the pointer without loading the ASID),
+/// and when CPU 1 switches back the crate's catch-up drops the pointer
+/// before its first walk (no `LoadedWithStaleWalk`).
+#[test]
+fn a_cpu_that_switched_away_catches_up_before_it_walks_again() {
+    let mut t = Tables::new();
+    let m = MockMachine::<X86Like>::new(MockConfig {
+        tagged_tlb: true,
+        ..MockConfig::x86_like(2)
+    })
+    .unwrap();
+    let root = t.root_addr();
+    let mm = m.new_mm_at(asid(1), root).unwrap();
+    m.attach_table(&mm, Arc::new(HostMmu { root })).unwrap();
+    let va = GIB + 3 * PAGE_SIZE;
+    let pd = walked_empty_table(&mut t, &m, &mm, va, 2);
+    let other = m.new_mm(asid(2)).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&other).unwrap();
+    assert!(caches(&cpu1, 2, pd), "tagged: the pointer stays");
+    let (summary, freed) = teardown(&mut t, &m, &mm, span(va, 2));
+    assert_eq!(freed, [pd]);
+    assert_eq!(summary.flushes, 1);
+    assert!(caches(&cpu1, 2, pd), "the flush skipped CPU 1");
+    assert_eq!(m.violations(), []);
+    cpu1.switch_to(&mm).unwrap();
+    assert!(!caches(&cpu1, 2, pd), "the catch-up dropped it");
+    assert!(cpu1.read(va).is_err());
+    assert_eq!(m.violations(), []);
+}
