@@ -342,6 +342,7 @@ fn a_cpu_that_switched_away_catches_up_before_it_walks_again() {
     assert!(caches(&cpu1, 2, pd), "the flush skipped CPU 1");
     assert_eq!(m.violations(), []);
     cpu1.switch_to(&mm).unwrap();
+    assert_eq!(m.violations(), [], "at the load");
     assert!(!caches(&cpu1, 2, pd), "the catch-up dropped it");
     assert!(cpu1.read(va).is_err());
     assert_eq!(m.violations(), []);
