@@ -120,7 +120,7 @@ use crate::cpuset::{CpuId, CpuSet};
 use crate::percpu::TlbShootdown;
 use crate::pte::PAGE_SHIFT;
 use crate::request::FlushRequest;
-use crate::sim::{lock, BroadcastOp};
+use crate::sim::{lock, BroadcastOp, WalkFlush};
 use crate::stats::TraceEvent;
 use crate::Error;
 
@@ -183,16 +183,24 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
         let vpn = va >> PAGE_SHIFT;
         let current = lock(&self.state().loaded).map(|(a, _)| a);
         let mut tlb = lock(&self.state().tlb);
+        // INVLPG takes every walk-cache entry of the loaded ASID on x86; a
+        // local TLBI VAE1 those on the way to the page.
+        let invlpg = if M::PAGE_FLUSH_DROPS_ASID_WALKS {
+            WalkFlush::WholeAsid
+        } else {
+            WalkFlush::Covering
+        };
         if asid.is_kernel() {
             // INVLPG: the current ASID's entry and a global one, nothing of
             // the other ASIDs a tagged TLB keeps.
-            tlb.invalidate_va(current.unwrap_or(Asid::KERNEL), vpn, true);
+            tlb.invalidate_va(current.unwrap_or(Asid::KERNEL), vpn, true, invlpg);
         } else if current == Some(asid) || !m.config.tagged_tlb {
-            tlb.invalidate_va(asid, vpn, true);
+            tlb.invalidate_va(asid, vpn, true, invlpg);
         } else {
             // INVPCID by address in an ASID that is not loaded: global
-            // entries stay.
-            tlb.invalidate_va(asid, vpn, false);
+            // entries stay, and only the walk-cache entries on the way to
+            // the page go (see `Tlb::invalidate_va`).
+            tlb.invalidate_va(asid, vpn, false, WalkFlush::Covering);
         }
     }
 
@@ -282,7 +290,7 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
                     // By ASID and address, global entries included (TLBI
                     // VAE1IS); the kernel's pages in every ASID (VAAE1IS).
                     BroadcastOp::Page(asid, vpn) if asid.is_kernel() => tlb.invalidate_va_all_asids(vpn),
-                    BroadcastOp::Page(asid, vpn) => tlb.invalidate_va(asid, vpn, true),
+                    BroadcastOp::Page(asid, vpn) => tlb.invalidate_va(asid, vpn, true, WalkFlush::Covering),
                     BroadcastOp::Asid(asid) => tlb.invalidate_asid(asid),
                     BroadcastOp::All(g) => tlb.invalidate_all(g),
                 }

@@ -5,8 +5,8 @@ use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{
-    lock, BroadcastOp, CostKind, CpuState, Delivery, Fault, FrameState, MockError, MockMachine, Model, Tlb,
-    TlbEntry, Violation, WalkEntry, X86Like, REGION_SHIFT,
+    lock, region_of, BroadcastOp, CostKind, CpuState, Delivery, Fault, FrameState, MockError, MockMachine,
+    Model, Tlb, TlbEntry, Violation, WalkEntry, X86Like, WALK_LEVELS,
 };
 use crate::arch::Asid;
 use crate::cpuset::CpuId;
@@ -143,6 +143,12 @@ impl<'m, M: Model> MockCpu<'m, M> {
         lock(&self.state().unloaded).clear();
         lock(&self.state().unloaded_walks).clear();
         self.machine.online.insert(self.id, Ordering::SeqCst);
+    }
+
+    /// What this CPU's walk caches hold now: a pointer to a page table
+    /// per entry, at every level ([`WalkEntry::level`]), in no particular order.
+    pub fn walk_cache(&self) -> std::vec::Vec<WalkEntry> {
+        lock(&self.state().tlb).walks().copied().collect()
     }
 
     /// The address space this CPU runs, if any.
@@ -338,12 +344,15 @@ impl<'m, M: Model> MockCpu<'m, M> {
         });
     }
 
-    /// The hardware's walk of the page table that maps `vpn` under `root`:
-    /// through the walk cache's pointer to its leaf table when it holds one
-    /// (even one that is no longer linked), caching the pointer otherwise.
-    /// Returns the entry word's new value (`Ok`) or the value that made the
-    /// walk stop (`Err`), with the size of the page the entry maps; `None`
-    /// when no table maps `vpn` under `root`.
+    /// The hardware's walk of the page table that maps `vpn` under `root`,
+    /// through the walk caches: it starts from the deepest cached pointer
+    /// on the way to `vpn` (the leaf table's, else the level-2 table's,
+    /// else the level-3 table's) even when that table is no longer linked,
+    /// and caches a pointer to every table it passes below that. Returns
+    /// the entry word's new value (`Ok`) or the value that made the walk
+    /// stop (`Err`), with the size of the page the entry maps (a huge
+    /// entry ends the walk above the leaf level); `None` when no table
+    /// maps `vpn` under `root`.
     fn walk_table(
         &self,
         tlb: &mut Tlb,
@@ -353,15 +362,15 @@ impl<'m, M: Model> MockCpu<'m, M> {
         write: bool,
     ) -> Option<(Result<u64, u64>, PageSize)> {
         let m = self.machine;
-        let region = vpn >> REGION_SHIFT;
-        let linked = m.leaf_table_of(root, region);
-        match tlb.walk_lookup(asid, root, region) {
-            Some(w) if Some(w.table) != linked => {
+        let cached =
+            (1..=WALK_LEVELS).find_map(|level| tlb.walk_lookup(asid, root, level, region_of(vpn, level)));
+        let below = match cached {
+            Some(w) if Some(w.table) != m.table_at(root, vpn, w.level) => {
                 // A stale pointer: the walk reads a table that was unlinked.
-                // It must still hold what the teardown left (cleared
-                // entries) until the flush that drops the pointer; a table
-                // already freed or reused is a violation.
-                if !m.is_detached_table(w.table) {
+                // It must still hold what the teardown left (nothing: only
+                // empty tables are unlinked) until the flush that drops the
+                // pointer; a table already freed or reused is a violation.
+                if m.unlinked_table_freed(root, w.table) {
                     m.record(Violation::WalkThroughFreedTable {
                         cpu: self.id,
                         table: w.table,
@@ -370,17 +379,24 @@ impl<'m, M: Model> MockCpu<'m, M> {
                 }
                 return Some((Err(0), PageSize::SIZE_4K));
             }
-            Some(_) => {}
-            None => {
-                if let Some(table) = linked {
-                    tlb.walk_insert(WalkEntry {
-                        asid,
-                        space: root,
-                        region,
-                        table,
-                    });
-                }
-            }
+            Some(w) => w.level,
+            None => WALK_LEVELS + 1,
+        };
+        // The rest of the walk reads the linked tables, top down, and
+        // caches each one it reaches (a level the tables do not report,
+        // such as those above the machine's own leaf tables, is skipped).
+        for level in (1..below).rev() {
+            let Some(table) = m.table_at(root, vpn, level) else {
+                continue;
+            };
+            m.table_linked(root, table);
+            tlb.walk_insert(WalkEntry {
+                asid,
+                space: root,
+                level,
+                region: region_of(vpn, level),
+                table,
+            });
         }
         m.with_leaf(root, vpn, |p, size| {
             // The hardware's locked update of the A/D bits: it acts on the

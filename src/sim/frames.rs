@@ -35,19 +35,7 @@ impl<M: Model> MockMachine<M> {
         // TLBs are scanned before the memory lock is taken: accesses lock a
         // TLB and then memory, never the other way round.
         let cached = self.live_translations(frame);
-        let walk_cached: Vec<CpuId> = self
-            .cpus()
-            .filter(|cpu| self.is_online(cpu.id()))
-            .filter(|cpu| {
-                let walks: Vec<WalkEntry> = lock(&cpu.state().tlb)
-                    .walks()
-                    .filter(|w| w.table == frame)
-                    .copied()
-                    .collect();
-                walks.iter().any(|w| !self.defer_walk_to_load(cpu.id(), w))
-            })
-            .map(|cpu| cpu.id())
-            .collect();
+        let walk_cached = self.walk_cached(frame);
         let walking: Vec<CpuId> = lock(&self.walkers)
             .values()
             .filter(|(_, t)| *t == frame)
@@ -82,6 +70,48 @@ impl<M: Model> MockMachine<M> {
             });
         }
         Ok(())
+    }
+
+    /// The online CPUs whose walk caches point to the page-table frame
+    /// `frame`, at any level, under an ASID they may use (on a tagged TLB,
+    /// an entry of an ASID the CPU has not loaded is remembered instead,
+    /// and judged at the load).
+    fn walk_cached(&self, frame: Frame) -> Vec<CpuId> {
+        self.cpus()
+            .filter(|cpu| self.is_online(cpu.id()))
+            .filter(|cpu| {
+                let walks: Vec<WalkEntry> = lock(&cpu.state().tlb)
+                    .walks()
+                    .filter(|w| w.table == frame)
+                    .copied()
+                    .collect();
+                walks.iter().any(|w| !self.defer_walk_to_load(cpu.id(), w))
+            })
+            .map(|cpu| cpu.id())
+            .collect()
+    }
+
+    /// Tells the oracle that the kernel freed the page-table frame `frame`
+    /// of a table it wrote itself ([`attach_table`](Self::attach_table)),
+    /// a frame that is not one of the machine's (a table in the test's own
+    /// memory; a machine frame goes back through
+    /// [`free_frame`](Self::free_frame), which judges the same). Call it
+    /// where the kernel's
+    /// [`TeardownBacking::free_tables`](crate::TeardownBacking::free_tables)
+    /// frees one. The oracle records a [`Violation::TableFreedWhileCached`]
+    /// for every CPU whose walk cache still points to it, at any level (on
+    /// a tagged TLB, one of an ASID the CPU has not loaded is judged when it
+    /// loads it: [`Violation::LoadedWithStaleWalk`]), and from then on a
+    /// walk through such a pointer is a
+    /// [`Violation::WalkThroughFreedTable`], until a walk finds the frame
+    /// linked again (reused as a table).
+    pub fn free_table_frame(&self, frame: Frame) {
+        let _judging = self.judging();
+        let walk_cached = self.walk_cached(frame);
+        lock(&self.freed_tables).insert(frame);
+        for cpu in walk_cached {
+            self.record(Violation::TableFreedWhileCached { frame, cpu });
+        }
     }
 
     /// Starts writing a frame out. The oracle records a

@@ -73,6 +73,10 @@ pub struct MockMachine<M: Model = X86Like> {
     pub(crate) any_own_table: AtomicBool,
     /// Leaf tables detached from their page table and not freed yet.
     pub(crate) detached: Mutex<BTreeSet<Frame>>,
+    /// Page-table frames of kernel-written tables (not the machine's own
+    /// frames) that the kernel freed ([`MockMachine::free_table_frame`]),
+    /// and has not linked again since.
+    pub(crate) freed_tables: Mutex<BTreeSet<Frame>>,
     /// Lockless walks in progress: id -> (CPU, table frame).
     pub(crate) walkers: Mutex<BTreeMap<u64, (CpuId, Frame)>>,
     pub(crate) next_walk: AtomicU64,
@@ -184,6 +188,7 @@ impl<M: Model> MockMachine<M> {
             aged: Mutex::new(BTreeMap::new()),
             leaf_tables: Mutex::new(BTreeMap::new()),
             detached: Mutex::new(BTreeSet::new()),
+            freed_tables: Mutex::new(BTreeSet::new()),
             own_tables: Mutex::new(BTreeMap::new()),
             any_own_table: AtomicBool::new(false),
             walkers: Mutex::new(BTreeMap::new()),
@@ -245,6 +250,7 @@ impl<M: Model> MockMachine<M> {
         lock(&self.aged).clear();
         lock(&self.leaf_tables).clear();
         lock(&self.detached).clear();
+        lock(&self.freed_tables).clear();
         lock(&self.own_tables).clear();
         self.any_own_table.store(false, Ordering::SeqCst);
         lock(&self.walkers).clear();

@@ -86,13 +86,13 @@ pub use oracle::{FrameError, FrameState, Violation};
 pub use own_table::MmuTable;
 pub use space::MockSpace;
 pub use switch_hook::SwitchHook;
-pub use tlb::{TlbEntry, WalkEntry};
+pub use tlb::{TlbEntry, WalkEntry, WALK_LEVELS};
 pub use walkers::LocklessWalk;
 
 pub(crate) use lazy::Lazy;
 pub(crate) use machine::{BroadcastOp, CpuState};
 pub(crate) use tables::{new_root, Table, REGION_SHIFT};
-pub(crate) use tlb::Tlb;
+pub(crate) use tlb::{region_of, Tlb, WalkFlush};
 
 /// Locks a mutex, carrying on past poisoning (a panicking test thread must
 /// not hide the state other assertions want to read).

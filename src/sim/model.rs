@@ -32,6 +32,13 @@ pub trait Model: Send + Sync + 'static {
     /// The simulated broadcast invalidations take effect at the issuing
     /// CPU's next `broadcast_sync`, and not before, whatever this says.
     const BATCH_BROADCAST_ON_ADD: bool = false;
+    /// Whether a local flush of one page in the loaded ASID drops every
+    /// walk-cache entry of that ASID, whatever address it serves (x86's
+    /// `INVLPG`: Intel SDM vol. 3A, 4.10.4.1), rather than only the entries
+    /// a walk for that page would use (arm64's `TLBI VAE1`). The default
+    /// is the narrower rule; broadcast invalidations always follow it
+    /// (arm64 `TLBI VAE1IS`, AMD `INVLPGB`).
+    const PAGE_FLUSH_DROPS_ASID_WALKS: bool = false;
 }
 
 /// x86-like hardware: writes through clean entries re-walk, clearing the
@@ -44,6 +51,7 @@ impl Model for X86Like {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
     const BROADCAST_INVALIDATE: bool = false;
     const FILL_SETS_ACCESSED: bool = true;
+    const PAGE_FLUSH_DROPS_ASID_WALKS: bool = true;
 }
 
 /// x86 as seen by a kernel that does not claim the accessed-bit promise
@@ -61,6 +69,7 @@ impl Model for X86NoAccessedPromise {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
     const BROADCAST_INVALIDATE: bool = false;
     const FILL_SETS_ACCESSED: bool = false;
+    const PAGE_FLUSH_DROPS_ASID_WALKS: bool = true;
 }
 
 /// Hardware that writes through a cached clean entry without looking at
@@ -110,6 +119,7 @@ impl Model for X86Invlpgb {
     const ACCESSED_CLEAR_NEEDS_FLUSH: bool = false;
     const BROADCAST_INVALIDATE: bool = true;
     const FILL_SETS_ACCESSED: bool = true;
+    const PAGE_FLUSH_DROPS_ASID_WALKS: bool = true;
 }
 
 /// How IPIs reach their target.

@@ -9,7 +9,9 @@ use crate::pte::Frame;
 /// What the simulated MMU needs from a page table a kernel wrote itself:
 /// the 64-bit word of each entry, which the MMU reads and updates
 /// atomically as hardware does (accessed and dirty bits), and, optionally,
-/// which frame holds the leaf table of an address (for the walk cache).
+/// which frames hold the tables on the way to an address (for the walk
+/// caches: [`table_frame`](MmuTable::table_frame) for the leaf table,
+/// [`table_frame_at`](MmuTable::table_frame_at) for every level).
 ///
 /// Attach one to an address space with
 /// [`MockMachine::attach_table`](crate::arch::mock::MockMachine::attach_table):
@@ -131,5 +133,26 @@ pub trait MmuTable: Send + Sync {
     fn table_frame(&self, va: u64) -> Option<Frame> {
         let _ = va;
         None
+    }
+
+    /// The frame holding the table at `level` on the way to `va`, if the
+    /// walk reaches one there: level 1 is the leaf table (it maps 2 MiB, and
+    /// the default answers [`table_frame`](Self::table_frame) for it), 2
+    /// the table above it (1 GiB: x86's page directory), 3 the one above
+    /// that (512 GiB: x86's page-directory-pointer table). Other levels
+    /// are never asked (the root is not cached). A walk caches a pointer to
+    /// each table it passed that this reports (the paging-structure caches
+    /// at every level), so that a table freed while a CPU may still walk
+    /// through such a pointer is caught: free a page-table frame that is
+    /// not one of the machine's with
+    /// [`MockMachine::free_table_frame`](crate::arch::mock::MockMachine::free_table_frame)
+    /// so the oracle sees it. The default reports the leaf level only, so
+    /// implementations written before this method keep their behaviour.
+    fn table_frame_at(&self, va: u64, level: u32) -> Option<Frame> {
+        if level == 1 {
+            self.table_frame(va)
+        } else {
+            None
+        }
     }
 }

@@ -386,10 +386,45 @@ impl<M: Model> MockMachine<M> {
 
     /// The leaf table linked for `region` under `root`.
     pub(crate) fn leaf_table_of(&self, root: u64, region: u64) -> Option<Frame> {
+        self.table_at(root, region << REGION_SHIFT, 1)
+    }
+
+    /// The table at `level` (1, the leaf, to
+    /// [`WALK_LEVELS`](super::WALK_LEVELS)) linked on the way to `vpn`
+    /// under `root`: kernel-written tables report every level they know
+    /// ([`MmuTable::table_frame_at`]); the machine's own tables, a flat map
+    /// of leaf tables, have none above the leaf.
+    pub(crate) fn table_at(&self, root: u64, vpn: u64, level: u32) -> Option<Frame> {
         if let Some(own) = self.own_table(root) {
-            return own.table_frame(region << (REGION_SHIFT + PAGE_SHIFT));
+            return own.table_frame_at(vpn << PAGE_SHIFT, level);
         }
-        lock(&self.leaf_tables).get(&(root, region)).copied()
+        if level != 1 {
+            return None;
+        }
+        lock(&self.leaf_tables).get(&(root, vpn >> REGION_SHIFT)).copied()
+    }
+
+    /// Whether a walk through a cached pointer to `table`, which `root` no
+    /// longer links there, reads a freed (or reused) frame: for the
+    /// machine's own tables, one not detached (a detached table is freed
+    /// only after the flush that drops the pointers); for kernel-written
+    /// ones, a frame the kernel freed
+    /// ([`free_table_frame`](Self::free_table_frame)) or a machine frame
+    /// that is free.
+    pub(crate) fn unlinked_table_freed(&self, root: u64, table: Frame) -> bool {
+        if self.own_table(root).is_none() {
+            return !self.is_detached_table(table);
+        }
+        lock(&self.freed_tables).contains(&table)
+            || matches!(lock(&self.memory).state(table), Ok(FrameState::Free))
+    }
+
+    /// A walk found `table` linked under `root`: a kernel-written table
+    /// frame freed before is in use again.
+    pub(crate) fn table_linked(&self, root: u64, table: Frame) {
+        if self.own_table(root).is_some() {
+            lock(&self.freed_tables).remove(&table);
+        }
     }
 
     /// Whether `table` was detached from its page table and not freed yet

@@ -110,6 +110,26 @@ pub struct PtmMmu {
 }
 
 impl MmuTable for PtmMmu {
+    /// Every level below the root, so that the simulated MMU caches
+    /// pointers to the upper tables as well as to leaf tables.
+    fn table_frame_at(&self, va: u64, level: u32) -> Option<Frame> {
+        if !(1..=3).contains(&level) {
+            return None;
+        }
+        let mut table = self.root;
+        for l in (level + 1..=4u32).rev() {
+            let i = (va >> (12 + 9 * (l - 1))) & 511;
+            let host = table as usize + OFFSET + i as usize * 8;
+            // SAFETY: as in `entry`.
+            let raw = unsafe { &*(host as *const AtomicU64) }.load(Ordering::SeqCst);
+            if raw & 1 == 0 || raw & (1 << 7) != 0 {
+                return None;
+            }
+            table = raw & 0x000f_ffff_ffff_f000;
+        }
+        Some(Frame(table >> 12))
+    }
+
     fn entry(&self, va: u64) -> Option<&AtomicU64> {
         let mut table = self.root;
         for level in (1..=4u32).rev() {

@@ -123,6 +123,23 @@ impl HostMmu {
         }
         None
     }
+
+    /// The host address of the table at `level` (4, the root, to 1, the
+    /// leaf) on the way to `va`, if every entry above it is present and
+    /// none maps a huge page.
+    fn table_at(&self, va: u64, level: u32) -> Option<u64> {
+        let mut table = self.root;
+        for l in (level + 1..=4u32).rev() {
+            let i = (va >> (12 + 9 * (l - 1))) & 511;
+            // SAFETY: as in `walk`.
+            let raw = unsafe { &*((table + i * 8) as *const AtomicU64) }.load(Ordering::SeqCst);
+            if raw & 1 == 0 || raw & (1 << 7) != 0 {
+                return None;
+            }
+            table = raw & 0x000f_ffff_ffff_f000;
+        }
+        Some(table)
+    }
 }
 
 impl MmuTable for HostMmu {
@@ -134,6 +151,19 @@ impl MmuTable for HostMmu {
     fn leaf(&self, va: u64) -> Option<(&AtomicU64, tlb_batch::PageSize)> {
         self.walk(va)
     }
+
+    fn table_frame(&self, va: u64) -> Option<Frame> {
+        self.table_frame_at(va, 1)
+    }
+
+    /// Every level below the root, so that the simulated MMU caches
+    /// pointers to page directories and PDPTs as well as to page tables.
+    fn table_frame_at(&self, va: u64, level: u32) -> Option<Frame> {
+        if !(1..=3).contains(&level) {
+            return None;
+        }
+        self.table_at(va, level).map(|addr| Frame(addr >> 12))
+    }
 }
 
 /// The entry word at `level` (4 to 2) on the way to `va`, which must have
@@ -142,7 +172,7 @@ pub fn upper_entry(root: u64, va: u64, level: u32) -> &'static AtomicU64 {
     let mut table = root;
     for l in (level..=4).rev() {
         let i = (va >> (12 + 9 * (l - 1))) & 511;
-        // SAFETY: as in `HostMmu::entry`.
+        // SAFETY: as in `HostMmu::walk`.
         let word: &'static AtomicU64 = unsafe { &*((table + i * 8) as *const AtomicU64) };
         if l == level {
             return word;
