@@ -7,9 +7,10 @@ use crate::cpuset::{CpuId, CpuSet};
 use crate::generation::{still_running, GenStep};
 use crate::lifecycle::online_caller;
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::{Pte, PteFlags};
 use crate::range::PageRange;
-use crate::request::{FlushRequest, FlushScope};
+use crate::request::{FlushRequest, FlushScope, Pages};
 use crate::shootdown::{complete_broadcast, issue_broadcast_page, shootdown, ShootdownReport};
 use crate::stats::Counter;
 use crate::ttu::TtuFlags;
@@ -102,6 +103,25 @@ impl TlbFlushUnmapBatch {
         PageRange::page(va)
     }
 
+    /// [`check_add`](Self::check_add) for the page of `size` whose first
+    /// address is `va` (a huge page's, for a huge entry): the pages its
+    /// flush covers, at its stride. Errors: those of `check_add`, and
+    /// [`Error::StrideUnaligned`] when `va` is not aligned to `size`.
+    pub(crate) fn check_add_sized<A: Arch>(
+        &self,
+        arch: &A,
+        mm: &MmTlbState,
+        va: u64,
+        size: PageSize,
+    ) -> Result<Pages, Error> {
+        let page = self.check_add(arch, mm, va)?;
+        if size.is_huge() {
+            Pages::one(va, size)
+        } else {
+            Ok(Pages::base(page))
+        }
+    }
+
     /// Records the flush of `page` under `asid` (its space's, or
     /// [`Asid::KERNEL`] for a global entry) for `targets` (the space's
     /// flush targets, read after the PTE changed, with the generation step
@@ -113,7 +133,7 @@ impl TlbFlushUnmapBatch {
         &mut self,
         arch: &A,
         asid: Asid,
-        page: PageRange,
+        pages: Pages,
         (targets, step): (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
     ) {
@@ -121,7 +141,7 @@ impl TlbFlushUnmapBatch {
         if A::BROADCAST_INVALIDATE && A::BATCH_BROADCAST_ON_ADD {
             // After the PTE change (the callers record only then): the
             // invalidation cannot let a walk refill the old entry.
-            for va in page.iter() {
+            for va in pages.addresses() {
                 issue_broadcast_page(arch, asid, va);
             }
             match arch.current_cpu() {
@@ -136,7 +156,7 @@ impl TlbFlushUnmapBatch {
             self.unissued = true;
         }
         self.request
-            .add_range_step(asid, page, A::FULL_FLUSH_CEILING, step);
+            .add_pages_step(asid, pages, A::FULL_FLUSH_CEILING, step);
         self.targets = self.targets.union(targets);
         self.aged = self.aged.max(aged.unwrap_or(u64::MAX));
     }
@@ -148,7 +168,7 @@ impl TlbFlushUnmapBatch {
         &mut self,
         arch: &A,
         mm: &MmTlbState,
-        page: PageRange,
+        pages: Pages,
         old: Pte,
         targets: (&CpuSet, Option<GenStep>),
         aged: Option<u64>,
@@ -159,9 +179,9 @@ impl TlbFlushUnmapBatch {
             // kernel page is, on every online CPU. (Only `add_pending`
             // gets here: the reverse-map walks refuse such an entry before
             // they clear it.)
-            self.record(arch, Asid::KERNEL, page, (&arch.online_cpus(), None), None);
+            self.record(arch, Asid::KERNEL, pages, (&arch.online_cpus(), None), None);
         } else {
-            self.record(arch, mm.asid(), page, targets, aged);
+            self.record(arch, mm.asid(), pages, targets, aged);
         }
         self.writable |= old.is_writable() || old.is_dirty();
         mm.note_deferred();
@@ -210,7 +230,7 @@ impl TlbFlushUnmapBatch {
     ) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
         let (targets, step) = mm.flush_targets_step(arch);
-        self.record_pending(arch, mm, page, old, (&targets, step), None);
+        self.record_pending(arch, mm, Pages::base(page), old, (&targets, step), None);
         Ok(())
     }
 
@@ -222,7 +242,7 @@ impl TlbFlushUnmapBatch {
     pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
         let page = self.check_add(arch, mm, va)?;
         let (targets, step) = mm.flush_targets_step(arch);
-        self.record(arch, mm.asid(), page, (&targets, step), None);
+        self.record(arch, mm.asid(), Pages::base(page), (&targets, step), None);
         Ok(())
     }
 

@@ -68,6 +68,48 @@ impl FlushRange {
     }
 }
 
+/// Pages of one size that one change made stale: the 4 KiB pages of
+/// `range`, flushed at a stride of `size` (one invalidation per page of
+/// that size). Built aligned, so adding it never fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Pages {
+    range: PageRange,
+    size: PageSize,
+}
+
+impl Pages {
+    /// The 4 KiB pages of `range`.
+    pub(crate) fn base(range: PageRange) -> Self {
+        Pages {
+            range,
+            size: PageSize::SIZE_4K,
+        }
+    }
+
+    /// The page of `size` whose first address is `va`. Errors:
+    /// [`Error::StrideUnaligned`] for a `va` not aligned to `size`; those
+    /// of [`PageRange::new`] for a page that runs past the top.
+    pub(crate) fn one(va: u64, size: PageSize) -> Result<Self, Error> {
+        if size.align_down(va) != va {
+            return Err(Error::StrideUnaligned {
+                start: va,
+                pages: size.base_pages(),
+                stride: size.bytes(),
+            });
+        }
+        Ok(Pages {
+            range: PageRange::new(va, size.base_pages())?,
+            size,
+        })
+    }
+
+    /// The address of each page, one per stride.
+    pub(crate) fn addresses(self) -> impl Iterator<Item = u64> {
+        let stride = self.size.bytes();
+        (0..self.range.pages() / self.size.base_pages()).map(move |i| self.range.start() + i * stride)
+    }
+}
+
 const EMPTY_RANGE: FlushRange = FlushRange {
     asid: Asid::KERNEL,
     start: 0,
@@ -326,6 +368,14 @@ impl FlushRequest {
         }
         self.add_pages(asid, range, stride, ceiling, step);
         Ok(())
+    }
+
+    /// Adds `pages` (see [`add_range_step`](Self::add_range_step) for
+    /// `step`).
+    pub(crate) fn add_pages_step(&mut self, asid: Asid, pages: Pages, ceiling: usize, step: Option<GenStep>) {
+        // `Pages` is aligned to its size by construction: this is
+        // `add_huge_range_step` without the check that cannot fail.
+        self.add_pages(asid, pages.range, pages.size, ceiling, step);
     }
 
     /// Adds `range` as pages of `stride` bytes; `range` is aligned to it.

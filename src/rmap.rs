@@ -75,7 +75,9 @@ pub unsafe trait PageTable {
     /// The address space's TLB state.
     fn tlb_state(&self) -> &MmTlbState;
 
-    /// The entry for `va` ([`Pte::EMPTY`] where no table exists).
+    /// The entry for `va` ([`Pte::EMPTY`] where no table exists); where a
+    /// huge entry maps `va`, its 4 KiB view there: the frame of the piece
+    /// at `va`, the huge entry's flags (see [`entry_size`](Self::entry_size)).
     fn lookup(&self, va: u64) -> Pte;
 
     /// Atomically replaces the entry for `va` with `new` and returns the
@@ -112,14 +114,27 @@ pub unsafe trait PageTable {
     /// base-page entry (and where nothing is mapped), the huge page's size
     /// where a 2 MiB or 1 GiB entry (an arm64 block) maps it.
     ///
-    /// The reverse-map operations ([`try_to_unmap`], [`page_referenced`],
-    /// [`migrate_pages`](crate::migrate_pages)) ask it for every mapping
-    /// before any entry changes, and refuse a mapping through a huge entry
-    /// with [`Error::HugePage`](crate::Error::HugePage): they change 4 KiB
-    /// entries, and one 4 KiB piece of a huge entry cannot be unmapped, aged
-    /// or migrated on its own (the kernel splits the huge page first). The
-    /// default answers 4 KiB everywhere: right for a table without huge
-    /// pages, and what every table written before this method answered.
+    /// The reverse-map operations ask it for every mapping before any entry
+    /// changes. A mapping at a huge page's first address, of the huge
+    /// frame's first 4 KiB frame, is the whole huge page:
+    /// [`try_to_unmap`] clears the one entry (its dirty bit goes to that
+    /// frame, [`Rmap::set_dirty`]) and flushes it with one invalidation at
+    /// the huge stride, and [`page_referenced`] clears its one accessed bit
+    /// (its aging epoch is that frame's); the caller then frees or writes
+    /// out the huge frame as one. A mapping of any other piece, and any
+    /// huge mapping for migration ([`migrate_pages`](crate::migrate_pages))
+    /// or hwpoison, is refused with [`Error::HugePage`](crate::Error::HugePage)
+    /// before anything changes: split the huge page first. The default
+    /// answers 4 KiB everywhere: right for a table without huge pages, and
+    /// what every table written before this method answered.
+    ///
+    /// A table that answers a huge size also takes, at the huge page's
+    /// first address (and only there), [`exchange`](Self::exchange),
+    /// [`clear`](Self::clear), [`set`](Self::set) and
+    /// [`test_and_clear_accessed`](Self::test_and_clear_accessed) on the
+    /// whole huge entry, the values in their 4 KiB view (the first page's
+    /// frame, the entry's flags): the crate writes [`Pte::EMPTY`] there, or
+    /// a present entry whose frame is aligned to the size.
     fn entry_size(&self, va: u64) -> PageSize {
         let _ = va;
         PageSize::SIZE_4K

@@ -243,14 +243,46 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
         }
     }
 
-    /// Swaps `new` into the 4 KiB entry for `va` and answers the old one;
-    /// where there is no 4 KiB entry (nothing, or a huge page, which stays
-    /// whole) changes nothing and answers [`Pte::EMPTY`].
+    /// Swaps `new` into the 4 KiB entry for `va` and answers the old one.
+    /// At the first address of a huge page it swaps the whole huge entry,
+    /// `new` and the answer in their 4 KiB view ([`Self::huge_word`] says
+    /// which values a huge entry takes). Anywhere else (nothing mapped, or
+    /// inside a huge page) it changes nothing and answers [`Pte::EMPTY`].
     pub(crate) fn exchange(&self, va: u64, new: Pte) -> Pte {
         match self.slot(va) {
             Slot::Page { entry, .. } => Pte(entry.swap(new.0, Ordering::SeqCst)),
-            Slot::Absent { .. } | Slot::Huge { .. } => Pte::EMPTY,
+            Slot::Huge { entry, level } => match Self::huge_word(new, level, va) {
+                Some(word) => Self::huge_piece(entry.swap(word, Ordering::SeqCst), level, va),
+                None => Pte::EMPTY,
+            },
+            Slot::Absent { .. } => Pte::EMPTY,
         }
+    }
+
+    /// The huge entry at `level` that `pte`, the 4 KiB view of its first
+    /// page at `va`, stands for: `va` must be that first page's address,
+    /// and `pte` either [`Pte::EMPTY`] (the entry cleared) or present with
+    /// a frame aligned to the page's size, its PAT bit (bit 7 in the view)
+    /// moved to bit 12 and the page-size bit set. `None` for anything else
+    /// (a migration or hwpoison entry has no huge form here: a non-present
+    /// upper-level entry would read as no table at all).
+    fn huge_word(pte: Pte, level: u32, va: u64) -> Option<u64> {
+        let size = span(level);
+        if va & (size - 1) != 0 {
+            return None;
+        }
+        if pte == Pte::EMPTY {
+            return Some(0);
+        }
+        let addr = pte.0 & ADDR_MASK;
+        if !pte.is_present() || addr & (size - 1) != 0 {
+            return None;
+        }
+        // Bit 7 of the view is the PAT bit; in the huge entry it is the
+        // page-size bit, and the PAT bit is bit 12.
+        let flags = pte.0 & !ADDR_MASK & !HUGE;
+        let pat = if pte.0 & HUGE != 0 { HUGE_PAT } else { 0 };
+        Some(addr | flags | pat | HUGE)
     }
 
     /// Clears the accessed bit of the entry for `va` with one fetch-and and
@@ -265,10 +297,18 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
         }
     }
 
-    /// Stores `pte` into the 4 KiB entry for `va`, if there is one.
+    /// Stores `pte` into the 4 KiB entry for `va`, if there is one, or
+    /// into the huge entry whose first page is at `va`, as
+    /// [`exchange`](Self::exchange) does.
     pub(crate) fn set(&self, va: u64, pte: Pte) {
-        if let Slot::Page { entry, .. } = self.slot(va) {
-            entry.store(pte.0, Ordering::SeqCst);
+        match self.slot(va) {
+            Slot::Page { entry, .. } => entry.store(pte.0, Ordering::SeqCst),
+            Slot::Huge { entry, level } => {
+                if let Some(word) = Self::huge_word(pte, level, va) {
+                    entry.store(word, Ordering::SeqCst);
+                }
+            }
+            Slot::Absent { .. } => {}
         }
     }
 

@@ -61,11 +61,13 @@ fn entry_size_reports_each_entrys_size() {
     }
 }
 
-/// Every 4 KiB piece of a huge page, the first, one inside and the last, of
-/// a 2 MiB and of a 1 GiB page: unmap (batched or not, young or not) and
-/// aging are refused with the huge page's start and size, and nothing is
-/// recorded or changed: no deferred flush, no pending mark on the space,
-/// the accessed bit the pieces share still set, the entry still mapped.
+/// A 4 KiB piece of a huge page other than its first, the second, one
+/// inside and the last, of a 2 MiB and of a 1 GiB page: unmap (batched or
+/// not, young or not) and aging are refused with the huge page's start
+/// and size, and nothing is recorded or changed: no deferred flush, no
+/// pending mark on the space, the accessed bit the pieces share still set,
+/// the entry still mapped. (At its first address the mapping is the whole
+/// huge page: tests/huge_unmap.rs.)
 #[test]
 fn unmap_and_aging_of_a_piece_of_a_huge_page_are_refused_with_nothing_changed() {
     let (mut t, _) = huge_tables();
@@ -75,7 +77,7 @@ fn unmap_and_aging_of_a_piece_of_a_huge_page_are_refused_with_nothing_changed() 
     let cpu0 = m.cpu(0).unwrap();
     let cases = [(TWO, TWO_PHYS, MIB2), (ONE, ONE_PHYS, GIB)];
     for (base, phys, size) in cases {
-        for offset in [0, 5 * PAGE_SIZE, size - PAGE_SIZE] {
+        for offset in [PAGE_SIZE, 5 * PAGE_SIZE, size - PAGE_SIZE] {
             let va = base + offset;
             let rmap = OneMapping {
                 space: &space,

@@ -268,7 +268,11 @@ fn a_huge_page_is_refused_and_never_changed() {
     let before = space.lookup(inside);
     assert_eq!(space.exchange(inside, Pte::EMPTY), Pte::EMPTY);
     space.set(inside, Pte::EMPTY);
-    assert_eq!(space.lookup(inside), before, "the huge entry is unchanged");
+    assert_eq!(
+        space.lookup(inside),
+        before,
+        "the huge entry is unchanged inside it"
+    );
 
     let pages = Pages::default();
     // SAFETY: the one mapping is added before the crate walks.

@@ -86,11 +86,30 @@ fn huge_pages_are_reported_present_refused_and_never_changed() {
 
     // Never changed one 4 KiB piece at a time; its accessed bit is shared.
     let before = space.lookup(two);
-    assert_eq!(space.exchange(two, Pte::EMPTY), Pte::EMPTY);
-    space.set(two, Pte::EMPTY);
+    assert_eq!(space.exchange(two + PAGE_SIZE, Pte::EMPTY), Pte::EMPTY);
+    space.set(two + PAGE_SIZE, Pte::EMPTY);
     assert_eq!(space.lookup(two), before);
     assert!(space.test_and_clear_accessed(two + PAGE_SIZE));
     assert!(!space.lookup(two).is_accessed() && !space.test_and_clear_accessed(two));
+    // At its first address the whole entry is written and exchanged, in
+    // its 4 KiB view: write-protected (still a 2 MiB page), then cleared.
+    // A migration entry has no huge form, and changes nothing.
+    let level_2 = upper_entry(t_root, two, 2);
+    let saved = level_2.load(Ordering::SeqCst);
+    let unaccessed = Pte(before.0 & !PteFlags::ACCESSED.bits());
+    assert_eq!(space.exchange(two, unaccessed.to_migration()), Pte::EMPTY);
+    let read_only = Pte(unaccessed.0 & !PteFlags::WRITABLE.bits());
+    space.set(two, read_only);
+    assert!(!space.lookup(two + 9 * PAGE_SIZE).is_writable());
+    assert_eq!(space.entry_size(two), tlb_batch::PageSize::SIZE_2M);
+    assert_eq!(
+        level_2.load(Ordering::SeqCst),
+        saved & !(PteFlags::WRITABLE | PteFlags::ACCESSED).bits()
+    );
+    assert_eq!(space.exchange(two, Pte::EMPTY), read_only);
+    assert_eq!(space.lookup(two + 7 * PAGE_SIZE), Pte::EMPTY, "every piece went");
+    assert_eq!(level_2.load(Ordering::SeqCst), 0);
+    level_2.store(saved, Ordering::SeqCst);
 
     // The crate's drivers: a frame inside the huge page is never believed
     // unmapped (its unmap is refused, tests/huge_rmap.rs has the rest), and

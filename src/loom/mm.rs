@@ -388,7 +388,8 @@ fn o_a_credit_never_skips_a_catch_up_owed_for_an_earlier_flush() {
             let mut batch = TlbFlushUnmapBatch::new();
             let page = batch.check_add(&cpu, &mm0, page1).unwrap();
             let (targets, step) = mm0.flush_targets_step(&cpu);
-            batch.record_pending(&cpu, &mm0, page, old, (&targets, step), Some(aged));
+            let pages = crate::request::Pages::base(page);
+            batch.record_pending(&cpu, &mm0, pages, old, (&targets, step), Some(aged));
             batch.flush(&cpu).unwrap();
             let credited = cpu.m.tlb.stats().generations_granted > 0;
             cpu.finish();

@@ -4,7 +4,7 @@
 
 use core::ops::ControlFlow;
 
-use super::visit::{check_mappings, walk_mapped};
+use super::visit::{check_mappings, walk_mapped, Huge};
 use super::{MappingFlags, PageTable, Rmap};
 use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
@@ -20,8 +20,10 @@ pub(super) fn clear_young<A: Arch, S: PageTable + ?Sized>(
     va: u64,
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<bool, Error> {
+    // A huge entry has one accessed bit, cleared at its first address
+    // (the only one the walk visits it at), and one flush at its stride.
     let page = if A::ACCESSED_CLEAR_NEEDS_FLUSH {
-        Some(batch.check_add(arch, space.tlb_state(), va)?)
+        Some(batch.check_add_sized(arch, space.tlb_state(), va, space.entry_size(va))?)
     } else {
         None
     };
@@ -109,7 +111,7 @@ pub fn page_referenced<A: Arch, R: Rmap + ?Sized>(
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<Referenced, Error> {
     batch.check_machine(arch)?;
-    check_mappings(arch, rmap, frame)?;
+    check_mappings(arch, rmap, frame, Huge::WholeOnly)?;
     let mut found = Referenced::default();
     let walked = walk_mapped(arch, rmap, frame, |m| {
         found.mapped += 1;

@@ -5,7 +5,7 @@
 use core::ops::ControlFlow;
 
 use super::aging::{clear_young, note_aged};
-use super::visit::{check_mappings, walk_mapped};
+use super::visit::{check_mappings, walk_mapped, Huge};
 use super::{Mapping, MappingFlags, PageTable, Rmap, TtuFlags};
 use crate::arch::Arch;
 use crate::batch::TlbFlushUnmapBatch;
@@ -82,7 +82,11 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
     batch: &mut TlbFlushUnmapBatch,
 ) -> Result<Cleared, (bool, Error)> {
     let mm = m.space.tlb_state();
-    let page = batch.check_add(arch, mm, m.va).map_err(|e| (false, e))?;
+    // A huge entry goes whole, at its first address (the pre-check refused
+    // any other), with one flush at its stride.
+    let pages = batch
+        .check_add_sized(arch, mm, m.va, m.space.entry_size(m.va))
+        .map_err(|e| (false, e))?;
     let me = arch.current_cpu().map_err(|e| (false, e))?;
     // A change of this space whose flush failed (a `change_protection`
     // that returned its error) may have left a CPU an entry that allows
@@ -127,18 +131,18 @@ fn unmap_one<A: Arch, R: Rmap + ?Sized>(
         && A::CLEAN_WRITE_REWALK
         && !targets.difference(&CpuSet::single(me)).is_empty();
     if defer {
-        batch.record_pending(arch, mm, page, old, (&targets, step), aged());
+        batch.record_pending(arch, mm, pages, old, (&targets, step), aged());
         return Ok(Cleared {
             owed: true,
             writable: old.is_writable() || old.is_dirty(),
         });
     }
     let mut request = FlushRequest::new();
-    request.add_range_step(mm.asid(), page, A::FULL_FLUSH_CEILING, step);
+    request.add_pages_step(mm.asid(), pages, A::FULL_FLUSH_CEILING, step);
     if let Err(e) = shootdown(arch, &targets, &request) {
         // The PTE is gone but not flushed: the batch takes the debt, so
         // that the caller's flush still covers it.
-        batch.record_pending(arch, mm, page, old, (&targets, step), aged());
+        batch.record_pending(arch, mm, pages, old, (&targets, step), aged());
         Err((true, e))
     } else {
         Ok(Cleared::default())
@@ -246,13 +250,20 @@ pub(crate) fn unmap_frame<A: Arch, R: Rmap + ?Sized>(
         result: Err(e),
         owed: false,
     };
+    let poisoned = rmap.is_hwpoisoned(frame) && !flags.contains(TtuFlags::IGNORE_HWPOISON);
+    // A huge entry has no migration or hwpoison form: it is unmapped whole
+    // or not at all.
+    let huge = if poisoned || flags.contains(TtuFlags::MIGRATION) {
+        Huge::Refused
+    } else {
+        Huge::WholeOnly
+    };
     if let Err(e) = batch
         .check_machine(arch)
-        .and_then(|()| check_mappings(arch, rmap, frame))
+        .and_then(|()| check_mappings(arch, rmap, frame, huge))
     {
         return fail(e);
     }
-    let poisoned = rmap.is_hwpoisoned(frame) && !flags.contains(TtuFlags::IGNORE_HWPOISON);
     let mut verdict = None;
     let mut owed = false;
     let mut cached = false;

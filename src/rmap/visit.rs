@@ -30,6 +30,7 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
     arch: &A,
     rmap: &R,
     frame: Frame,
+    huge: Huge,
 ) -> Result<(), Error> {
     let me = online_caller(arch)?;
     let mut failure = None;
@@ -39,7 +40,7 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
             .and_then(|()| check_space_on(arch, m.space.tlb_state(), me))
             .and_then(|()| {
                 let pte = m.space.lookup(m.va);
-                check_base_page(m.space, m.va, pte, frame)?;
+                check_huge(m.space, m.va, pte, frame, huge)?;
                 check_not_global(arch, m.space, m.va, pte)
             });
         match checked {
@@ -53,19 +54,38 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
     failure.map_or(Ok(()), Err)
 }
 
-/// Refuses a mapping of `frame` through a huge entry
-/// ([`PageTable::entry_size`]): the walks clear, age and replace one 4 KiB
-/// entry per mapping, and a huge entry has one accessed and one dirty bit,
-/// and one flush, for all of its pieces. Clearing its accessed bit for one
-/// piece, or recording a flush for a piece whose entry stays mapped, would
-/// each be wrong. A place the rmap lists whose entry (`pte`, huge or not)
-/// no longer maps `frame` is not a mapping of it: the walk steps over it.
-fn check_base_page<S: PageTable + ?Sized>(space: &S, va: u64, pte: Pte, frame: Frame) -> Result<(), Error> {
+/// What a walk does with a mapping through a huge entry
+/// ([`PageTable::entry_size`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Huge {
+    /// It takes the entry whole, at the huge page's first address (the
+    /// frame is the huge frame's first): one accessed and one dirty bit,
+    /// one clear, one flush at the huge stride. A mapping of one 4 KiB
+    /// piece at any other address is refused.
+    WholeOnly,
+    /// It refuses every one (migration and hwpoison write entries that a
+    /// huge entry has no form for).
+    Refused,
+}
+
+/// Refuses a mapping of `frame` through a huge entry that `huge` does not
+/// take: one 4 KiB piece of it (clearing the accessed bit all its pieces
+/// share for one, or recording a flush for a piece whose entry stays
+/// mapped, would each be wrong), or any when `huge` refuses them all. A
+/// place the rmap lists whose entry (`pte`, huge or not) no longer maps
+/// `frame` is not a mapping of it: the walk steps over it.
+fn check_huge<S: PageTable + ?Sized>(
+    space: &S,
+    va: u64,
+    pte: Pte,
+    frame: Frame,
+    huge: Huge,
+) -> Result<(), Error> {
     if !pte.maps(frame) {
         return Ok(());
     }
     let size = space.entry_size(va);
-    if size.is_huge() {
+    if size.is_huge() && (huge == Huge::Refused || size.align_down(va) != va) {
         return Err(Error::HugePage {
             va: size.align_down(va),
             size: size.bytes(),

@@ -7,6 +7,7 @@ use std::vec::Vec;
 use super::{lock, FrameError, FrameState, MockError, MockMachine, Model, TlbEntry, Violation, WalkEntry};
 use crate::cpuset::CpuId;
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte, PAGE_SHIFT};
 use crate::range::PageRange;
 
@@ -14,6 +15,17 @@ impl<M: Model> MockMachine<M> {
     /// Takes a free frame.
     pub fn alloc_frame(&self) -> Result<Frame, MockError> {
         Ok(lock(&self.memory).alloc()?)
+    }
+
+    /// Takes a huge frame: `size.base_pages()` free frames in a row, the
+    /// first aligned to `size` (as a huge page-table entry needs), each of
+    /// which the oracle judges as a frame of its own. Free it by freeing
+    /// each of them ([`free_frame`](Self::free_frame)). Errors:
+    /// [`MockError::Frame`] with [`FrameError::OutOfFrames`] when no such
+    /// run is free (give the machine enough frames,
+    /// [`MockConfig::frames`](super::MockConfig::frames)).
+    pub fn alloc_huge_frame(&self, size: PageSize) -> Result<Frame, MockError> {
+        Ok(lock(&self.memory).alloc_aligned(size.base_pages())?)
     }
 
     /// Returns a frame to the free list. The oracle records a

@@ -315,6 +315,26 @@ impl Memory {
         self.take(pfn)
     }
 
+    /// Takes `pages` free data frames in a row whose first frame number is
+    /// a multiple of `pages` (a power of two), the lowest such run.
+    pub(crate) fn alloc_aligned(&mut self, pages: u64) -> Result<Frame, FrameError> {
+        let free = |pfn: u64| {
+            self.frames
+                .get(pfn as usize)
+                .is_some_and(|f| f.state == FrameState::Free)
+        };
+        let first = (0..self.data_frames / pages.max(1))
+            .map(|i| i * pages)
+            .find(|&start| (start..start + pages).all(free))
+            .ok_or(FrameError::OutOfFrames)?;
+        self.free_list
+            .retain(|&pfn| !(first..first + pages).contains(&pfn));
+        for pfn in first..first + pages {
+            self.take(pfn)?;
+        }
+        Ok(Frame(first))
+    }
+
     pub(crate) fn alloc_table(&mut self) -> Result<Frame, FrameError> {
         let pfn = self.table_free_list.pop().ok_or(FrameError::OutOfFrames)?;
         self.take(pfn)
