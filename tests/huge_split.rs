@@ -28,7 +28,7 @@ use std::sync::Arc;
 use common::asid;
 use common::x86_tables::{map, upper_entry, user_rw, HostMmu, Tables, MIB2};
 use tlb_batch::arch::mock::{
-    Arm64Like, MmuTable, MockConfig, MockCpu, MockMachine, Model, Violation, X86Like,
+    Arm64Like, Fault, MmuTable, MockConfig, MockCpu, MockMachine, Model, Violation, X86Like,
 };
 use tlb_batch::arch::Arch;
 use tlb_batch::{
@@ -172,25 +172,35 @@ fn split_with_the_sequence<M: Model>() {
         (HugeChange::Split, PageSize::SIZE_2M)
     );
     let flushed = broken.flush(&cpu0).unwrap();
-    assert!(!holds_huge(&m, &m.cpu(1).unwrap()) && !holds_huge(&m, &m.cpu(2).unwrap()));
+    let lingering = [1, 2].map(|c| holds_huge(&m, &m.cpu(c).unwrap()));
     flushed.make(|old| pde(&t).store(split_table(old, f.spare) | PRESENT_RW_USER, Ordering::SeqCst));
-    assert_eq!(m.check_coherent(&mm, huge_range()), 0);
+    let stale = m.check_coherent(&mm, huge_range());
     let cpu1 = m.cpu(1).unwrap();
-    assert!(cpu1.write(piece(RO_PIECE), 11).is_err(), "read-only now");
+    let ro_write = cpu1.write(piece(RO_PIECE), 11);
     use_after_split(&m, &f);
+    let read1 = cpu1.read(piece(1));
+    let cpu2 = m.cpu(2).unwrap();
+    cpu2.switch_to(&mm).unwrap(); // resumes from lazy
+    let read2 = cpu2.read(piece(2));
+    // The oracle first, then what the CPUs saw.
+    assert_eq!(m.violations(), []);
+    assert_eq!(stale, 0);
+    assert_eq!(
+        lingering,
+        [false, false],
+        "the flush reached CPU 1 and lazy CPU 2"
+    );
+    assert!(ro_write.is_err(), "read-only now");
     assert_eq!(
         m.frame_data(f.spare).unwrap(),
         99,
         "the write reached the new frame"
     );
     assert_eq!(
-        cpu1.read(piece(1)).unwrap(),
-        1,
+        (read1, read2),
+        (Ok(1), Ok(2)),
         "the other pieces are as they were"
     );
-    m.cpu(2).unwrap().switch_to(&mm).unwrap(); // resumes from lazy
-    assert_eq!(m.cpu(2).unwrap().read(piece(2)).unwrap(), 2);
-    assert_eq!(m.violations(), []);
 }
 
 /// The crate's split: the huge entry goes from every CPU (the lazy one
@@ -281,11 +291,11 @@ fn collapse<M: Model>(t: &Tables, m: &MockMachine<M>, f: &Frames, leaf: Frame) {
 
 /// What the CPUs do after a collapse: CPU 1 reads pieces it had cached and
 /// one it had not; each read must see what it wrote before.
-fn use_after_collapse<M: Model>(m: &MockMachine<M>) -> Vec<u64> {
+fn use_after_collapse<M: Model>(m: &MockMachine<M>) -> Vec<Result<u64, Fault>> {
     let cpu1 = m.cpu(1).unwrap();
     [200, 3, 100, 511]
         .into_iter()
-        .map(|i| cpu1.read(piece(i)).unwrap())
+        .map(|i| cpu1.read(piece(i)))
         .collect()
 }
 
@@ -296,18 +306,23 @@ fn promote_with_the_sequence<M: Model>() {
         pde(&t).swap(0, Ordering::SeqCst)
     })
     .unwrap();
-    assert_eq!(broken.flush_stride(), PageSize::SIZE_4K);
+    let stride = broken.flush_stride();
     let flushed = broken.flush(&cpu0).unwrap();
-    flushed.make(|old| {
-        assert_eq!(Frame((old & ADDR_4K) >> 12), leaf);
+    let old_leaf = flushed.make(|old| {
         collapse(&t, &m, &f, leaf);
+        Frame((old & ADDR_4K) >> 12)
     });
-    assert_eq!(use_after_collapse(&m), [0, 1003, 1100, 1511]);
-    assert!(holds_huge(&m, &m.cpu(1).unwrap()));
+    let reads = use_after_collapse(&m);
     let cpu2 = m.cpu(2).unwrap();
     cpu2.switch_to(&mm).unwrap(); // resumes from lazy
-    assert_eq!(cpu2.read(piece(3)).unwrap(), 1003);
+    let read2 = cpu2.read(piece(3));
+    // The oracle first, then what the CPUs saw.
     assert_eq!(m.violations(), []);
+    assert_eq!(stride, PageSize::SIZE_4K);
+    assert_eq!(old_leaf, leaf);
+    assert_eq!(reads, [Ok(0), Ok(1003), Ok(1100), Ok(1511)], "copied");
+    assert!(holds_huge(&m, &m.cpu(1).unwrap()));
+    assert_eq!(read2, Ok(1003));
 }
 
 /// The crate's promotion: every 4 KiB entry of the range, and every walk
