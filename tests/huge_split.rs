@@ -492,3 +492,50 @@ fn a_failed_flush_hands_the_break_back_and_the_retry_finishes() {
     assert_eq!(m.check_coherent(&mm, huge_range()), 0);
     assert_eq!(m.violations(), []);
 }
+
+/// Tagged TLBs: CPU 2 cached the huge entry, then switched to another
+/// space, keeping it under the first space's ASID. The split's flush does
+/// not interrupt it (it cannot fill entries for a space it has not
+/// loaded); the moved piece's old frame is freed meanwhile, and when CPU 2
+/// loads the space again its catch-up drops the huge entry before any use
+/// (no `LoadedWithStale`).
+#[test]
+fn a_cpu_that_switched_away_catches_up_before_it_uses_the_split_range() {
+    let mut t = Tables::new();
+    let m = MockMachine::<X86Like>::new(MockConfig {
+        tagged_tlb: true,
+        ..MockConfig::x86_like(3)
+    })
+    .unwrap();
+    let root = t.root_addr();
+    let mm = m.new_mm_at(asid(1), root).unwrap();
+    m.attach_table(&mm, Arc::new(HostMmu { root })).unwrap();
+    let f = frames(&m);
+    {
+        let (mut mapper, mut pool) = t.mapper();
+        map::<Size2MiB>(&mut mapper, &mut pool, H, f.block.addr(), user_rw());
+    }
+    let (cpu0, cpu1, cpu2) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), m.cpu(2).unwrap());
+    for cpu in [cpu0, cpu1, cpu2] {
+        cpu.switch_to(&mm).unwrap();
+    }
+    cpu1.write(piece(1), 1).unwrap();
+    cpu2.write(piece(MOVED_PIECE), 2).unwrap();
+    let other = m.new_mm(asid(2)).unwrap();
+    cpu2.switch_to(&other).unwrap();
+    assert!(holds_huge(&m, &cpu2), "tagged: the entry stays");
+    let broken = split_huge_mapping(&cpu0, &mm, H, PageSize::SIZE_2M, || {
+        pde(&t).swap(0, Ordering::SeqCst)
+    })
+    .unwrap();
+    let flushed = broken.flush(&cpu0).unwrap();
+    assert_eq!(flushed.report().remote_cpus, 1, "CPU 1 only");
+    flushed.make(|old| pde(&t).store(split_table(old, f.spare) | PRESENT_RW_USER, Ordering::SeqCst));
+    m.free_frame(Frame(f.block.0 + MOVED_PIECE)).unwrap();
+    assert_eq!(m.violations(), [], "CPU 2 cannot use its entry");
+    cpu2.switch_to(&mm).unwrap();
+    let read = cpu2.read(piece(MOVED_PIECE));
+    assert_eq!(m.violations(), [], "the catch-up dropped it");
+    assert!(!holds_huge(&m, &cpu2));
+    assert_eq!(read, Ok(0), "the new frame");
+}
