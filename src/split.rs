@@ -371,3 +371,44 @@ impl<T> FlushedBreak<T> {
         install(self.old)
     }
 }
+
+#[cfg(all(test, feature = "mock", not(loom)))]
+mod tests {
+    use std::string::ToString;
+
+    use super::*;
+    use crate::arch::mock::{MockConfig, MockMachine};
+    use crate::Asid;
+
+    /// The flush stride of each change, and a failed flush's message
+    /// naming the break it holds.
+    #[test]
+    fn strides_and_the_failed_flush_message() {
+        let m = MockMachine::new(MockConfig::x86_like(2)).unwrap();
+        let mm = m.new_mm(Asid::new(1).unwrap()).unwrap();
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        cpu0.switch_to(&mm).unwrap();
+        cpu1.switch_to(&mm).unwrap();
+        let va = 0x4000_0000;
+        let split = split_huge_mapping(&cpu0, &mm, va, PageSize::SIZE_1G, || 7).unwrap();
+        assert_eq!(
+            (split.start(), split.size(), *split.old()),
+            (va, PageSize::SIZE_1G, 7)
+        );
+        assert_eq!(split.flush_stride(), PageSize::SIZE_1G);
+        let failed = cpu0.in_shootdown(|| split.flush(&cpu0)).unwrap().unwrap_err();
+        assert_eq!(
+            failed.to_string(),
+            "the flush after breaking the 1 GiB mapping at 0x40000000 failed: \
+             CPU 0 re-entered a TLB shootdown while one was in flight"
+        );
+        let flushed = failed.broken.flush(&cpu0).unwrap();
+        assert_eq!(flushed.change(), HugeChange::Split);
+        assert_eq!(flushed.make(|old| old + 1), 8);
+        let promote = promote_to_huge(&cpu0, &mm, va, PageSize::SIZE_2M, || ()).unwrap();
+        assert_eq!(promote.flush_stride(), PageSize::SIZE_4K);
+        let flushed = promote.flush(&cpu0).unwrap();
+        assert_eq!(flushed.report().remote_cpus, 1);
+        flushed.make(|()| ());
+    }
+}
