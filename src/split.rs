@@ -164,6 +164,12 @@ impl<T> fmt::Display for FlushFailed<'_, T> {
 /// the hardware setting accessed and dirty bits (an atomic exchange, whose
 /// old value keeps them), and writes no other entry; and no new entry for
 /// the range is written before `make`.
+/// For the kernel's space ([`MmTlbState::kernel`]) on an `Arch` whose
+/// kernel flushes rely on global pages
+/// ([`Arch::kernel_flush_needs_global`]), the old entry was global: a
+/// non-global one cached under another ASID would survive the flush (the
+/// crate cannot see the entry the closure clears, so it cannot refuse it
+/// with [`Error::NonGlobalKernelEntry`] as its other walks do).
 ///
 /// Errors, before `clear` runs and with no entry changed:
 /// [`Error::NotHuge`] (`size` is a base page); [`Error::Unaligned`] and
