@@ -192,7 +192,10 @@ pub enum Error {
     /// ([`FlushRequest::add_huge_range`](crate::FlushRequest::add_huge_range))
     /// that does not start, or end, on a `stride` boundary: flushed at that
     /// stride, the 4 KiB entries between two invalidations would stay
-    /// cached. Nothing was added.
+    /// cached. Nothing was added. Also a huge page given to
+    /// [`split_huge_mapping`](crate::split_huge_mapping) or
+    /// [`promote_to_huge`](crate::promote_to_huge) whose first address is
+    /// not aligned to its size (nothing changed).
     StrideUnaligned {
         /// The range's first address.
         start: u64,
@@ -200,6 +203,14 @@ pub enum Error {
         pages: u64,
         /// The stride in bytes.
         stride: u64,
+    },
+    /// A size given to [`split_huge_mapping`](crate::split_huge_mapping)
+    /// or [`promote_to_huge`](crate::promote_to_huge) that is not larger
+    /// than a base page: there is no huge entry to split or to build.
+    /// Nothing changed.
+    NotHuge {
+        /// The size in bytes.
+        size: u64,
     },
     /// A frame whose physical address does not fit the 52 bits a
     /// page-table entry holds.
@@ -381,6 +392,9 @@ impl fmt::Display for Error {
                     f,
                     "{pages} pages at {start:#x} are not whole pages of {stride:#x} bytes"
                 )
+            }
+            Error::NotHuge { size } => {
+                write!(f, "{size:#x} bytes is no huge page size")
             }
             Error::FrameOutOfRange { frame } => {
                 write!(f, "{frame:?} lies beyond 52 bits of physical address")

@@ -231,6 +231,7 @@ pub mod rmap;
 mod shootdown;
 #[cfg(feature = "mock")]
 mod sim;
+mod split;
 mod stats;
 mod sync;
 mod ttu;
@@ -276,6 +277,7 @@ pub use rmap::{
     Rmap, SwapResult, TtuFlags,
 };
 pub use shootdown::{handle_flush_ipi, ipi_sync, shootdown, ShootdownReport};
+pub use split::{promote_to_huge, split_huge_mapping, BrokenMapping, FlushFailed, FlushedBreak, HugeChange};
 pub use stats::{FlushExtent, FlushReason, TlbStats, TlbStatsSnapshot, TraceEvent};
 pub use unmap::{
     Flushed, FreeFrames, OwnedFrame, Released, StillMapped, UnmapBatch, Unmapped, Writeback, WritebackFrame,
