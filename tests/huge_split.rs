@@ -341,8 +341,10 @@ fn on_arm64_a_promotion_through_the_crate_is_clean() {
 /// FreeBSD's old promotion bug: only the huge page's first address is
 /// invalidated. CPU 1 keeps its 4 KiB entries for pieces 3, 100 and 511;
 /// its fill of piece 200 caches the huge entry beside them
-/// (`ConflictingTranslations`), its reads of the old pieces still reach
-/// the old frames, and freeing those is `FreedWhileCached`.
+/// (`ConflictingTranslations`, named at the first piece both translate,
+/// piece 3: its old frame and its frame in the block), its reads of the
+/// old pieces still reach the old frames, and freeing those is
+/// `FreedWhileCached`.
 #[test]
 fn a_promotion_that_flushes_only_the_first_page_is_caught() {
     let (t, m, mm, f, leaf) = small_mapped::<X86Like>(false);
@@ -356,8 +358,10 @@ fn a_promotion_that_flushes_only_the_first_page_is_caught() {
     assert_eq!(m.cpu(1).unwrap().read(piece(200)).unwrap(), 0);
     let v = m.violations();
     assert!(
-        v.iter()
-            .any(|v| matches!(v, Violation::ConflictingTranslations { va, .. } if *va == piece(200))),
+        v.iter().any(
+            |v| matches!(v, Violation::ConflictingTranslations { va, cached, filled, .. }
+                if *va == piece(3) && *cached == f.small[3] && *filled == Frame(f.block.0 + 3))
+        ),
         "{v:?}"
     );
     m.free_table_frame(leaf);

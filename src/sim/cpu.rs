@@ -481,11 +481,13 @@ impl<'m, M: Model> MockCpu<'m, M> {
             global,
         };
         if let Some(other) = tlb.insert(entry) {
+            // The first page both translate.
+            let common = entry.vpn.max(other.vpn);
             m.record(Violation::ConflictingTranslations {
                 cpu: self.id,
-                va,
-                cached: other.frame_at(vpn),
-                filled: entry.frame_at(vpn),
+                va: common << PAGE_SHIFT,
+                cached: other.frame_at(common),
+                filled: entry.frame_at(common),
             });
         }
         Ok(entry.frame_at(vpn))

@@ -133,7 +133,7 @@ pub enum Violation {
     ConflictingTranslations {
         /// The CPU.
         cpu: CpuId,
-        /// The address whose walk added the second translation.
+        /// The first address both translations cover.
         va: u64,
         /// The frame the translation already cached gives it.
         cached: Frame,
