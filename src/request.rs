@@ -86,21 +86,27 @@ impl Pages {
         }
     }
 
-    /// The page of `size` whose first address is `va`. Errors:
-    /// [`Error::StrideUnaligned`] for a `va` not aligned to `size`; those
-    /// of [`PageRange::new`] for a page that runs past the top.
-    pub(crate) fn one(va: u64, size: PageSize) -> Result<Self, Error> {
-        if size.align_down(va) != va {
+    /// The pages of `size` that `range` covers. Errors:
+    /// [`Error::StrideUnaligned`] when `range` does not start and end on a
+    /// `size` boundary.
+    pub(crate) fn new(range: PageRange, size: PageSize) -> Result<Self, Error> {
+        let aligned = size.align_down(range.start()) == range.start()
+            && range.pages().is_multiple_of(size.base_pages());
+        if !aligned {
             return Err(Error::StrideUnaligned {
-                start: va,
-                pages: size.base_pages(),
+                start: range.start(),
+                pages: range.pages(),
                 stride: size.bytes(),
             });
         }
-        Ok(Pages {
-            range: PageRange::new(va, size.base_pages())?,
-            size,
-        })
+        Ok(Pages { range, size })
+    }
+
+    /// The page of `size` whose first address is `va`. Errors: those of
+    /// [`new`](Self::new), and of [`PageRange::new`] for a page that runs
+    /// past the top.
+    pub(crate) fn one(va: u64, size: PageSize) -> Result<Self, Error> {
+        Pages::new(PageRange::new(va, size.base_pages())?, size)
     }
 
     /// The address of each page, one per stride.
@@ -357,24 +363,13 @@ impl FlushRequest {
         ceiling: usize,
         step: Option<GenStep>,
     ) -> Result<(), Error> {
-        let aligned = stride.align_down(range.start()) == range.start()
-            && range.pages().is_multiple_of(stride.base_pages());
-        if !aligned {
-            return Err(Error::StrideUnaligned {
-                start: range.start(),
-                pages: range.pages(),
-                stride: stride.bytes(),
-            });
-        }
-        self.add_pages(asid, range, stride, ceiling, step);
+        self.add_pages_step(asid, Pages::new(range, stride)?, ceiling, step);
         Ok(())
     }
 
     /// Adds `pages` (see [`add_range_step`](Self::add_range_step) for
-    /// `step`).
+    /// `step`); `Pages` is aligned to its size by construction.
     pub(crate) fn add_pages_step(&mut self, asid: Asid, pages: Pages, ceiling: usize, step: Option<GenStep>) {
-        // `Pages` is aligned to its size by construction: this is
-        // `add_huge_range_step` without the check that cannot fail.
         self.add_pages(asid, pages.range, pages.size, ceiling, step);
     }
 

@@ -38,6 +38,16 @@ fn huge_space() -> (Tables, MockMachine, std::sync::Arc<tlb_batch::MmTlbState>, 
     (t, m, mm, huge)
 }
 
+/// The reverse map of the huge frame, mapped whole at `TWO`.
+fn whole<'s, 'a>(space: &'s OffsetSpace<'a>, huge: Frame) -> OneMapping<'s, 'a> {
+    OneMapping {
+        space,
+        frame: huge,
+        va: TWO,
+        pages: Pages::default(),
+    }
+}
+
 fn piece(huge: Frame, i: u64) -> Frame {
     Frame(huge.0 + i)
 }
@@ -83,12 +93,7 @@ fn a_huge_page_is_unmapped_whole_and_flushed_with_one_invalidation() {
     cpu2.switch_to(&mm).unwrap();
     cpu1.write(TWO + 3 * PAGE_SIZE, 7).unwrap();
     cpu2.read(TWO + 300 * PAGE_SIZE).unwrap();
-    let rmap = OneMapping {
-        space: &space,
-        frame: huge,
-        va: TWO,
-        pages: Pages::default(),
-    };
+    let rmap = whole(&space, huge);
     let mut batch = TlbFlushUnmapBatch::new();
     let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
     let r = try_to_unmap(&cpu0, &rmap, huge, flags, &mut batch);
@@ -139,12 +144,7 @@ fn an_immediate_unmap_of_a_huge_page_flushes_it_before_it_returns() {
     let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
     cpu1.switch_to(&mm).unwrap();
     cpu1.read(TWO + 42 * PAGE_SIZE).unwrap();
-    let rmap = OneMapping {
-        space: &space,
-        frame: huge,
-        va: TWO,
-        pages: Pages::default(),
-    };
+    let rmap = whole(&space, huge);
     let mut batch = TlbFlushUnmapBatch::new();
     let r = try_to_unmap(&cpu0, &rmap, huge, TtuFlags::IGNORE_ACCESS, &mut batch);
     assert_eq!(r, Ok(SwapResult::Success));
@@ -167,12 +167,7 @@ fn a_huge_page_is_aged_by_its_one_accessed_bit() {
     let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
     cpu1.switch_to(&mm).unwrap();
     cpu1.read(TWO + 9 * PAGE_SIZE).unwrap();
-    let rmap = OneMapping {
-        space: &space,
-        frame: huge,
-        va: TWO,
-        pages: Pages::default(),
-    };
+    let rmap = whole(&space, huge);
     let mut batch = TlbFlushUnmapBatch::new();
     let r = try_to_unmap(&cpu0, &rmap, huge, TtuFlags::BATCH_FLUSH, &mut batch);
     assert_eq!(r, Ok(SwapResult::Fail), "young: it stays");
@@ -225,12 +220,7 @@ fn migration_of_a_huge_mapping_is_refused_whole() {
     let (mut mapper, _) = t.mapper();
     let space = OffsetSpace::new(&mut mapper, &mm);
     let cpu0 = m.cpu(0).unwrap();
-    let rmap = OneMapping {
-        space: &space,
-        frame: huge,
-        va: TWO,
-        pages: Pages::default(),
-    };
+    let rmap = whole(&space, huge);
     let mut batch = TlbFlushUnmapBatch::new();
     let refused = Err(Error::HugePage {
         va: TWO,

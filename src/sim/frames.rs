@@ -252,15 +252,9 @@ impl<M: Model> MockMachine<M> {
     /// scan asks first, since a CPU may have caught up and dropped it in
     /// between.
     fn still_cached(&self, cpu: CpuId, e: &TlbEntry) -> bool {
-        lock(&self.state(cpu).tlb).entries().any(|t| {
-            t.asid == e.asid
-                && t.space == e.space
-                && t.vpn == e.vpn
-                && t.frame == e.frame
-                && t.size == e.size
-                && t.global == e.global
-                && t.writable == e.writable
-        })
+        lock(&self.state(cpu).tlb)
+            .entries()
+            .any(|t| t.same_translation(e) && t.writable == e.writable)
     }
 
     /// Every (CPU, entry) pair caching a translation to `frame` (a 4 KiB

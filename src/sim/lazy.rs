@@ -26,17 +26,6 @@ impl Lazy {
     }
 }
 
-/// Whether two entries are the same translation (their accessed and dirty
-/// state aside).
-fn same_translation(a: &TlbEntry, b: &TlbEntry) -> bool {
-    a.asid == b.asid
-        && a.space == b.space
-        && a.vpn == b.vpn
-        && a.frame == b.frame
-        && a.size == b.size
-        && a.global == b.global
-}
-
 impl<M: Model> MockCpu<'_, M> {
     /// Marks this CPU lazy on the user address space it has loaded (see
     /// [the rules](crate::arch::mock#lazy-cpus)). A CPU already lazy stays
@@ -93,7 +82,7 @@ impl<M: Model> MockCpu<'_, M> {
             let tlb = lock(&self.state().tlb);
             lazy.stale
                 .into_iter()
-                .filter(|s| tlb.entries().any(|e| same_translation(e, s)))
+                .filter(|s| tlb.entries().any(|e| e.same_translation(s)))
                 .collect()
         };
         for e in &still {
@@ -157,7 +146,7 @@ impl<M: Model> MockMachine<M> {
         let mut lazy = lock(&self.state(cpu).lazy);
         match lazy.as_mut() {
             Some(l) if l.covers(entry) && entry.page_of(frame).is_some() => {
-                if !l.stale.iter().any(|s| same_translation(s, entry)) {
+                if !l.stale.iter().any(|s| s.same_translation(entry)) {
                     l.stale.push(*entry);
                 }
                 true

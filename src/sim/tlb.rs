@@ -82,6 +82,18 @@ impl TlbEntry {
         self.page_of(frame).unwrap_or(self.vpn) << PAGE_SHIFT
     }
 
+    /// Whether it and `other` are the same translation (of the same pages,
+    /// to the same frames, from the same address space, under the same
+    /// tag), their accessed and dirty state and write permission aside.
+    pub(crate) fn same_translation(&self, other: &TlbEntry) -> bool {
+        self.asid == other.asid
+            && self.space == other.space
+            && self.vpn == other.vpn
+            && self.frame == other.frame
+            && self.size == other.size
+            && self.global == other.global
+    }
+
     /// Whether it and `other` translate some page in common.
     fn overlaps(&self, other: &TlbEntry) -> bool {
         self.covers(other.vpn) || other.covers(self.vpn)

@@ -71,7 +71,7 @@ impl<M: Model> MockCpu<'_, M> {
             remembered.into_iter().partition(|e| e.asid == asid);
         let (still, kept): (Vec<TlbEntry>, Vec<TlbEntry>) = {
             let tlb = lock(&self.state().tlb);
-            let in_tlb = |e: &TlbEntry| tlb.entries().any(|t| same(t, e));
+            let in_tlb = |e: &TlbEntry| tlb.entries().any(|t| t.same_translation(e));
             let still = now.into_iter().filter(|e| in_tlb(e)).collect();
             let kept = later.into_iter().filter(|e| in_tlb(e)).collect();
             (still, kept)
@@ -104,15 +104,4 @@ impl<M: Model> MockCpu<'_, M> {
         }
         still.len() + walks_still.len()
     }
-}
-
-/// Whether two entries are the same translation (accessed and dirty state
-/// aside).
-fn same(a: &TlbEntry, b: &TlbEntry) -> bool {
-    a.asid == b.asid
-        && a.space == b.space
-        && a.vpn == b.vpn
-        && a.frame == b.frame
-        && a.size == b.size
-        && a.global == b.global
 }
