@@ -1,7 +1,7 @@
 //! An address space per process, and munmap.
 
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
-use tlb_batch::{Asid, Error, MmTlbState, PageGather, PageRange, TeardownSummary};
+use tlb_batch::{Asid, Error, MmTlbState, PageGather, PageRange, TableBounds, TeardownSummary};
 use x86_64::structures::paging::{FrameDeallocator, OffsetPageTable, PhysFrame, Size4KiB};
 
 use crate::tlb::arch;
@@ -43,5 +43,28 @@ pub fn munmap(
     // SAFETY: frames are not reference-counted, and all came from `frames`.
     let mut frees = unsafe { DeallocatorFrees::new(frames) };
     table.munmap(arch(), &mut space.gather, range, &mut frees)
+}
+// guide: end
+
+// guide: munmap-bounded
+/// munmap of one mapping between two others: `floor` is where the mapping
+/// below it ends (0 when there is none), `ceiling` where the one above it
+/// starts (the end of the user half when there is none). Every empty table
+/// the range touches whose span lies in that gap goes too.
+pub fn munmap_between(
+    space: &mut AddressSpace,
+    mapper: &mut OffsetPageTable,
+    frames: &mut impl FrameDeallocator<Size4KiB>,
+    range: PageRange,
+    floor: u64,
+    ceiling: u64,
+) -> Result<TeardownSummary, Error> {
+    let bounds = TableBounds::new(floor, ceiling)?;
+    // SAFETY: as for `munmap`: the range's frames and the tables below the
+    // root are this address space's alone.
+    let table = unsafe { OffsetSpace::new(mapper, &space.tlb).for_teardown() };
+    // SAFETY: as for `munmap`.
+    let mut frees = unsafe { DeallocatorFrees::new(frames) };
+    table.munmap_bounded(arch(), &mut space.gather, range, bounds, &mut frees)
 }
 // guide: end
