@@ -100,6 +100,9 @@ fn mprotect_of_a_range_covering_a_huge_page_write_protects_it_with_one_invalidat
     let before = s.m.stats();
     let changed = change_protection(&cpu0, &space, whole(), read_only).unwrap();
     assert_eq!(changed, 3, "the huge entry counts once");
+    // The oracle first: no CPU holds an entry that allows more than the
+    // tables do.
+    assert_eq!(s.m.check_coherent(&s.mm, whole()), 0, "{:?}", s.m.violations());
     let d = s.m.stats().since(&before);
     assert_eq!(d.shootdowns, 1);
     assert_eq!(d.local_full_flushes, 0, "512 pages would pass the ceiling");
@@ -107,7 +110,6 @@ fn mprotect_of_a_range_covering_a_huge_page_write_protects_it_with_one_invalidat
         d.local_page_flushes, 6,
         "three invalidations (one for the huge page) on each of the two CPUs"
     );
-    assert_eq!(s.m.check_coherent(&s.mm, whole()), 0);
 
     // Still one 2 MiB entry, read-only, its dirty and accessed bits kept.
     assert_eq!(space.entry_size(TWO + 9 * PAGE_SIZE), PageSize::SIZE_2M);
@@ -198,6 +200,8 @@ fn a_teardown_covering_a_huge_page_frees_its_512_frames_after_the_one_flush() {
             &mut |f: OwnedFrame, _: FrameKind| panic!("{f:?} handed back"),
         )
         .unwrap();
+    // The oracle first: every one of the 514 frees came after the flush.
+    assert_eq!(s.m.violations(), []);
     let d = s.m.stats().since(&before);
     assert_eq!(
         (summary.pages_unmapped, summary.data_freed, summary.flushes),
