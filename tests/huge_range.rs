@@ -201,7 +201,8 @@ fn a_teardown_covering_a_huge_page_frees_its_512_frames_after_the_one_flush() {
         )
         .unwrap();
     // The oracle first: every one of the 514 frees came after the flush.
-    assert_eq!(s.m.violations(), []);
+    let v = s.m.violations();
+    assert!(v.is_empty(), "{} violations, the first {:?}", v.len(), v.first());
     let d = s.m.stats().since(&before);
     assert_eq!(
         (summary.pages_unmapped, summary.data_freed, summary.flushes),
