@@ -15,7 +15,7 @@ mod common;
 use common::x86_tables::{machine_with, map, user_rw, Tables, GIB, MIB2};
 use tlb_batch::arch::mock::{CountingTable, Fault, MockMachine};
 use tlb_batch::heapless;
-use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
+use tlb_batch::mapper::{DeallocatorFrees, MapperError, OffsetSpace};
 use tlb_batch::{
     change_protection, Error, Frame, FrameKind, FreeFrames, MmuGather, OwnedFrame, PageRange, PageSize,
     PageTable, Pte, PteFlags, TableFreePolicy, TeardownBacking, PAGE_SIZE,
@@ -264,6 +264,13 @@ fn a_range_covering_part_of_a_huge_page_is_refused_with_nothing_changed() {
         PageRange::page(TWO + 200 * PAGE_SIZE).unwrap(),
     ];
     for range in parts {
+        // The table's own check, then the operations (whose read-only
+        // pass over a user space refuses it too, before any change).
+        assert_eq!(space.check_range(range), refused, "{range:?}");
+        assert_eq!(
+            space.space().check_no_partial_huge(range),
+            Err(MapperError::HugePage { va: TWO, size: MIB2 })
+        );
         assert_eq!(
             change_protection(&cpu0, &space, range, read_only),
             refused.map(|()| 0)
@@ -294,6 +301,7 @@ fn a_range_covering_part_of_a_huge_page_is_refused_with_nothing_changed() {
     // SAFETY: nothing is freed (refused before anything changes).
     let mut frees = unsafe { DeallocatorFrees::new(&mut dealloc) };
     let mut gather = MmuGather::<16>::new();
+    assert_eq!(space.check_range(whole()), Ok(()), "taken whole");
     assert_eq!(
         space.munmap(&cpu0, &mut gather, whole(), &mut frees).map(|_| ()),
         refused
