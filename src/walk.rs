@@ -216,3 +216,90 @@ where
     flush_tlb_batched_pending(arch, mm)?;
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::asid::Asid;
+    use crate::mm::MmTlbState;
+
+    /// A table that maps one 2 MiB page at 2 MiB (its pieces read as
+    /// present) and says so through `entry_size` alone: its `check_range`
+    /// is the default, which refuses nothing.
+    struct OneHuge(MmTlbState);
+
+    const TWO: u64 = 2 << 20;
+
+    fn huge(va: u64) -> bool {
+        (TWO..2 * TWO).contains(&va)
+    }
+
+    // SAFETY: read-only in these tests: nothing is exchanged, set or
+    // cleared, so every answer is the one load of a constant entry.
+    unsafe impl PageTable for OneHuge {
+        fn tlb_state(&self) -> &MmTlbState {
+            &self.0
+        }
+        fn lookup(&self, va: u64) -> Pte {
+            if huge(va) {
+                Pte(va & !(PAGE_SIZE - 1) | PteFlags::PRESENT.bits())
+            } else {
+                Pte::EMPTY
+            }
+        }
+        fn exchange(&self, _va: u64, _new: Pte) -> Pte {
+            Pte::EMPTY
+        }
+        fn test_and_clear_accessed(&self, _va: u64) -> bool {
+            false
+        }
+        fn set(&self, _va: u64, _pte: Pte) {}
+        fn entry_size(&self, va: u64) -> PageSize {
+            if huge(va) {
+                PageSize::SIZE_2M
+            } else {
+                PageSize::SIZE_4K
+            }
+        }
+    }
+
+    fn space() -> OneHuge {
+        OneHuge(MmTlbState::new(Asid::new(1).unwrap_or(Asid::KERNEL), 0))
+    }
+
+    /// The crate's own check, from the two ends of the range, whatever
+    /// the table's `check_range` says.
+    #[test]
+    fn a_range_covering_part_of_a_huge_page_is_refused_from_its_ends() {
+        let s = space();
+        let refused = Err(Error::HugePage { va: TWO, size: TWO });
+        let range = |first: u64, pages: u64| PageRange::new(first, pages).unwrap();
+        assert_eq!(check_huge_whole(&s, range(TWO - PAGE_SIZE, 2)), refused);
+        assert_eq!(check_huge_whole(&s, range(TWO + PAGE_SIZE, 600)), refused);
+        assert_eq!(check_huge_whole(&s, range(TWO + 9 * PAGE_SIZE, 1)), refused);
+        assert_eq!(check_huge_whole(&s, range(TWO - PAGE_SIZE, 514)), Ok(()));
+        assert_eq!(check_huge_whole(&s, range(TWO, 512)), Ok(()));
+        assert_eq!(check_huge_whole(&s, PageRange::EMPTY), Ok(()));
+    }
+
+    /// The read-only pass steps over a huge page whole: one entry, however
+    /// many pieces.
+    #[test]
+    fn the_read_only_pass_meets_a_huge_page_once() {
+        let s = space();
+        let all = PageRange::new(0, 3 * 512).unwrap();
+        let mut met = 0;
+        let mut va = next_populated(&s, all);
+        while let Some(v) = va {
+            let mut end = v;
+            if s.lookup(v) != Pte::EMPTY {
+                let (last, size) = entry_end(&s, all, v).unwrap();
+                assert_eq!((v, size, last), (TWO, PageSize::SIZE_2M, 2 * TWO - PAGE_SIZE));
+                met += 1;
+                end = last;
+            }
+            va = next_populated(&s, all.after(end));
+        }
+        assert_eq!(met, 1);
+    }
+}
