@@ -417,3 +417,26 @@ fn a_gib_page_wholly_covered_is_one_entry_and_one_invalidation() {
     );
     assert_eq!(m.violations(), []);
 }
+
+/// The accessed and dirty bits of a huge entry survive an `update` that
+/// builds the entry afresh without them, as for 4 KiB entries: the dirty
+/// bit is the only record that the huge page was written.
+#[test]
+fn an_update_that_drops_the_hardware_bits_keeps_them_on_a_huge_entry() {
+    let mut s = Setup::new();
+    s.touch();
+    let (mut mapper, _) = s.t.mapper();
+    let space = OffsetSpace::new(&mut mapper, &s.mm);
+    let cpu0 = s.m.cpu(0).unwrap();
+    let range = PageRange::new(TWO, PIECES).unwrap();
+    let afresh = |p: Pte| Pte::new(p.frame(), PteFlags::PRESENT | PteFlags::USER);
+    assert_eq!(change_protection(&cpu0, &space, range, afresh), Ok(1));
+    assert_eq!(s.m.check_coherent(&s.mm, range), 0, "{:?}", s.m.violations());
+    let pte = space.lookup(TWO + 5 * PAGE_SIZE);
+    assert!(
+        !pte.is_writable() && pte.is_dirty() && pte.is_accessed(),
+        "{pte:?}"
+    );
+    assert_eq!(space.entry_size(TWO), PageSize::SIZE_2M);
+    assert_eq!(s.m.violations(), []);
+}
