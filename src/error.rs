@@ -171,17 +171,23 @@ pub enum Error {
         /// The running CPU.
         cpu: usize,
     },
-    /// A 2 MiB or 1 GiB page (an arm64 block) maps an address that an
-    /// operation changes 4 KiB entry by 4 KiB entry: a range of
+    /// A 2 MiB or 1 GiB page (an arm64 block) that an operation would
+    /// have to take in part, or in a form a huge entry has not: a range of
     /// [`change_protection`](crate::change_protection) or
-    /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) (through a
-    /// table whose [`PageTable::check_range`](crate::PageTable::check_range)
-    /// refuses it, as the `mapper` and `ptm` adapters' do), or a mapping a
-    /// reverse-map walk ([`try_to_unmap`](crate::try_to_unmap),
-    /// [`page_referenced`](crate::page_referenced),
-    /// [`migrate_pages`](crate::migrate_pages)) met, whose
-    /// [`PageTable::entry_size`](crate::PageTable::entry_size) is huge.
-    /// Split or unmap the huge page first. Nothing changed.
+    /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) that
+    /// covers part of it (a range that covers it wholly takes it as one
+    /// entry), a mapping of it that a reverse-map walk
+    /// ([`try_to_unmap`](crate::try_to_unmap),
+    /// [`page_referenced`](crate::page_referenced)) met at any address but
+    /// its first, or any mapping of it for
+    /// [`migrate_pages`](crate::migrate_pages) or hwpoison (sizes as
+    /// [`PageTable::entry_size`](crate::PageTable::entry_size) reports
+    /// them); also a range with a huge page for a caller that handles
+    /// 4 KiB frames only (`OffsetTeardown::munmap`). Split the huge page
+    /// first, or take it whole. Nothing changed, with one exception that
+    /// `change_protection` documents: an `update` that does not keep a
+    /// huge entry's frame stops the call there (that entry left as it
+    /// was, entries before it changed).
     HugePage {
         /// The first address the huge page maps.
         va: u64,

@@ -13,9 +13,10 @@ use crate::shootdown::{ipi_sync, shootdown};
 use crate::unmap::{FreeFrames, OwnedFrame};
 use crate::validate::{check_asid, check_space_range, check_table_bounds};
 use crate::verify::{check_table_root, space_caller};
-use crate::walk::{check_range_not_global, walk_range, Step};
+use crate::walk::{check_huge_whole, check_range_not_global, walk_range};
 use crate::Error;
 
+mod entry;
 mod tables;
 
 pub use tables::{DetachedTable, TableBounds, TableTeardown};
@@ -73,10 +74,11 @@ pub enum FrameKind {
 /// Counts of what a teardown did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct TeardownSummary {
-    /// Present PTEs cleared.
+    /// Present PTEs cleared: a 2 MiB or 1 GiB entry counts as one.
     pub pages_unmapped: usize,
     /// Data frames freed: those offered to [`FreeFrames::free_batch`] less
-    /// those it left in, or added to, the vector (handed back).
+    /// those it left in, or added to, the vector (handed back). A huge
+    /// frame is offered, and counted, once: as its first 4 KiB frame.
     pub data_freed: usize,
     /// Page-table frames freed, counted the same way for
     /// [`TeardownBacking::free_tables`].
@@ -222,7 +224,15 @@ impl<const N: usize> MmuGather<N> {
     /// 2. each present PTE is cleared atomically, its dirty bit moved to the
     ///    frame ([`TeardownBacking::set_dirty`]), its page added to the flush
     ///    and its frame to the data batch; migration and hwpoison entries
-    ///    are cleared too;
+    ///    are cleared too. A 2 MiB or 1 GiB entry
+    ///    ([`PageTable::entry_size`]) that the range covers wholly is one
+    ///    entry: cleared once at its first address, its dirty bit moved to
+    ///    the huge frame's first 4 KiB frame, flushed with one invalidation
+    ///    at its stride (counted once against the full-flush ceiling), and
+    ///    that first frame handed to [`FreeFrames::free_batch`] once, after
+    ///    the flush, for the kernel to free the whole huge frame (as Linux
+    ///    frees a folio); the summary counts it as one page unmapped and
+    ///    one data frame freed;
     /// 3. with `free_tables`, every page-table frame that translated only
     ///    this range is detached into the table batch (to free also the
     ///    tables the range shares with unmapped space around it, see
@@ -241,7 +251,8 @@ impl<const N: usize> MmuGather<N> {
     /// Errors, with nothing changed: [`Error::NonCanonical`], an address
     /// of a user space in the kernel's half ([`Error::KernelHalf`]),
     /// [`Error::AsidOutOfRange`], what [`PageTable::check_range`](crate::PageTable::check_range)
-    /// refuses (such as [`Error::HugePage`]), a global entry in a user space
+    /// refuses, a huge page the range covers part of ([`Error::HugePage`]:
+    /// split it first, or widen the range), a global entry in a user space
     /// ([`Error::GlobalUserEntry`]) or a non-global one in the kernel's where
     /// its flushes rely on global kernel mappings
     /// ([`Error::NonGlobalKernelEntry`]), a table whose root is not its state's
@@ -365,6 +376,7 @@ impl<const N: usize> MmuGather<N> {
         space_caller(arch, mm)?;
         check_table_root(space)?;
         space.check_range(range)?;
+        check_huge_whole(space, range)?;
         check_range_not_global(arch, space, range)?;
         self.claim(arch, mm)?;
         let result = self.tear_down(arch, space, backing, range, tables, policy, handback);
@@ -396,38 +408,8 @@ impl<const N: usize> MmuGather<N> {
         let mm = space.tlb_state();
         let mut rest = range;
         loop {
-            let paused = walk_range(arch, space, rest, &mut |va, pte| {
-                if !pte.is_present() {
-                    // A migration or hwpoison entry: nothing cached, nothing
-                    // to free, but the mapping goes.
-                    space.clear(va);
-                    return Ok(Step::Next);
-                }
-                if self.pages.is_full() {
-                    return Ok(Step::Pause);
-                }
-                let old = space.clear(va);
-                if old.is_present() {
-                    if old.is_dirty() {
-                        backing.set_dirty(old.frame());
-                    }
-                    match PageRange::page(va) {
-                        Ok(page) => self.request.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING),
-                        // Cannot happen (the walk yields aligned addresses);
-                        // the whole address space then.
-                        Err(_) => self.request.add_asid(mm.asid()),
-                    }
-                    // SAFETY: the cleared present entry held one claim on
-                    // its frame, which the `TableTeardown` contract passes
-                    // to us; the handle is that claim and nothing else.
-                    let frame = unsafe { OwnedFrame::new(old.frame()) };
-                    if let Err(frame) = self.pages.push(frame) {
-                        // Not full: checked above.
-                        handback(frame, FrameKind::Data);
-                    }
-                    self.summary.pages_unmapped += 1;
-                }
-                Ok(Step::Next)
+            let paused = walk_range(arch, space, rest, &mut |va, pte, size| {
+                self.take_entry::<A, _, _>(space, backing, (va, pte, size), handback)
             })?;
             match paused {
                 Some(va) => {

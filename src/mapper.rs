@@ -22,27 +22,27 @@
 //!   an absent level-4, level-3 or level-2 entry is stepped over whole (512
 //!   GiB, 1 GiB, 2 MiB at a time), and empty entries of a leaf table are
 //!   skipped there, so a sparse range costs what is mapped.
-//! - The crate works on 4 KiB entries, and an entry of a 2 MiB or 1 GiB
-//!   page cannot be changed one 4 KiB piece at a time. Such a mapping is
-//!   reported as present ([`lookup`](PageTable::lookup) shows the 4 KiB
-//!   piece at the address, so no frame of it is ever believed unmapped and
-//!   freed) but never changed: [`exchange`](PageTable::exchange),
-//!   [`clear`](PageTable::clear) and [`set`](PageTable::set) leave it
-//!   alone (an exchange answers [`Pte::EMPTY`]: no 4 KiB entry was
-//!   removed, so nothing is freed). Its size is the answer of
-//!   [`entry_size`](PageTable::entry_size), and the reverse-map walks
-//!   ([`try_to_unmap`](crate::try_to_unmap),
-//!   [`page_referenced`](crate::page_referenced),
-//!   [`migrate_pages`](crate::migrate_pages)) refuse a frame it maps with
-//!   [`Error::HugePage`](crate::Error::HugePage) before they change
-//!   anything. [`OffsetSpace::check_no_huge`] refuses a range holding one with
-//!   [`MapperError::HugePage`] (it converts into the crate's
-//!   [`Error`](crate::Error)), and the range operations,
-//!   [`change_protection`](crate::change_protection) and a teardown
-//!   through [`OffsetTeardown`], run it themselves
-//!   ([`PageTable::check_range`]) and refuse such a range
-//!   ([`Error::HugePage`](crate::Error::HugePage)) before they change
-//!   anything: split or unmap huge pages with the `x86_64` crate first.
+//! - A 2 MiB or 1 GiB page is one entry. [`lookup`](PageTable::lookup)
+//!   reports it at every address as the 4 KiB piece there (so no frame of
+//!   it is ever believed unmapped and freed), and
+//!   [`entry_size`](PageTable::entry_size) its size;
+//!   [`exchange`](PageTable::exchange), [`clear`](PageTable::clear) and
+//!   [`set`](PageTable::set) change it whole at its first address, in its
+//!   4 KiB view, and nowhere else (elsewhere an exchange answers
+//!   [`Pte::EMPTY`]: nothing was removed, so nothing is freed). The
+//!   reverse-map walks ([`try_to_unmap`](crate::try_to_unmap),
+//!   [`page_referenced`](crate::page_referenced)) take a mapping of it at
+//!   its first address whole, and the range operations
+//!   ([`change_protection`](crate::change_protection), a teardown through
+//!   [`OffsetTeardown`]) take one the range covers wholly as one entry;
+//!   a range that covers part of one is refused with
+//!   [`Error::HugePage`](crate::Error::HugePage) before anything changes
+//!   ([`OffsetSpace::check_no_partial_huge`], the table's
+//!   [`check_range`](PageTable::check_range)): split it first.
+//!   [`OffsetSpace::check_no_huge`] refuses a range holding any huge page
+//!   with [`MapperError::HugePage`] (it converts into the crate's
+//!   [`Error`](crate::Error)); [`OffsetTeardown::munmap`] runs it, since
+//!   its frees go to a 4 KiB frame deallocator.
 //! - Nothing here panics: an address a four-level table cannot translate
 //!   (not canonical with 48 bits) has no entry ([`Pte::EMPTY`]), and an
 //!   entry whose table address is unusable is treated as absent.
@@ -266,13 +266,36 @@ impl<'a> OffsetSpace<'a> {
     }
 
     /// Refuses `range` with [`MapperError::HugePage`] (the first one) when
-    /// a 2 MiB or 1 GiB page maps any of it: the crate's range operations
-    /// leave such pages unchanged. Cost follows the upper levels of the
-    /// table: absent entries are stepped over whole, and leaf tables are
-    /// not read.
+    /// a 2 MiB or 1 GiB page maps any of it, wholly or in part: for a
+    /// caller whose next step handles 4 KiB frames only
+    /// ([`OffsetTeardown::munmap`] runs it, since its frees go to a
+    /// `FrameDeallocator<Size4KiB>`). The range operations themselves take
+    /// a wholly covered huge page as one entry
+    /// ([`check_no_partial_huge`](Self::check_no_partial_huge)). Cost
+    /// follows the upper levels of the table: absent entries are stepped
+    /// over whole, and leaf tables are not read.
     pub fn check_no_huge(&self, range: PageRange) -> Result<(), MapperError> {
         self.walk()
             .check_no_huge(range)
+            .map_err(|huge| MapperError::HugePage {
+                va: huge.va,
+                size: huge.size,
+            })
+    }
+
+    /// Refuses `range` with [`MapperError::HugePage`] when a 2 MiB or
+    /// 1 GiB page maps part of it but not all of it (it starts before the
+    /// range or ends after it): the crate's range operations take a huge
+    /// page whole, so they take only one the range covers wholly. Huge
+    /// pages inside the range pass. It reads two walks, to the range's
+    /// first and last pages (such a page holds one of them). This is the
+    /// table's [`check_range`](PageTable::check_range); unlike
+    /// [`check_no_huge`](Self::check_no_huge), which refuses every huge
+    /// page (what [`OffsetTeardown::munmap`] needs: its frees go to a
+    /// 4 KiB frame deallocator).
+    pub fn check_no_partial_huge(&self, range: PageRange) -> Result<(), MapperError> {
+        self.walk()
+            .check_no_partial_huge(range)
             .map_err(|huge| MapperError::HugePage {
                 va: huge.va,
                 size: huge.size,
@@ -317,12 +340,13 @@ unsafe impl PageTable for OffsetSpace<'_> {
 
     walk_table_ops!(walk);
 
-    /// Refuses a range that a huge page maps any of
-    /// ([`check_no_huge`](OffsetSpace::check_no_huge), as
+    /// Refuses a range that a huge page maps part of but not all of
+    /// ([`check_no_partial_huge`](OffsetSpace::check_no_partial_huge), as
     /// [`Error::HugePage`](crate::Error::HugePage)): the crate's range
-    /// operations change 4 KiB entries only, and would skip it.
+    /// operations take a huge page whole, one entry, so they cannot take a
+    /// piece of one.
     fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
-        self.check_no_huge(range).map_err(crate::Error::from)
+        self.check_no_partial_huge(range).map_err(crate::Error::from)
     }
     /// The level-4 table's physical address, its virtual address less the
     /// offset: the table is reached through the offset mapping, as a

@@ -3,20 +3,40 @@
 //! first, table by table under each table's lock.
 
 use crate::arch::Arch;
+use crate::page_size::PageSize;
 use crate::pte::{Pte, PteFlags};
 use crate::range::PageRange;
-use crate::request::FlushRequest;
+use crate::request::{FlushRequest, Pages};
 use crate::rmap::PageTable;
 use crate::shootdown::shootdown;
 use crate::validate::{check_asid, check_space_range};
 use crate::verify::{check_table_root, space_caller};
-use crate::walk::{check_range_not_global, walk_range, Step};
+use crate::walk::{check_huge_whole, check_range_not_global, walk_range, Step};
 use crate::Error;
 
 /// Applies `update` to every present PTE of `space` in `range` and flushes
 /// the changed pages on every CPU that may cache them (one shootdown; page
 /// by page up to the ceiling, the whole address space above it). Returns
-/// how many PTEs this call changed.
+/// how many entries this call changed (a huge entry counts once).
+///
+/// A 2 MiB or 1 GiB page ([`PageTable::entry_size`]) that `range` covers
+/// wholly is one entry: `update` runs once, on its 4 KiB view at the huge
+/// page's first address (the first frame, the entry's flags), the result
+/// is written over the whole entry with the rules below (accessed and
+/// dirty bits kept, the global bit as the space needs), and its flush is
+/// one invalidation at the huge page's stride, counted once against the
+/// full-flush ceiling. The entry stays present throughout: it is changed
+/// in place by atomic exchanges (a cleared huge entry is no entry to store
+/// into), each adding back any accessed or dirty bit the hardware set
+/// since the one before. So for such an entry `update` must keep the frame
+/// (change flags only); anything else (no entry, another frame, a
+/// migration entry) is not written, and the call stops there with
+/// [`Error::HugePage`], entries changed before it owing their flush as
+/// after a failed flush (below): unmap a huge page with
+/// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range), move it
+/// after a split. A range that covers part of a huge page is refused with
+/// [`Error::HugePage`] before anything changes; split it first
+/// ([`split_huge_mapping`](crate::split_huge_mapping)).
 ///
 /// The range is walked table by table, each under its lock
 /// ([`PageTable::with_table_locked`]), stepping over what is not mapped
@@ -33,8 +53,8 @@ use crate::Error;
 /// reclaimer may clear and defer an entry of a later table while earlier
 /// tables are being changed.
 ///
-/// Each PTE is changed by an atomic clear, then `update` on the value the
-/// clear returned, then a store: a dirty bit hardware sets meanwhile is in
+/// Each 4 KiB PTE is changed by an atomic clear, then `update` on the
+/// value the clear returned, then a store: a dirty bit hardware sets meanwhile is in
 /// the value `update` sees, so it cannot be lost. Between the clear and the
 /// store the entry is not present, so another CPU that misses its TLB on
 /// that page then takes a not-present fault: the kernel's fault handler
@@ -54,8 +74,10 @@ use crate::Error;
 ///
 /// Errors, with nothing changed: [`Error::NonCanonical`], an address of a
 /// user space in the kernel's half ([`Error::KernelHalf`]),
-/// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses
-/// (a huge page in the range, [`Error::HugePage`]), a global entry in a
+/// [`Error::AsidOutOfRange`], what [`PageTable::check_range`] refuses,
+/// a huge page the range covers part of ([`Error::HugePage`]: asked of
+/// [`PageTable::entry_size`] at the range's first and last pages, and of
+/// the table's `check_range`), a global entry in a
 /// user space ([`Error::GlobalUserEntry`]) or a non-global one in the
 /// kernel's where its flushes rely on global kernel mappings
 /// ([`Error::NonGlobalKernelEntry`]), a table whose root is not its
@@ -94,27 +116,38 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     space_caller(arch, mm)?;
     check_table_root(space)?;
     space.check_range(range)?;
+    check_huge_whole(space, range)?;
     check_range_not_global(arch, space, range)?;
     let needs_global = arch.kernel_flush_needs_global();
     let mut flush = FlushRequest::new();
     let mut changed = 0;
-    let walked = walk_range(arch, space, range, &mut |va, pte| {
+    let global = |new: Pte| {
+        if !mm.is_kernel() {
+            Pte(new.0 & !PteFlags::GLOBAL.bits())
+        } else if needs_global && new.is_present() {
+            Pte(new.0 | PteFlags::GLOBAL.bits())
+        } else {
+            new
+        }
+    };
+    let walked = walk_range(arch, space, range, &mut |va, pte, size| {
         if pte.is_present() {
-            let old = space.clear(va);
-            let new = keep_hardware_bits(old, update(old));
-            let new = if !mm.is_kernel() {
-                Pte(new.0 & !PteFlags::GLOBAL.bits())
-            } else if needs_global && new.is_present() {
-                Pte(new.0 | PteFlags::GLOBAL.bits())
+            let (old, new) = if size.is_huge() {
+                change_huge(space, va, pte, size, |old| {
+                    global(keep_hardware_bits(old, update(old)))
+                })?
             } else {
-                new
+                let old = space.clear(va);
+                let new = global(keep_hardware_bits(old, update(old)));
+                space.set(va, new);
+                (old, new)
             };
-            space.set(va, new);
             if new != old {
-                match PageRange::page(va) {
-                    Ok(page) => flush.add_range(mm.asid(), page, A::FULL_FLUSH_CEILING),
-                    // Cannot happen (the walk yields aligned addresses of
-                    // the checked range); the whole address space then.
+                match Pages::one(va, size) {
+                    Ok(pages) => flush.add_pages_step(mm.asid(), pages, A::FULL_FLUSH_CEILING, None),
+                    // Cannot happen (the walk yields each entry at its
+                    // first address, in the checked range); the whole
+                    // address space then.
                     Err(_) => flush.add_asid(mm.asid()),
                 }
                 changed += 1;
@@ -137,6 +170,44 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
         return Err(e);
     }
     Ok(changed)
+}
+
+/// Changes the huge entry of `size` at `va`, `seen` in its 4 KiB view,
+/// to `change(seen)`, and answers the old and the new entry.
+///
+/// A cleared huge entry is no entry at all to the table (a store after a
+/// clear would find nothing to store into), so it is changed in place by
+/// exchanges: `change` runs once, on `seen`; the result must keep `seen`'s
+/// frame (a change of flags), else nothing is written and the answer is
+/// [`Error::HugePage`]. Under the table lock only the MMU changes the
+/// entry, and only its accessed and dirty bits: an exchange that answers
+/// bits the value written lacks is followed by another that adds them,
+/// until none is missing (at most twice more), so no bit the hardware set
+/// is lost (contract rule 4).
+fn change_huge<S: PageTable + ?Sized>(
+    space: &S,
+    va: u64,
+    seen: Pte,
+    size: PageSize,
+    change: impl FnOnce(Pte) -> Pte,
+) -> Result<(Pte, Pte), Error> {
+    let mut new = change(seen);
+    if !new.is_present() || new.frame() != seen.frame() {
+        return Err(Error::HugePage {
+            va,
+            size: size.bytes(),
+        });
+    }
+    let mut old = space.exchange(va, new);
+    let first = old;
+    loop {
+        let missing = keep_hardware_bits(old, new).0 & !new.0;
+        if missing == 0 {
+            return Ok((first, new));
+        }
+        new = Pte(new.0 | missing);
+        old = space.exchange(va, new);
+    }
 }
 
 /// `new` with the accessed and dirty bits of `old` when both map the same

@@ -32,23 +32,22 @@
 //!   words are x86's hardware format (`X64PTE` is that word), decoded here
 //!   bit by bit; the table's own decoders take a `&X64PTE`, which may not
 //!   alias a word other CPUs write.
-//! - **Huge pages.** The crate changes 4 KiB entries. A 2 MiB or 1 GiB
-//!   mapping (the table's `map` with `PageSize::Size2M`/`Size1G`, or
-//!   `map_region` with `allow_huge`) is reported present by
-//!   [`lookup`](PageTable::lookup) (the 4 KiB piece at the address, so no
-//!   frame of it is believed unmapped and freed) but never changed:
-//!   [`exchange`](PageTable::exchange) answers [`Pte::EMPTY`] (nothing
-//!   was removed), and [`set`](PageTable::set) leaves it alone. Its size
-//!   is the answer of [`entry_size`](PageTable::entry_size), and the
-//!   reverse-map walks ([`try_to_unmap`](crate::try_to_unmap),
-//!   [`page_referenced`](crate::page_referenced),
-//!   [`migrate_pages`](crate::migrate_pages)) refuse a frame it maps with
-//!   [`Error::HugePage`] before anything changes. [`PtmSpace::check_no_huge`]
-//!   refuses a range holding one with [`Error::HugePage`], and is the
-//!   table's [`check_range`](PageTable::check_range): the range operations
-//!   ([`change_protection`](crate::change_protection), a teardown through
-//!   [`PtmTeardown`]) run it and refuse such a range before anything
-//!   changes.
+//! - **Huge pages.** A 2 MiB or 1 GiB mapping (the table's `map` with
+//!   `PageSize::Size2M`/`Size1G`, or `map_region` with `allow_huge`) is
+//!   one entry: [`lookup`](PageTable::lookup) reports it present at every
+//!   address (the 4 KiB piece there, so no frame of it is believed
+//!   unmapped and freed), [`entry_size`](PageTable::entry_size) its size,
+//!   and [`exchange`](PageTable::exchange) and [`set`](PageTable::set)
+//!   change it whole at its first address only (elsewhere an exchange
+//!   answers [`Pte::EMPTY`]: nothing was removed). The reverse-map walks
+//!   take a mapping of it at its first address whole; the range
+//!   operations ([`change_protection`](crate::change_protection), a
+//!   teardown through [`PtmTeardown`]) take one the range covers wholly
+//!   as one entry, and refuse a range that covers part of one with
+//!   [`Error::HugePage`] before anything changes
+//!   ([`PtmSpace::check_no_partial_huge`], the table's
+//!   [`check_range`](PageTable::check_range)). [`PtmSpace::check_no_huge`]
+//!   refuses a range holding any huge page.
 //! - **No panics.** An address the four-level table cannot translate (not
 //!   48-bit canonical) has no entry ([`Pte::EMPTY`]); an entry whose table
 //!   address the handler translates to something unusable (not
@@ -156,15 +155,32 @@ impl<'a, H: PagingHandler> PtmSpace<'a, H> {
     }
 
     /// Refuses `range` with [`Error::HugePage`] (the first huge page met)
-    /// when a 2 MiB or 1 GiB page maps any of it, since the crate's range
-    /// operations would leave it unchanged; otherwise `Ok`. It reads upper
-    /// levels only: absent entries are stepped over whole and leaf tables
-    /// are not read.
+    /// when a 2 MiB or 1 GiB page maps any of it, wholly or in part;
+    /// otherwise `Ok`: for a caller whose next step handles 4 KiB frames
+    /// only. The range operations take a wholly covered huge page as one
+    /// entry ([`check_no_partial_huge`](Self::check_no_partial_huge)). It
+    /// reads upper levels only: absent entries are stepped over whole and
+    /// leaf tables are not read.
     pub fn check_no_huge(&self, range: PageRange) -> Result<(), Error> {
         self.walk().check_no_huge(range).map_err(|huge| Error::HugePage {
             va: huge.va,
             size: huge.size,
         })
+    }
+
+    /// Refuses `range` with [`Error::HugePage`] when a 2 MiB or 1 GiB page
+    /// maps part of it but not all of it (it starts before the range or
+    /// ends after it); huge pages inside the range pass. This is the
+    /// table's [`check_range`](PageTable::check_range): the range
+    /// operations take a huge page whole, one entry. It reads two walks,
+    /// to the range's first and last pages (such a page holds one of them).
+    pub fn check_no_partial_huge(&self, range: PageRange) -> Result<(), Error> {
+        self.walk()
+            .check_no_partial_huge(range)
+            .map_err(|huge| Error::HugePage {
+                va: huge.va,
+                size: huge.size,
+            })
     }
 
     /// The shared four-level walk over this table.
@@ -198,7 +214,7 @@ unsafe impl<H: PagingHandler> TableFrames for PtmSpace<'_, H> {
 // unmapped); `tlb_state` is the state given with the table;
 // `next_populated` skips only addresses without a table or whose entry
 // word is 0, which `lookup` reports as `Pte::EMPTY`; `check_range` refuses
-// every range a huge entry maps any of; `with_table_locked` is the
+// every range a huge entry maps part of; `with_table_locked` is the
 // default, which runs `body` once.
 unsafe impl<H: PagingHandler> PageTable for PtmSpace<'_, H> {
     fn tlb_state(&self) -> &MmTlbState {
@@ -207,11 +223,11 @@ unsafe impl<H: PagingHandler> PageTable for PtmSpace<'_, H> {
 
     walk_table_ops!(walk);
 
-    /// Refuses a range any of which a huge page maps, with
-    /// [`Error::HugePage`] ([`check_no_huge`](PtmSpace::check_no_huge)):
-    /// the range operations change 4 KiB entries and would skip it.
+    /// Refuses a range that a huge page maps part of but not all of, with
+    /// [`Error::HugePage`] ([`check_no_partial_huge`](PtmSpace::check_no_partial_huge)):
+    /// the range operations take a huge page whole, one entry.
     fn check_range(&self, range: PageRange) -> Result<(), Error> {
-        self.check_no_huge(range)
+        self.check_no_partial_huge(range)
     }
     fn root(&self) -> Option<u64> {
         Some(self.root)

@@ -114,6 +114,11 @@ pub unsafe trait PageTable {
     /// base-page entry (and where nothing is mapped), the huge page's size
     /// where a 2 MiB or 1 GiB entry (an arm64 block) maps it.
     ///
+    /// The range operations ([`change_protection`](crate::change_protection),
+    /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range)) ask it for
+    /// each non-empty entry they meet and take a huge one whole, once, at
+    /// its first address (see [`check_range`](Self::check_range)).
+    ///
     /// The reverse-map operations ask it for every mapping before any entry
     /// changes. A mapping at a huge page's first address, of the huge
     /// frame's first 4 KiB frame, is the whole huge page:
@@ -144,11 +149,22 @@ pub unsafe trait PageTable {
     /// ([`change_protection`](crate::change_protection),
     /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range)) changes
     /// anything in it, when the table holds something there that the
-    /// operation, which changes 4 KiB entries, would leave as it is: a huge
-    /// page, typically ([`Error::HugePage`](crate::Error::HugePage)). The
-    /// operation returns the error with nothing changed, rather than skip
-    /// the page silently. The default refuses nothing: right for a table
-    /// without huge pages.
+    /// operation cannot take as it takes entries. The operation returns the
+    /// error with nothing changed, rather than skip anything silently. The
+    /// default refuses nothing.
+    ///
+    /// Huge pages need nothing here from a table that reports them through
+    /// [`entry_size`](Self::entry_size): the operations take a huge page
+    /// the range covers wholly as one entry (visited once at its first
+    /// address, changed or cleared there whole, flushed at its stride),
+    /// and refuse a range that covers part of one with
+    /// [`Error::HugePage`](crate::Error::HugePage) themselves, asking
+    /// `entry_size` at the range's first and last pages (a huge page the
+    /// range covers part of holds one of them). The x86 adapters check
+    /// the same here (`check_no_partial_huge`). A table that maps huge
+    /// pages but answers 4 KiB from `entry_size` must refuse every range
+    /// they map any of here, since the operations would take their pieces
+    /// for 4 KiB entries.
     fn check_range(&self, range: PageRange) -> Result<(), crate::Error> {
         let _ = range;
         Ok(())

@@ -6,8 +6,8 @@
 //! The adapters differ only in how the physical address an entry names
 //! becomes the virtual address of a table: that is [`TableFrames`]. All
 //! else lives here once: finding the entry for an address ([`Walk`]), the
-//! [`PageTable`](crate::PageTable) operations on it, the refusal of huge
-//! pages, and the unlinking of emptied tables for a teardown.
+//! [`PageTable`](crate::PageTable) operations on it, the checks of huge
+//! pages in a range, and the unlinking of emptied tables for a teardown.
 //!
 //! The rules both adapters document:
 //!
@@ -18,8 +18,9 @@
 //! - a table address that is not page-aligned, whose page would run past
 //!   the top of the address space, or that does not fit a pointer, is
 //!   treated as an absent table;
-//! - a 2 MiB or 1 GiB entry is reported (as its 4 KiB piece) but never
-//!   swapped or stored over; only its accessed bit is cleared;
+//! - a 2 MiB or 1 GiB entry is reported (as its 4 KiB piece at each
+//!   address) and swapped or stored over whole at its first address only;
+//!   its one accessed bit is cleared from any address in it;
 //! - bit 7 of a level-4 entry is reserved, so such an entry maps nothing.
 
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -97,8 +98,9 @@ pub(crate) unsafe trait TableFrames {
     fn table_of(&self, paddr: u64) -> Option<u64>;
 }
 
-/// A huge page that [`Walk::check_no_huge`] met: the first address it
-/// maps and its size in bytes.
+/// A huge page that [`Walk::check_no_huge`] or
+/// [`Walk::check_no_partial_huge`] met: the first address it maps and its
+/// size in bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HugeAt {
     pub(crate) va: u64,
@@ -369,6 +371,27 @@ impl<'t, F: TableFrames + ?Sized> Walk<'t, F> {
                 _ => return Ok(()),
             }
         }
+    }
+
+    /// The first huge page that maps part of `range` but not all of it, as
+    /// an error: one that starts before the range, or ends after it. Such
+    /// a page holds the range's first or its last page, so those two walks
+    /// are all it reads; huge pages wholly inside the range pass.
+    pub(crate) fn check_no_partial_huge(&self, range: PageRange) -> Result<(), HugeAt> {
+        let Some(last) = range.last() else {
+            return Ok(());
+        };
+        for va in [range.start(), last] {
+            if let Slot::Huge { level, .. } = self.slot(va) {
+                let size = span(level);
+                let first = va & !(size - 1);
+                let end = first.checked_add(size - PAGE_SIZE);
+                if first < range.start() || end.is_none_or(|end| end > last) {
+                    return Err(HugeAt { va: first, size });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Unlinks one table below the root whose words are all 0 and whose

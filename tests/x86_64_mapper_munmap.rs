@@ -195,10 +195,16 @@ fn a_huge_page_in_the_range_is_refused_with_every_entry_and_frame_as_it_was() {
         // One page of the 1 GiB page.
         (PageRange::page(one + 3 * MIB2).unwrap(), one, GIB),
     ];
-    for (range, va, size) in cases {
+    for (i, (range, va, size)) in cases.into_iter().enumerate() {
         let refused = Err(Error::HugePage { va, size });
         assert_eq!(space.munmap(&cpu0, &mut gather, range, &mut frees), refused);
-        // The long form refuses the same way.
+        if i == 0 {
+            // The long form takes a huge page the range covers wholly
+            // (tests/huge_range.rs); `munmap` refuses it, since its frees
+            // go to a 4 KiB deallocator.
+            continue;
+        }
+        // The long form refuses a part of one the same way.
         let mut long = MmuGather::<8>::new();
         let r = long.unmap_range(
             &cpu0,

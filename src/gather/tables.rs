@@ -144,7 +144,10 @@ impl TableBounds {
 ///   its frame (the frame itself, or one reference of its count: see
 ///   [`OwnedFrame`]), which passes to the caller: [`MmuGather`] wraps it in
 ///   an [`OwnedFrame`] and hands it to [`FreeFrames::free_batch`] after the
-///   flush.
+///   flush. For a 2 MiB or 1 GiB entry ([`PageTable::entry_size`]) the
+///   claim is on the whole huge frame, and its handle names the huge
+///   frame's first 4 KiB frame: the kernel frees the whole huge frame
+///   when handed that one (as Linux frees a folio, not its pages).
 pub unsafe trait TableTeardown: PageTable {
     /// Unlinks one page-table frame whose addresses all lie in `range`, or
     /// returns `None` when none is left.

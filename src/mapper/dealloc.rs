@@ -26,6 +26,15 @@ use crate::unmap::{FreeFrames, OwnedFrame};
 /// A frame whose physical address does not fit 52 bits has no
 /// [`PhysFrame`]: it is refused (left in the batch, so the crate hands it
 /// back). No entry of an x86_64 page table can name one.
+///
+/// Frames are 4 KiB frames only: the crate hands over a torn-down 2 MiB or
+/// 1 GiB mapping as its huge frame's first 4 KiB frame, and this would
+/// give back that one frame of the huge frame, never the rest.
+/// [`OffsetTeardown::munmap`](super::OffsetTeardown::munmap) therefore
+/// refuses a range with a huge page ([`Error::HugePage`](crate::Error::HugePage));
+/// a kernel that tears huge pages down writes a backing that frees the
+/// whole huge frame (its `FrameDeallocator<Size2MiB>`, say) when handed
+/// the first frame, which only the kernel, knowing its frames, can tell.
 pub struct DeallocatorFrees<'a, D: FrameDeallocator<Size4KiB>> {
     dealloc: &'a mut D,
     freed: usize,
@@ -60,6 +69,12 @@ impl<'a, D: FrameDeallocator<Size4KiB>> DeallocatorFrees<'a, D> {
     ///   in its stricter, not reference-counted form);
     /// - `dealloc` may take it back: it came from the allocator `dealloc`
     ///   returns frames to (data frames and page-table frames alike).
+    ///
+    /// Not a safety matter, but a leak: a range torn down through the
+    /// result with [`MmuGather::unmap_range`](crate::MmuGather::unmap_range)
+    /// that maps a huge page gives back only its first 4 KiB frame (see
+    /// the type's docs; [`OffsetTeardown::munmap`](super::OffsetTeardown::munmap)
+    /// refuses such a range).
     pub unsafe fn new(dealloc: &'a mut D) -> Self {
         DeallocatorFrees {
             dealloc,

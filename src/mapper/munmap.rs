@@ -56,8 +56,13 @@ impl OffsetTeardown<'_> {
     /// [`Error::AsidOutOfRange`],
     /// [`Error::OtherAddressSpace`], [`Error::OtherMachine`] for a `gather`
     /// holding another space's or machine's pending work), and
-    /// [`Error::HugePage`] when a 2 MiB or 1 GiB page maps any of `range`
-    /// (split or unmap it first). An error of a flush
+    /// [`Error::HugePage`] when a 2 MiB or 1 GiB page maps any of `range`,
+    /// even wholly ([`OffsetSpace::check_no_huge`](super::OffsetSpace::check_no_huge)):
+    /// `frees` hands frames to a `FrameDeallocator<Size4KiB>`, which cannot
+    /// take a huge frame back as one. Split it first, or unmap it with
+    /// [`MmuGather::unmap_range`] and a [`TeardownBacking`](crate::TeardownBacking)
+    /// that frees the whole huge frame when handed its first 4 KiB frame
+    /// (the teardown takes a wholly covered huge page as one entry). An error of a flush
     /// ([`Error::ShootdownReentered`], ...) stops the teardown part-way:
     /// `gather` keeps the frames and the flush it owes (and the address
     /// space records the flush), none is freed or lost; call `munmap` again
@@ -200,6 +205,12 @@ impl OffsetTeardown<'_> {
         A: Arch,
         D: FrameDeallocator<Size4KiB>,
     {
+        // A huge page would reach `frees` as its first 4 KiB frame, and a
+        // `FrameDeallocator<Size4KiB>` would take back that one frame of
+        // the huge frame's 512 (or 262144): refused, before anything
+        // changes. `unmap_range` with a backing that frees huge frames
+        // takes one whole.
+        self.space().check_no_huge(range).map_err(Error::from)?;
         let mut refused: Option<Frame> = None;
         // Only a frame number beyond 52 bits comes back here (see
         // `munmap`): it names no memory, and the error names it.

@@ -24,14 +24,19 @@ use crate::Error;
 /// once every word of it is 0, it translates some of the range and its
 /// whole span lies within the bounds): leaf tables first, then level-2
 /// and level-3 tables left empty by that. The level-4 table stays (it is
-/// the address space's root). A range that a 2 MiB or 1 GiB page maps any of is refused with
-/// [`Error::HugePage`] before anything changes
-/// ([`PageTable::check_range`], which runs
-/// [`OffsetSpace::check_no_huge`]): clearing 4 KiB entries would leave it
-/// mapped. Split or unmap huge pages with the `x86_64` crate first.
+/// the address space's root).
+///
+/// A 2 MiB or 1 GiB page that the range covers wholly is one entry: it is
+/// cleared once and its frame (the huge frame's first 4 KiB frame) handed
+/// to the kernel's [`FreeFrames`](crate::FreeFrames) once, after the
+/// flush, for the kernel to free the whole huge frame. A range that a huge
+/// page maps part of is refused with [`Error::HugePage`] before anything
+/// changes ([`PageTable::check_range`], which runs
+/// [`OffsetSpace::check_no_partial_huge`]): split it first.
 ///
 /// [`OffsetTeardown::munmap`] is the short form of a teardown for a plain
-/// munmap.
+/// munmap of 4 KiB pages (it refuses every huge page: its frees go to a
+/// 4 KiB frame deallocator).
 #[derive(Debug)]
 pub struct OffsetTeardown<'a> {
     space: OffsetSpace<'a>,
@@ -43,9 +48,11 @@ impl<'a> OffsetSpace<'a> {
     /// # Safety
     ///
     /// In every range the kernel tears down through the result: each
-    /// present 4 KiB entry holds one claim on its frame (the frame itself,
-    /// or one reference of its count; see [`OwnedFrame`](crate::OwnedFrame)),
-    /// which passes to the gather when the entry is cleared; and each
+    /// present entry holds one claim on its frame (the frame itself, or
+    /// one reference of its count; see [`OwnedFrame`](crate::OwnedFrame);
+    /// for a 2 MiB or 1 GiB entry, the whole huge frame, named by its first
+    /// 4 KiB frame), which passes to the gather when the entry is cleared;
+    /// and each
     /// page-table frame below the level-4 table belongs to this address
     /// space alone (not shared with another, as kernel-half tables often
     /// are), so that once unlinked, nothing else frees or walks into it.
@@ -76,11 +83,11 @@ unsafe impl PageTable for OffsetTeardown<'_> {
 
     walk_table_ops!(walk);
 
-    /// Refuses a range that a huge page maps any of, with
-    /// [`Error::HugePage`]: the teardown clears 4 KiB entries only, and
-    /// would skip it.
+    /// Refuses a range that a huge page maps part of but not all of, with
+    /// [`Error::HugePage`] ([`OffsetSpace::check_no_partial_huge`]): a
+    /// teardown takes a huge page whole or not at all.
     fn check_range(&self, range: PageRange) -> Result<(), Error> {
-        self.space.check_no_huge(range).map_err(Error::from)
+        self.space.check_range(range)
     }
 
     fn root(&self) -> Option<u64> {

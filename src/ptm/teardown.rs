@@ -31,9 +31,13 @@ use crate::Error;
 /// [`TeardownBacking::free_tables`](crate::TeardownBacking::free_tables),
 /// typically with `H::dealloc_frame`, after the flush.
 ///
-/// A range any of which a 2 MiB or 1 GiB page maps is refused with
-/// [`Error::HugePage`] before anything changes
-/// ([`PageTable::check_range`] runs [`PtmSpace::check_no_huge`]).
+/// A 2 MiB or 1 GiB page that the range covers wholly is one entry:
+/// cleared once, its frame (the huge frame's first 4 KiB frame) handed to
+/// [`FreeFrames::free_batch`](crate::FreeFrames::free_batch) once, after
+/// the flush, for the kernel to free the whole huge frame. A range a huge
+/// page maps part of is refused with [`Error::HugePage`] before anything
+/// changes ([`PageTable::check_range`] runs
+/// [`PtmSpace::check_no_partial_huge`]).
 pub struct PtmTeardown<'a, H: PagingHandler> {
     space: PtmSpace<'a, H>,
 }
@@ -52,10 +56,11 @@ impl<'a, H: PagingHandler> PtmSpace<'a, H> {
     ///
     /// # Safety
     ///
-    /// In every range torn down through the result: each present 4 KiB
-    /// entry holds one claim on its frame (the frame, or one reference of
-    /// its count; see [`OwnedFrame`](crate::OwnedFrame)) that passes to the
-    /// gather when the entry is cleared; and each table frame below the
+    /// In every range torn down through the result: each present entry
+    /// holds one claim on its frame (the frame, or one reference of its
+    /// count; see [`OwnedFrame`](crate::OwnedFrame); for a 2 MiB or 1 GiB
+    /// entry, the whole huge frame, named by its first 4 KiB frame) that
+    /// passes to the gather when the entry is cleared; and each table frame below the
     /// root belongs to this address space alone. With
     /// `page_table_multiarch`'s `copy-from` feature the root's entries for
     /// the kernel half name the kernel's own tables: such a range must not

@@ -87,6 +87,7 @@ fn an_unusable_root_has_no_entries() {
         let all = PageRange::new(0, 1 << 20).unwrap();
         assert_eq!(walk.next_populated(all), None);
         assert!(walk.check_no_huge(all).is_ok());
+        assert!(walk.check_no_partial_huge(all).is_ok());
         assert!(walk.detach_table(all).is_none());
     }
 }
