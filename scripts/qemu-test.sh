@@ -117,7 +117,7 @@ huge_counted() {
 # stale accesses, with TCG measured keeping the old 2 MiB translation (the
 # control means something only then).
 huge_control() {
-    grep -q "^huge: TCG keeps a 2 MiB translation across a change of its entry with no flush: yes " "$log" ||
+    grep -q "^huge: the emulated TLB keeps a 2 MiB translation across a change of its entry with no flush: yes " "$log" ||
         { failed=$((failed + 1)); echo "qemu huge control: TCG was not seen keeping the 2 MiB translation"; }
     failed_for_stale "huge page unmap"
     failed_for_stale "huge page split"

@@ -5,15 +5,17 @@
 //! The page is mapped with the `x86_64` crate's `Mapper::map_to` (a
 //! `Size2MiB` page over a fresh `OffsetPageTable`, as [`crate::mapper`]
 //! builds its tables) to a 2 MiB block of RAM above the frame pool, and
-//! every CPU loads the space with `switch_mm`. Each AP reads word 0 of a
-//! few pieces (4 KiB pages) spread over the block, and writes a word of its
-//! own in each, round after round, through fault-surviving probes.
+//! every CPU loads the space with `switch_mm`. Each AP reads word 0 of
+//! some of the block's pieces (4 KiB pages), and writes a word of its own
+//! in each, round after round, through fault-surviving probes.
 //!
-//! 1. **What TCG keeps** (a measurement, printed as its own line): with
+//! 1. **What the emulator keeps** (a measurement, printed as its own line): with
 //!    the APs' TLBs filled, the page-directory entry is pointed at another
 //!    block with no invalidation, and each AP reads again the pieces it
-//!    used and pieces it never used. An old value through a used piece is
-//!    the stale huge translation the controls below depend on.
+//!    used and pieces it never used, and then the used ones again after
+//!    an `invlpg` of a page outside the huge page. An old value through a
+//!    used piece is the stale huge translation the controls below depend
+//!    on.
 //! 2. **Unmap**: `try_to_unmap` of the block's first frame with
 //!    `TtuFlags::BATCH_FLUSH`, through an [`Rmap`] that knows the one
 //!    mapping; the batch must hold one invalidation, its flush must cost
@@ -42,7 +44,7 @@
 //! two flows with the flush under test skipped: the crate's shootdown
 //! through [`NoInvalidate`] on the boot CPU and the APs acknowledging
 //! without flushing ([`shared::REMOTE`]). The reads of the reused block
-//! and the writes to the read-only piece that the APs' stale 2 MiB
+//! and the writes to the read-only pieces that the APs' stale 2 MiB
 //! translations let through must then fail both scenarios.
 
 use core::ops::ControlFlow;
@@ -67,7 +69,7 @@ use crate::{aps, arch, fatal, probe, report, say, COMMAND, IDLE, MAX_CPUS, ONLIN
 
 /// AP loop: read and write the pieces, until told to stop.
 pub const TOUCH: u32 = 0x80;
-/// AP one-shot: read used and unused pieces once (the TCG measurement).
+/// AP one-shot: read used and unused pieces once (the measurement).
 pub const LOOK: u32 = 0x81;
 
 /// No other scenario uses this ASID.
@@ -113,9 +115,10 @@ static STALE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 static REUSED_READS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP: faults where an access was to go through (after the split).
 static OTHER_WRONG: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
-/// Per AP: accesses that faulted in [`GONE`], writes to [`read_only`] pieces
-/// that faulted in [`SPLIT`], writes elsewhere that landed in [`SPLIT`].
+/// Per AP: accesses that faulted in [`GONE`], and writes to
+/// [`read_only`] pieces that faulted in [`SPLIT`].
 static FAULTS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+/// Per AP: writes to the other pieces that landed in [`SPLIT`].
 static LANDED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP, the measurement: old block read through a used piece, new
 /// block read through a used piece, old through an unused, new through an
@@ -124,7 +127,6 @@ static LANDED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 static LOOKED: [[AtomicU64; 5]; MAX_CPUS] = [const { [const { AtomicU64::new(0) }; 5] }; MAX_CPUS];
 
 static MM: MmSlot = MmSlot::new();
-static CONTROL: AtomicBool = AtomicBool::new(false);
 
 fn piece_va(k: u64) -> u64 {
     VA + k * 4096
@@ -333,7 +335,6 @@ fn start_touching() {
 
 /// The scenarios; `control` skips the flush under test in each.
 pub fn run(kernel_entry: u64, control: bool) -> [bool; 2] {
-    CONTROL.store(control, Ordering::SeqCst);
     let Some(root) = paging::alloc() else {
         fatal("the frame pool is exhausted");
     };
@@ -342,18 +343,23 @@ pub fn run(kernel_entry: u64, control: bool) -> [bool; 2] {
         fatal("the huge-page scenario's ASID is out of range");
     };
     let mm = MM.put(MmTlbState::new(asid, root));
-    // SAFETY: as in `mapper::scenario_mapper`: a pool frame used as this
-    // table only, identity-mapped (offset 0), freed after the mapper ended.
-    let mut mapper = unsafe { OffsetPageTable::new(&mut *(root as *mut X86Table), VirtAddr::new(0)) };
-    fill(BLOCK, TAG_BLOCK);
-    fill(OTHER, TAG_OTHER);
-    if !map_block(&mut mapper) {
-        fatal("map_to refused the 2 MiB page");
-    }
-    flow::load_mm(Some(mm), aps());
-    measure_tcg(root);
-    let unmapped = unmap(&mut mapper, mm, control);
-    let split = split(&mut mapper, mm, root, control);
+    let results = {
+        // SAFETY: as in `mapper::scenario_mapper`: a pool frame used as
+        // this table only, identity-mapped (offset 0), freed below, once
+        // this block (and the mapper with it) has ended.
+        let mut mapper = unsafe { OffsetPageTable::new(&mut *(root as *mut X86Table), VirtAddr::new(0)) };
+        fill(BLOCK, TAG_BLOCK);
+        fill(OTHER, TAG_OTHER);
+        if !map_block(&mut mapper) {
+            fatal("map_to refused the 2 MiB page");
+        }
+        flow::load_mm(Some(mm), aps());
+        measure_kept(root);
+        [
+            unmap(&mut mapper, mm, control),
+            split(&mut mapper, mm, root, control),
+        ]
+    };
     shared::REMOTE.store(shared::FOLLOW, Ordering::SeqCst);
     // Unlink and free the tables, with no CPU in the space any more.
     flow::load_mm(None, aps());
@@ -367,12 +373,12 @@ pub fn run(kernel_entry: u64, control: bool) -> [bool; 2] {
     paging::free(pd);
     paging::free(pdpt);
     paging::free(root);
-    [unmapped, split]
+    results
 }
 
-/// Step 1: does TCG keep a translation of a 2 MiB page across a change
+/// Step 1: does the emulated TLB keep a translation of a 2 MiB page across a change
 /// of its entry that nothing invalidated? Prints what it saw.
-fn measure_tcg(root: u64) {
+fn measure_kept(root: u64) {
     start_touching();
     flow::stop(aps());
     let entry = pde(root);
@@ -391,7 +397,7 @@ fn measure_tcg(root: u64) {
     let n = (ONLINE.load(Ordering::SeqCst) as u64 - 1) * USED;
     let kept = sum(0) > 0;
     say(format_args!(
-        "huge: TCG keeps a 2 MiB translation across a change of its entry with no flush: {} (the APs read the \
+        "huge: the emulated TLB keeps a 2 MiB translation across a change of its entry with no flush: {} (the APs read the \
          old block through {} of {n} pieces they had used, the new one through {}; through pieces they had not \
          used: old {}, new {} of {n})\n",
         if kept { "yes" } else { "no" },
