@@ -7,7 +7,8 @@
 #   mapper, the scenario set shared with the aarch64 kernel, the pooled
 #   reclaim flow and the flush generations with their exact counts, the
 #   CR3 window, the storm, an AP going offline and coming back while the
-#   others shoot); then
+#   others shoot, a 2 MiB page unmapped and split under the APs' accesses
+#   with its exact counts); then
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
 #   run; and the storm and the offline scenario alone at 16 and 64 CPUs.
@@ -96,21 +97,50 @@ window_control() {
     grep -qE "^scenario cr3 window: FAIL .* asked 0, .* waited 0, IPIs it took after 0; .*stale: [1-9]" "$log" ||
         { failed=$((failed + 1)); echo "qemu cr3 window control: did not fail on stale reads alone"; }
 }
+# huge_counted CPUS: the last run's 2 MiB page scenarios (qemu-test/src/huge.rs)
+# passed with their exact counts for CPUS CPUs: one invalidation pending in
+# the batch, one shootdown of the unmap and one of the split, each an IPI
+# to every AP and one invalidation on every CPU; how many accesses
+# faulted varies, at least one.
+huge_counted() {
+    local aps=$(($1 - 1)) n=$1
+    if ! grep -qxE "scenario huge page unmap: PASS \(2 MiB page mapped with map_to, read and written by $aps APs; try_to_unmap: SuccessCached, dirty moved to the frame: true; 1 invalidation pending \(full flush: false\), 1 flush, $aps remote CPUs, $aps IPIs sent and $aps taken, $n invalidations on $n CPUs; block reused after the flush, then [1-9][0-9]* AP accesses faulted; stale: 0 accesses went through after the flush \(0 reads of the reused block\)\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu huge page unmap, $1 cpus: missing the line with these counts"
+    fi
+    if ! grep -qxE "scenario huge page split: PASS \(2 MiB page mapped again; break, flush \(1 shootdown, $aps remote CPUs, $aps IPIs sent and $aps taken, $n invalidations on $n CPUs\), make: 512 entries over the same frames, pieces 48 to 63 read-only; then [1-9][0-9]* AP writes to them faulted and [1-9][0-9]* to the others landed; stale: 0 writes landed on a read-only piece or reads returned another value, 0 other\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu huge page split, $1 cpus: missing the line with these counts"
+    fi
+}
+# huge_control: the last run's huge-page control failed both scenarios on
+# stale accesses, with TCG measured keeping the old 2 MiB translation (the
+# control means something only then).
+huge_control() {
+    grep -q "^huge: the emulated TLB keeps a 2 MiB translation across a change of its entry with no flush: yes " "$log" ||
+        { failed=$((failed + 1)); echo "qemu huge control: TCG was not seen keeping the 2 MiB translation"; }
+    failed_for_stale "huge page unmap"
+    failed_for_stale "huge page split"
+}
 window_ok="PASS (8 rounds: AP 1 read P in T 8, in S inside switch_mm after its CR3 write 8, in S's CPU set there 8; remote CPUs the flushes asked 8, requests the AP served while it waited 8, IPIs it took after 8; reads after the switch: 8 faults, stale: 0 reads of the reused frame, 0 other)"
 run "xapic, 4 cpus" $PASS 4 qemu64 ""
 generations_counted 4
+huge_counted 4
 window_is "$window_ok"
 offline_counted
 run "xapic, 2 cpus" $PASS 2 qemu64 ""
 generations_counted 2
+huge_counted 2
 window_is "$window_ok"
 offline_counted
 run "x2apic, 4 cpus" $PASS 4 qemu64,+x2apic "x2apic"
 generations_counted 4
+huge_counted 4
 window_is "$window_ok"
 offline_counted
 run "x2apic, 2 cpus" $PASS 2 qemu64,+x2apic "x2apic"
 generations_counted 2
+huge_counted 2
 window_is "$window_ok"
 offline_counted
 # failed_for_stale SCENARIO: the last run's line for SCENARIO must say FAIL
@@ -151,6 +181,7 @@ failed_for_stale "mprotect with a reclaim batch pending"
 failed_for_stale "x86_64-crate mapper"
 failed_for_stale "storm"
 window_control
+huge_control
 if ! grep -qE 'scenario teardown flow \(AfterFlush\): FAIL .*walker read [1-9]' "$log"; then
     failed=$((failed + 1))
     echo "qemu negative control: teardown did not fail on a walker reading a freed table"
@@ -163,6 +194,7 @@ done
 # not even on CPU 0 (the other scenarios are as under "negative").
 run "negative control, x2apic, 2 cpus" $FAIL 2 qemu64,+x2apic "x2apic negative negative-noinval"
 window_control
+huge_control
 failed_for_stale "reclaim flow"
 failed_for_stale "migration flow"
 failed_for_stale "mprotect with a reclaim batch pending"
@@ -191,6 +223,12 @@ fi
 run "negative window only (must fail)" $FAIL 2 qemu64 "negative-window"
 window_control
 [ "$(grep -c ': FAIL' "$log")" -eq 1 ] || { failed=$((failed + 1)); echo "qemu negative window: not the window alone failing"; }
+# The 2 MiB page's control alone: the unmap's batched flush and the
+# split's flush skipped (the boot CPU's invalidations and the APs'); the
+# two huge-page scenarios, and only they, must fail on stale accesses.
+run "negative huge page only (must fail)" $FAIL 2 qemu64 "negative-huge"
+huge_control
+[ "$(grep -c ': FAIL' "$log")" -eq 2 ] || { failed=$((failed + 1)); echo "qemu negative huge page: not the two huge-page scenarios alone failing"; }
 run "timed, xapic, 4 cpus" $PASS 4 qemu64 "timing"
 offline_counted
 # A CPU started without being registered must stop the run when it comes

@@ -49,6 +49,7 @@ mod basic;
 mod boot;
 mod flow;
 mod generations;
+mod huge;
 mod hw;
 mod mapper;
 mod mprotect;
@@ -384,6 +385,7 @@ extern "C" fn ap_main(cpu: u32) -> ! {
             generations::AP_STEP => generations::ap_step(cpu),
             shared::OBSERVE => shared::observe(cpu),
             window::AP_ROUND => window::ap_round(cpu),
+            c @ (huge::TOUCH | huge::LOOK) => huge::ap_command(cpu, c),
             BUSY => {
                 // Busy with interrupts on, until told otherwise.
                 RESULT[cpu].fetch_add(1, Ordering::Relaxed);
@@ -660,6 +662,10 @@ extern "C" fn kernel_main(info: u32) -> ! {
         }
         let _ = results.push(pool_flow::scenario_pooled_reclaim());
         let _ = results.push(generations::run(line));
+        let _ = results.extend_from_slice(&huge::run(
+            kernel_entry,
+            negative || has_word(line, b"negative-huge"),
+        ));
     }
     let _ = results.push(storm::scenario_storm());
     // The negative controls' flushes are skipped in interrupt handlers

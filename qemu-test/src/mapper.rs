@@ -47,7 +47,7 @@ const TABLES: usize = 3;
 
 /// Page-table and data frames for the `x86_64` crate, from the kernel's
 /// frame pool (zeroed, identity-mapped, 4 KiB-aligned).
-struct PoolFrames;
+pub(crate) struct PoolFrames;
 
 // SAFETY: every frame comes from `paging::alloc`, which hands out each
 // pool frame once until it is freed, so no frame is returned twice.
@@ -57,10 +57,11 @@ unsafe impl FrameAllocator<Size4KiB> for PoolFrames {
     }
 }
 
-/// Where the scenario's `MmTlbState` lives. Its root is a pool frame, so it
+/// Where a scenario's `MmTlbState` lives. Its root is a pool frame, so it
 /// is built at run time; the APs reach it through `flow::load_mm`, which
-/// wants a state that outlives the scenario.
-struct MmSlot {
+/// wants a state that outlives the scenario. (The huge-page scenario,
+/// [`crate::huge`], keeps its own.)
+pub(crate) struct MmSlot {
     state: UnsafeCell<MaybeUninit<MmTlbState>>,
     written: AtomicBool,
 }
@@ -71,9 +72,16 @@ struct MmSlot {
 unsafe impl Sync for MmSlot {}
 
 impl MmSlot {
-    fn put(&'static self, mm: MmTlbState) -> &'static MmTlbState {
+    pub(crate) const fn new() -> MmSlot {
+        MmSlot {
+            state: UnsafeCell::new(MaybeUninit::uninit()),
+            written: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn put(&'static self, mm: MmTlbState) -> &'static MmTlbState {
         if self.written.swap(true, Ordering::SeqCst) {
-            fatal("the mapper scenario's address space was set up twice");
+            fatal("a scenario's address space was set up twice");
         }
         // SAFETY: the first and only write (checked just above); no
         // reference into `state` exists before it.
@@ -81,10 +89,7 @@ impl MmSlot {
     }
 }
 
-static MM: MmSlot = MmSlot {
-    state: UnsafeCell::new(MaybeUninit::uninit()),
-    written: AtomicBool::new(false),
-};
+static MM: MmSlot = MmSlot::new();
 
 /// What the `x86_64` crate reads for `va`: the 4 KiB frame and the leaf
 /// entry's flags, or `None` when nothing (or a huge page) maps it.
