@@ -8,10 +8,13 @@ use crate::pte::PAGE_SHIFT;
 /// The size of the memory one page-table entry maps, a power of two.
 ///
 /// [`PageTable::entry_size`](crate::PageTable::entry_size) reports it for
-/// the entry that maps an address. The crate's operations change base-page
-/// entries ([`PAGE_SIZE`](crate::PAGE_SIZE)); an entry of any other size is
-/// refused by them with [`Error::HugePage`](crate::Error::HugePage) before
-/// anything changes, never changed piecewise or skipped in silence.
+/// the entry that maps an address. The crate's operations take a huge
+/// entry whole, at its first address (a reverse-map mapping of the huge
+/// frame there, a range that covers the whole huge page), flushed with one
+/// invalidation at its size; anything that would change one piece of it is
+/// refused with [`Error::HugePage`](crate::Error::HugePage) before anything
+/// changes, never changed piecewise or skipped in silence (see
+/// `docs/huge-pages.md`).
 ///
 /// The sizes the crate knows by name are x86_64's (4 KiB, 2 MiB, 1 GiB:
 /// Intel SDM vol. 3, 4.5, "4-Level Paging and 5-Level Paging"), which are

@@ -121,7 +121,9 @@ pub trait MmuTable: Send + Sync {
     /// oracle judges every 4 KiB frame of it. The default is
     /// [`entry`](Self::entry), a 4 KiB entry: a table without huge pages
     /// (or one whose huge entries the MMU should treat as unmapped) needs
-    /// nothing more.
+    /// nothing more. Where a huge entry maps `va` no leaf table does:
+    /// [`table_frame`](Self::table_frame) answers `None` there, and so does
+    /// `table_frame_at(va, level)` for the levels below the huge entry's.
     fn leaf(&self, va: u64) -> Option<(&AtomicU64, PageSize)> {
         self.entry(va).map(|e| (e, PageSize::SIZE_4K))
     }
