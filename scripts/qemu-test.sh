@@ -7,8 +7,8 @@
 #   mapper, the scenario set shared with the aarch64 kernel, the pooled
 #   reclaim flow and the flush generations with their exact counts, the
 #   CR3 window, the storm, an AP going offline and coming back while the
-#   others shoot, a 2 MiB page unmapped and split under the APs' accesses
-#   with its exact counts); then
+#   others shoot, a 2 MiB page unmapped, split, made read-only and torn
+#   down with its tables under the APs' accesses, with exact counts); then
 #   the negative controls, which must fail, each scenario for its own
 #   reason (a stale access caught, never a timeout or a crash); one timed
 #   run; and the storm and the offline scenario alone at 16 and 64 CPUs.
@@ -97,11 +97,14 @@ window_control() {
     grep -qE "^scenario cr3 window: FAIL .* asked 0, .* waited 0, IPIs it took after 0; .*stale: [1-9]" "$log" ||
         { failed=$((failed + 1)); echo "qemu cr3 window control: did not fail on stale reads alone"; }
 }
-# huge_counted CPUS: the last run's 2 MiB page scenarios (qemu-test/src/huge.rs)
-# passed with their exact counts for CPUS CPUs: one invalidation pending in
-# the batch, one shootdown of the unmap and one of the split, each an IPI
-# to every AP and one invalidation on every CPU; how many accesses
-# faulted varies, at least one.
+# huge_counted CPUS: the last run's 2 MiB page scenarios (qemu-test/src/huge.rs,
+# huge_range.rs) passed with their exact counts for CPUS CPUs: one
+# invalidation pending in the batch, one shootdown of the unmap, one of the
+# split and one of the mprotect, each an IPI to every AP and one
+# invalidation on every CPU; the teardown's one flush of the whole space on
+# every CPU (its freed tables' span is past the ceiling) and its sync, an
+# IPI each to every AP, the block's frame handed over once and both tables
+# freed after the flush; how many accesses faulted varies, at least one.
 huge_counted() {
     local aps=$(($1 - 1)) n=$1
     if ! grep -qxE "scenario huge page unmap: PASS \(2 MiB page mapped with map_to, read and written by $aps APs; try_to_unmap: SuccessCached, dirty moved to the frame: true; 1 invalidation pending \(full flush: false\), 1 flush, $aps remote CPUs, $aps IPIs sent and $aps taken, $n invalidations on $n CPUs; block reused after the flush, then [1-9][0-9]* AP accesses faulted; stale: 0 accesses went through after the flush \(0 reads of the reused block\)\)" "$log"; then
@@ -112,15 +115,25 @@ huge_counted() {
         failed=$((failed + 1))
         echo "qemu huge page split, $1 cpus: missing the line with these counts"
     fi
+    if ! grep -qxE "scenario huge page mprotect: PASS \(2 MiB page written by $aps APs; change_protection of its 2 MiB to read-only: 1 entry changed, still a 2 MiB entry over the same block: true, dirty bit kept: true; 1 shootdown, $aps IPIs sent and $aps taken, $n invalidations on $n CPUs \(0 full\); then [1-9][0-9]* AP writes faulted, 512 of 512 pieces intact; stale: 0 writes landed after change_protection returned or reads returned another value, 0 other\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu huge page mprotect, $1 cpus: missing the line with these counts"
+    fi
+    if ! grep -qxE "scenario huge page teardown: PASS \(2 MiB page written by $aps APs; unmap_range of its PML4 entry's span with IpiSync: 1 page unmapped, dirty moved to the block: true, 1 flush \($((2 * aps)) IPIs sent and $((2 * aps)) taken with the sync, $n invalidations of the whole space on $n CPUs, 0 of a page\); handed to free_batch: the block's first frame 1 \(after the flush 1\), reused at once, other frames 0, handed back 0; tables freed 2 \(after the flush 2, the PML4 entry cleared: true\), syncs 1; then [1-9][0-9]* AP accesses faulted; stale: 0 accesses went through after the flush \(0 reads of the reused block\)\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu huge page teardown, $1 cpus: missing the line with these counts"
+    fi
 }
-# huge_control: the last run's huge-page control failed both scenarios on
-# stale accesses, with TCG measured keeping the old 2 MiB translation (the
+# huge_control: the last run's huge-page control failed all four scenarios
+# on stale accesses, with TCG measured keeping the old 2 MiB translation (the
 # control means something only then).
 huge_control() {
     grep -q "^huge: the emulated TLB keeps a 2 MiB translation across a change of its entry with no flush: yes " "$log" ||
         { failed=$((failed + 1)); echo "qemu huge control: TCG was not seen keeping the 2 MiB translation"; }
     failed_for_stale "huge page unmap"
     failed_for_stale "huge page split"
+    failed_for_stale "huge page mprotect"
+    failed_for_stale "huge page teardown"
 }
 window_ok="PASS (8 rounds: AP 1 read P in T 8, in S inside switch_mm after its CR3 write 8, in S's CPU set there 8; remote CPUs the flushes asked 8, requests the AP served while it waited 8, IPIs it took after 8; reads after the switch: 8 faults, stale: 0 reads of the reused frame, 0 other)"
 run "xapic, 4 cpus" $PASS 4 qemu64 ""
@@ -223,12 +236,13 @@ fi
 run "negative window only (must fail)" $FAIL 2 qemu64 "negative-window"
 window_control
 [ "$(grep -c ': FAIL' "$log")" -eq 1 ] || { failed=$((failed + 1)); echo "qemu negative window: not the window alone failing"; }
-# The 2 MiB page's control alone: the unmap's batched flush and the
-# split's flush skipped (the boot CPU's invalidations and the APs'); the
-# two huge-page scenarios, and only they, must fail on stale accesses.
+# The 2 MiB page's control alone: the unmap's batched flush, the split's,
+# the mprotect's and the teardown's skipped (the boot CPU's invalidations
+# and the APs'); the four huge-page scenarios, and only they, must fail on
+# stale accesses.
 run "negative huge page only (must fail)" $FAIL 2 qemu64 "negative-huge"
 huge_control
-[ "$(grep -c ': FAIL' "$log")" -eq 2 ] || { failed=$((failed + 1)); echo "qemu negative huge page: not the two huge-page scenarios alone failing"; }
+[ "$(grep -c ': FAIL' "$log")" -eq 4 ] || { failed=$((failed + 1)); echo "qemu negative huge page: not the four huge-page scenarios alone failing"; }
 run "timed, xapic, 4 cpus" $PASS 4 qemu64 "timing"
 offline_counted
 # A CPU started without being registered must stop the run when it comes

@@ -40,6 +40,10 @@
 //! with more, their pieces overlap the others', which only blurs the
 //! measurement).
 //!
+//! Then [`crate::huge_range`] maps the page whole again for the range
+//! operations over it: mprotect (`change_protection`) and teardown
+//! (`MmuGather::unmap_range`).
+//!
 //! The negative control (`negative-huge`, and `negative`) runs the same
 //! two flows with the flush under test skipped: the crate's shootdown
 //! through [`NoInvalidate`] on the boot CPU and the APs acknowledging
@@ -75,13 +79,13 @@ pub const LOOK: u32 = 0x81;
 /// No other scenario uses this ASID.
 const ASID: u16 = 13;
 /// PML4 entry 4: the mapper creates a PDPT and a page directory.
-const VA: u64 = 0x200_0000_0000;
+pub(crate) const VA: u64 = 0x200_0000_0000;
 /// The block the page maps, and the one the measurement points it at:
 /// 2 MiB-aligned RAM above the frame pool (which ends at 112 MiB),
 /// identity-mapped by the boot tables, used by nothing else.
-const BLOCK: u64 = 0x0740_0000;
+pub(crate) const BLOCK: u64 = 0x0740_0000;
 const OTHER: u64 = 0x0760_0000;
-const PIECES: u64 = 512;
+pub(crate) const PIECES: u64 = 512;
 /// Pieces each AP uses of its own: `8 * cpu + j`.
 const USED: u64 = 8;
 /// The pieces the split maps read-only, which every AP uses.
@@ -93,33 +97,36 @@ fn read_only(k: u64) -> bool {
 /// Pieces no AP uses: the measurement reads them once.
 const UNUSED: u64 = 40;
 
-const TAG_BLOCK: u64 = 0xb10c_0000_0000;
+pub(crate) const TAG_BLOCK: u64 = 0xb10c_0000_0000;
 const TAG_OTHER: u64 = 0x07e4_0000_0000;
-const TAG_REUSED: u64 = 0x4e05_0000_0000;
+pub(crate) const TAG_REUSED: u64 = 0x4e05_0000_0000;
 
 /// What the APs are told the state is (read before each access).
-const MAPPED: u32 = 0;
+pub(crate) const MAPPED: u32 = 0;
 /// The unmap's flush returned: every access must fault.
-const GONE: u32 = 1;
+pub(crate) const GONE: u32 = 1;
 /// Between the split's break and its make: anything but a wrong value.
 const BREAKING: u32 = 2;
 /// The split's make returned: reads succeed, writes fault on
 /// the [`read_only`] pieces only.
 const SPLIT: u32 = 3;
-static PHASE: AtomicU32 = AtomicU32::new(MAPPED);
+/// [`crate::huge_range`]'s mprotect returned: reads succeed, every write
+/// faults.
+pub(crate) const PROTECTED: u32 = 4;
+pub(crate) static PHASE: AtomicU32 = AtomicU32::new(MAPPED);
 
 /// Per AP: accesses that went through when they had to fault, or
 /// returned what they must not (the scenarios' "stale").
-static STALE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+pub(crate) static STALE: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP: reads of the reused block's pattern.
-static REUSED_READS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+pub(crate) static REUSED_READS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP: faults where an access was to go through (after the split).
-static OTHER_WRONG: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+pub(crate) static OTHER_WRONG: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP: accesses that faulted in [`GONE`], and writes to
 /// [`read_only`] pieces that faulted in [`SPLIT`].
-static FAULTS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+pub(crate) static FAULTS: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP: writes to the other pieces that landed in [`SPLIT`].
-static LANDED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
+pub(crate) static LANDED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
 /// Per AP, the measurement: old block read through a used piece, new
 /// block read through a used piece, old through an unused, new through an
 /// unused; then old through a used piece after an `invlpg` of a page
@@ -137,13 +144,13 @@ fn used_piece(cpu: usize, j: u64) -> u64 {
 }
 
 /// Word `w` of piece `k` of the block at `block`, through the identity map.
-fn block_word(block: u64, k: u64, w: u64) -> &'static AtomicU64 {
+pub(crate) fn block_word(block: u64, k: u64, w: u64) -> &'static AtomicU64 {
     // SAFETY: BLOCK and OTHER are 2 MiB of identity-mapped RAM each that
     // nothing but this module uses; every access to them is atomic.
     unsafe { &*((block + k * 4096 + w * 8) as *const AtomicU64) }
 }
 
-fn fill(block: u64, tag: u64) {
+pub(crate) fn fill(block: u64, tag: u64) {
     for k in 0..PIECES {
         for w in 0..512 {
             block_word(block, k, w).store(if w == 0 { tag | k } else { 0 }, Ordering::SeqCst);
@@ -166,7 +173,7 @@ fn touch(cpu: usize) {
                 None if phase == GONE => {
                     FAULTS[cpu].fetch_add(1, Ordering::Relaxed);
                 }
-                None if phase == SPLIT => {
+                None if phase == SPLIT || phase == PROTECTED => {
                     OTHER_WRONG[cpu].fetch_add(1, Ordering::SeqCst);
                 }
                 None => {}
@@ -183,10 +190,10 @@ fn touch(cpu: usize) {
             let phase = PHASE.load(Ordering::SeqCst);
             let landed = write_probe(va + 8 * (1 + cpu as u64), seq);
             match (phase, landed, read_only(k)) {
-                (GONE, true, _) | (SPLIT, true, true) => {
+                (GONE | PROTECTED, true, _) | (SPLIT, true, true) => {
                     STALE[cpu].fetch_add(1, Ordering::SeqCst);
                 }
-                (GONE, false, _) | (SPLIT, false, true) => {
+                (GONE | PROTECTED, false, _) | (SPLIT, false, true) => {
                     FAULTS[cpu].fetch_add(1, Ordering::Relaxed);
                 }
                 (SPLIT, true, false) => {
@@ -289,12 +296,12 @@ fn zero_counters() {
     }
 }
 
-fn total(counter: &[AtomicU64; MAX_CPUS]) -> u64 {
+pub(crate) fn total(counter: &[AtomicU64; MAX_CPUS]) -> u64 {
     flow::sum(counter, aps())
 }
 
 /// The page-directory entry of [`VA`] (the mapper made the tables).
-fn pde(root: u64) -> &'static AtomicU64 {
+pub(crate) fn pde(root: u64) -> &'static AtomicU64 {
     let mut table = root;
     for level in [4, 3] {
         let e = paging::word(table + paging::index(VA, level) * 8).load(Ordering::SeqCst);
@@ -306,7 +313,7 @@ fn pde(root: u64) -> &'static AtomicU64 {
     paging::word(table + paging::index(VA, 2) * 8)
 }
 
-fn map_block(mapper: &mut OffsetPageTable<'_>) -> bool {
+pub(crate) fn map_block(mapper: &mut OffsetPageTable<'_>) -> bool {
     let page = Page::<Size2MiB>::containing_address(VirtAddr::new(VA));
     let Ok(frame) = PhysFrame::<Size2MiB>::from_start_address(PhysAddr::new(BLOCK)) else {
         return false;
@@ -326,7 +333,7 @@ fn map_block(mapper: &mut OffsetPageTable<'_>) -> bool {
 
 /// Starts the APs' loop over a freshly mapped block and lets it fill
 /// their TLBs (and set the entry's dirty bit).
-fn start_touching() {
+pub(crate) fn start_touching() {
     zero_counters();
     PHASE.store(MAPPED, Ordering::SeqCst);
     flow::start(aps(), TOUCH, 0);
@@ -334,7 +341,7 @@ fn start_touching() {
 }
 
 /// The scenarios; `control` skips the flush under test in each.
-pub fn run(kernel_entry: u64, control: bool) -> [bool; 2] {
+pub fn run(kernel_entry: u64, control: bool) -> [bool; 4] {
     let Some(root) = paging::alloc() else {
         fatal("the frame pool is exhausted");
     };
@@ -355,25 +362,36 @@ pub fn run(kernel_entry: u64, control: bool) -> [bool; 2] {
         }
         flow::load_mm(Some(mm), aps());
         measure_kept(root);
-        [
-            unmap(&mut mapper, mm, control),
-            split(&mut mapper, mm, root, control),
-        ]
+        let unmapped = unmap(&mut mapper, mm, control);
+        let split = split(&mut mapper, mm, root, control);
+        let [protected, torn_down] = crate::huge_range::run(&mut mapper, mm, root, control);
+        [unmapped, split, protected, torn_down]
     };
     shared::REMOTE.store(shared::FOLLOW, Ordering::SeqCst);
     // Unlink and free the tables, with no CPU in the space any more.
     flow::load_mm(None, aps());
     flow::scrub();
+    // The teardown freed the page directory and the PDPT; what a failed
+    // one left linked goes here.
+    if paging::word(root + paging::index(VA, 4) * 8).load(Ordering::SeqCst) & 1 != 0 {
+        unlink_leaf(root);
+        let pdpt = paging::entry_addr(paging::word(root + paging::index(VA, 4) * 8).load(Ordering::SeqCst));
+        let pd = paging::entry_addr(paging::word(pdpt + paging::index(VA, 3) * 8).load(Ordering::SeqCst));
+        paging::free(pd);
+        paging::free(pdpt);
+    }
+    paging::free(root);
+    results
+}
+
+/// Clears the page-directory entry of [`VA`] and frees the leaf table it
+/// pointed to (the split's), if any; every TLB scrubbed in between.
+pub(crate) fn unlink_leaf(root: u64) {
     let leaf = pde(root).swap(0, Ordering::SeqCst);
+    flow::scrub();
     if leaf & 1 != 0 && leaf & 0x80 == 0 {
         paging::free(paging::entry_addr(leaf));
     }
-    let pdpt = paging::entry_addr(paging::word(root + paging::index(VA, 4) * 8).load(Ordering::SeqCst));
-    let pd = paging::entry_addr(paging::word(pdpt + paging::index(VA, 3) * 8).load(Ordering::SeqCst));
-    paging::free(pd);
-    paging::free(pdpt);
-    paging::free(root);
-    results
 }
 
 /// Step 1: does the emulated TLB keep a translation of a 2 MiB page across a change

@@ -50,6 +50,7 @@ mod boot;
 mod flow;
 mod generations;
 mod huge;
+mod huge_range;
 mod hw;
 mod mapper;
 mod mprotect;
@@ -623,7 +624,7 @@ extern "C" fn kernel_main(info: u32) -> ! {
     }
 
     let negative = NEGATIVE.load(Ordering::Relaxed);
-    let mut results: heapless::Vec<bool, 24> = heapless::Vec::new();
+    let mut results: heapless::Vec<bool, 32> = heapless::Vec::new();
     if !storm_only {
         let _ = results.extend_from_slice(&[
             basic::scenario_one_page(),
