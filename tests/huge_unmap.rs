@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::x86_tables::{machine_with, map, user_rw, OneMapping, Pages, Tables, GIB};
+use common::x86_tables::{machine_with, map, user_rw, HostMmu, OneMapping, Pages, Tables, GIB};
 use std::ops::ControlFlow;
-use tlb_batch::arch::mock::{Fault, MockMachine, Violation};
+use tlb_batch::arch::mock::{Arm64Like, Fault, MockConfig, MockMachine, Violation};
 use tlb_batch::mapper::OffsetSpace;
 
 use tlb_batch::{
@@ -53,9 +53,7 @@ fn piece(huge: Frame, i: u64) -> Frame {
 }
 
 fn free_all(m: &MockMachine, huge: Frame) {
-    for i in 0..PIECES {
-        m.free_frame(piece(huge, i)).unwrap();
-    }
+    free_all_of(m, huge)
 }
 
 #[test]
@@ -270,4 +268,49 @@ fn a_gib_page_is_one_entry_and_one_invalidation() {
     assert!(rmap.pages.0.lock().unwrap().contains(&head));
     batch.flush(&cpu0).unwrap();
     assert_eq!(m.violations(), []);
+}
+
+/// On arm64 the batch issues each page's broadcast `TLBI` as it is added
+/// and its flush only waits for them: the huge page's one invalidation is
+/// issued at the unmap, at the huge page's address, and drops every CPU's
+/// entry for it.
+#[test]
+fn on_arm64_a_huge_page_is_invalidated_once_as_it_is_added() {
+    let mut t = Tables::new();
+    let m = MockMachine::<Arm64Like>::with_model(MockConfig::x86_like(3)).unwrap();
+    let root = t.root_addr();
+    let mm = m.new_mm_at(common::asid(1), root).unwrap();
+    m.attach_table(&mm, std::sync::Arc::new(HostMmu { root }))
+        .unwrap();
+    let huge = m.alloc_huge_frame(PageSize::SIZE_2M).unwrap();
+    {
+        let (mut mapper, mut pool) = t.mapper();
+        map::<Size2MiB>(&mut mapper, &mut pool, TWO, huge.addr(), user_rw());
+    }
+    let (mut mapper, _) = t.mapper();
+    let space = OffsetSpace::new(&mut mapper, &mm);
+    let (cpu0, cpu1, cpu2) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), m.cpu(2).unwrap());
+    cpu1.switch_to(&mm).unwrap();
+    cpu2.switch_to(&mm).unwrap();
+    cpu1.read(TWO + 77 * PAGE_SIZE).unwrap();
+    cpu2.read(TWO + 400 * PAGE_SIZE).unwrap();
+    let rmap = whole(&space, huge);
+    let mut batch = TlbFlushUnmapBatch::new();
+    let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
+    let r = try_to_unmap(&cpu0, &rmap, huge, flags, &mut batch);
+    assert_eq!(r, Ok(SwapResult::SuccessCached));
+    assert_eq!(batch.pending_pages(), 1);
+    batch.flush(&cpu0).unwrap();
+    assert!(
+        m.all_entries().is_empty(),
+        "the one broadcast dropped both CPUs' entries"
+    );
+    free_all_of(&m, huge);
+    assert_eq!(m.violations(), []);
+}
+
+fn free_all_of<M: tlb_batch::arch::mock::Model>(m: &MockMachine<M>, huge: Frame) {
+    for i in 0..PIECES {
+        m.free_frame(piece(huge, i)).unwrap();
+    }
 }
