@@ -20,10 +20,14 @@
 #   unmapped whole through a batched try_to_unmap while the other CPUs
 #   read it, the block reused after the flush: one TLBI VAE1IS issued on
 #   add, one broadcast, every read after the flush faulting; counts checked
-#   exactly, after a measurement of what TCG keeps of a block, printed)
-#   with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which must pass); then the negative controls, which must fail, every scenario
-#   on stale reads (never a timeout or a crash; the block unmap on reads
-#   of the reused block): "negative" (the TLBIs
+#   exactly, after a measurement of what TCG keeps of a block, printed;
+#   then change_protection of the whole block to read-only while the
+#   other CPUs store into it, every store after it returned faulting)
+#   with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which must pass);
+#   then the negative controls, which must fail, every scenario on stale
+#   reads (never a timeout or a crash; the block unmap on reads
+#   of the reused block, its mprotect on stores that landed after it):
+#   "negative" (the TLBIs
 #   skipped) and "negative-local" (TLBIs that reach CPU 0 only), on the
 #   Cortex-A72 and again on "max" for the reclaim flow (where the clean
 #   writes fail too, on stores to dirty pages that landed after
@@ -108,10 +112,11 @@ EITHER=-1 # a run whose verdict is read from its output, not its status
 TEARDOWN="teardown with batched table free"
 DIRTY="clean writes after unmap"
 BLOCK="2 MiB block unmap"
+BLOCK_MPROTECT="2 MiB block mprotect"
 
 # block_counted CPUS: the last run's block lines: the measurement (which
-# must show the translation kept per 4 KiB piece, the control's premise)
-# and the scenario's PASS with its exact counts.
+# must show a stale piece, the controls' premise) and the unmap's and the
+# mprotect's PASS with their exact counts.
 block_counted() {
     local want="scenario $BLOCK: PASS (flush through the crate; $1 CPUs reading 32 pieces; try_to_unmap: Ok(SuccessCached), pages pending in the batch: 1, descriptor cleared: true, dirty frames reported: 1; page TLBIs issued on add: 1, in all: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; after the flush and the reuse: [1-9][0-9]* reads faulted; stale: 0 reads of the old block, 0 of the reused block, 0 other)"
     want=${want//(/\\(}
@@ -120,18 +125,27 @@ block_counted() {
         failed=$((failed + 1))
         echo "qemu-aarch64 block, $1 cpus: the block unmap did not pass with its exact counts"
     fi
+    if ! tr -d '\r' <"$log" | grep -qE "^scenario $BLOCK_MPROTECT: PASS \(flush through the crate; $1 CPUs storing into 32 pieces; entries changed: Ok\(1\), still a read-only block over A with its access flag: true; page TLBIs: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; stores begun after the call: [1-9][0-9]* faulted, 0 landed \(0 pieces hold a late store\)\)\$"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 block, $1 cpus: the block mprotect did not pass with its exact counts"
+    fi
     if ! grep -qE "^block: .*used pieces read the old block: [1-9][0-9]* of " "$log"; then
         failed=$((failed + 1))
         echo "qemu-aarch64 block, $1 cpus: the measurement saw no stale piece (its control could not fail)"
     fi
 }
 
-# block_failed_stale: the last run's block line must say FAIL with reads
-# of the reused block through the stale translation, and nothing else off.
+# block_failed_stale: the last run's block lines must say FAIL, the unmap
+# with reads of the reused block through the stale translation, the
+# mprotect with stores that landed after it returned.
 block_failed_stale() {
     if ! grep -qE "^scenario $BLOCK: FAIL .*page TLBIs issued on add: 1, in all: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; .*stale: [0-9]+ reads of the old block, [1-9][0-9]* of the reused block, 0 other\)" "$log"; then
         failed=$((failed + 1))
         echo "qemu-aarch64 negative control: the block unmap did not fail on reads of the reused block"
+    fi
+    if ! grep -qE "^scenario $BLOCK_MPROTECT: FAIL .*entries changed: Ok\(1\), .*page TLBIs: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; stores begun after the call: [0-9]+ faulted, [1-9][0-9]* landed" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 negative control: the block mprotect did not fail on stores landed after it returned"
     fi
 }
 
