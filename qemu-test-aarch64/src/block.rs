@@ -1,8 +1,9 @@
 //! A 2 MiB block descriptor (a level 2 block, 4 KiB granule) taken as one
 //! unit by the crate's real `Aarch64`.
 //!
-//! The block maps, at [`mmu::BLOCK_VA`], one of three 2 MiB-aligned blocks
-//! at the top of RAM (A, B, and A again after its reuse). Its table,
+//! The block maps, at [`mmu::BLOCK_VA`], one of two 2 MiB-aligned blocks
+//! at the top of RAM, A (the one unmapped, reused and protected) or B
+//! (only for the measurement). Its table,
 //! [`BlockSpace`], answers [`PageSize::SIZE_2M`] from `entry_size` while a
 //! block descriptor is there, and takes `exchange`, `set` and
 //! `test_and_clear_accessed` on the whole descriptor at the block's first
