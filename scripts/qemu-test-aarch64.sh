@@ -16,9 +16,18 @@
 #   finding its descriptor gone when it tries to set it dirty, while a
 #   dirty page's store may land until flush_dirty and none after it; it
 #   needs hardware dirty state, so it runs on "max" and says "skipped" on
-#   the Cortex-A72) with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which
-#   must pass); then the negative controls, which must fail, every scenario
-#   on stale reads (never a timeout or a crash): "negative" (the TLBIs
+#   the Cortex-A72) and the 2 MiB block unmap (a level 2 block descriptor
+#   unmapped whole through a batched try_to_unmap while the other CPUs
+#   read it, the block reused after the flush: one TLBI VAE1IS issued on
+#   add, one broadcast, every read after the flush faulting; counts checked
+#   exactly, after a measurement of what TCG keeps of a block, printed;
+#   then change_protection of the whole block to read-only while the
+#   other CPUs store into it, every store after it returned faulting)
+#   with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which must pass);
+#   then the negative controls, which must fail, every scenario on stale
+#   reads (never a timeout or a crash; the block unmap on reads
+#   of the reused block, its mprotect on stores that landed after it):
+#   "negative" (the TLBIs
 #   skipped) and "negative-local" (TLBIs that reach CPU 0 only), on the
 #   Cortex-A72 and again on "max" for the reclaim flow (where the clean
 #   writes fail too, on stores to dirty pages that landed after
@@ -102,6 +111,43 @@ FAIL=3 # EXIT_FAIL in qemu-test-aarch64/src/main.rs; 4 is a fatal error
 EITHER=-1 # a run whose verdict is read from its output, not its status
 TEARDOWN="teardown with batched table free"
 DIRTY="clean writes after unmap"
+BLOCK="2 MiB block unmap"
+BLOCK_MPROTECT="2 MiB block mprotect"
+
+# block_counted CPUS: the last run's block lines: the measurement (which
+# must show a stale piece, the controls' premise) and the unmap's and the
+# mprotect's PASS with their exact counts.
+block_counted() {
+    local want="scenario $BLOCK: PASS (flush through the crate; $1 CPUs reading 32 pieces; try_to_unmap: Ok(SuccessCached), pages pending in the batch: 1, descriptor cleared: true, dirty frames reported: 1; page TLBIs issued on add: 1, in all: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; after the flush and the reuse: [1-9][0-9]* reads faulted; stale: 0 reads of the old block, 0 of the reused block, 0 other)"
+    want=${want//(/\\(}
+    want=${want//)/\\)}
+    if ! tr -d '\r' <"$log" | grep -qE "^$want\$"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 block, $1 cpus: the block unmap did not pass with its exact counts"
+    fi
+    if ! tr -d '\r' <"$log" | grep -qE "^scenario $BLOCK_MPROTECT: PASS \(flush through the crate; $1 CPUs storing into 32 pieces; entries changed: Ok\(1\), still a read-only block over A with its access flag: true; page TLBIs: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; stores begun after the call: [1-9][0-9]* faulted, 0 landed \(0 pieces hold a late store\)\)\$"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 block, $1 cpus: the block mprotect did not pass with its exact counts"
+    fi
+    if ! grep -qE "^block: .*used pieces read the old block: [1-9][0-9]* of " "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 block, $1 cpus: the measurement saw no stale piece (its control could not fail)"
+    fi
+}
+
+# block_failed_stale: the last run's block lines must say FAIL, the unmap
+# with reads of the reused block through the stale translation, the
+# mprotect with stores that landed after it returned.
+block_failed_stale() {
+    if ! grep -qE "^scenario $BLOCK: FAIL .*page TLBIs issued on add: 1, in all: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; .*stale: [0-9]+ reads of the old block, [1-9][0-9]* of the reused block, 0 other\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 negative control: the block unmap did not fail on reads of the reused block"
+    fi
+    if ! grep -qE "^scenario $BLOCK_MPROTECT: FAIL .*entries changed: Ok\(1\), .*page TLBIs: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; stores begun after the call: [0-9]+ faulted, [1-9][0-9]* landed" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 negative control: the block mprotect did not fail on stores landed after it returned"
+    fi
+}
 
 # offline_counted: the last run's offline scenario passed, its CPU went
 # offline and came back at least once without an error, and every sync
@@ -147,6 +193,7 @@ run "cortex-a72, 4 cpus" $PASS 4 cortex-a72 ""
 offline_counted
 teardown_passed
 generations_counted 4
+block_counted 4
 if ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 cortex-a72: the clean writes were not skipped for want of hardware dirty state"
@@ -155,6 +202,7 @@ run "max, 2 cpus" $PASS 2 max ""
 offline_counted
 teardown_passed
 generations_counted 2
+block_counted 2
 if ! grep -q "^scenario reclaim flow: PASS" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 max: the reclaim flow did not run and pass"
@@ -168,11 +216,13 @@ offline_counted
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
     failed_for_stale "$s"
 done
+block_failed_stale
 run "negative control: local TLBI (must fail)" $FAIL 4 cortex-a72 "negative-local"
 offline_counted
 for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
     failed_for_stale "$s"
 done
+block_failed_stale
 
 # dirty_failed_late: the last run's clean-write line must say FAIL on
 # stores to dirty pages that landed after flush_dirty, with every store to
@@ -192,12 +242,14 @@ failed_for_stale "reclaim flow"
 failed_for_stale "mprotect with a pending batch"
 failed_for_stale "$TEARDOWN"
 dirty_failed_late
+block_failed_stale
 run "max negative control: local TLBI (must fail)" $FAIL 2 max "negative-local"
 offline_counted
 failed_for_stale "reclaim flow"
 failed_for_stale "mprotect with a pending batch"
 failed_for_stale "$TEARDOWN"
 dirty_failed_late
+block_failed_stale
 
 # Clean pages mapped writable but reported clean: the clean writes alone
 # fail, on stores that landed after the unmap (in the frames too), with
@@ -205,7 +257,7 @@ dirty_failed_late
 run "max negative control: clean pages writable (must fail)" $FAIL 2 max "negative-dirty"
 offline_counted
 if ! grep -qE "^scenario $DIRTY: FAIL .*stores landed after unmap: [1-9][0-9]* \([1-9][0-9]* words of clean frames changed .*stores landed after flush_dirty: 0," "$log" ||
-    ! grep -q "^9 passed, 1 failed" "$log"; then
+    ! grep -q "^10 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-dirty' did not fail on stores landed after the unmap alone"
 fi
@@ -215,7 +267,7 @@ fi
 run "negative control: AfterFlush (must fail)" $FAIL 4 cortex-a72 "negative-teardown"
 offline_counted
 if ! grep -qE "^scenario $TEARDOWN: FAIL .*walker read [1-9][0-9]* freed tables; .*stale: 0 reads of the old frame, 0 other, 0 timeouts" "$log" ||
-    ! grep -q "^9 passed, 1 failed" "$log"; then
+    ! grep -q "^10 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-teardown' did not fail on the walker reading a freed table alone"
 fi
@@ -229,18 +281,18 @@ fi
 run "negative control: no catch-up (must fail)" $FAIL 2 max "negative-catchup"
 offline_counted
 if ! tr -d '\r' <"$log" | grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; stale: 1 reads of an old frame\)$" ||
-    ! grep -q "^9 passed, 1 failed" "$log"; then
+    ! grep -q "^10 passed, 1 failed" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 negative control: 'negative-catchup' did not fail on the lazy CPU's stale read alone"
 fi
 
 run "negative control: no DSB ISH (reported)" $EITHER 4 cortex-a72 "negative-nodsb"
 offline_counted
-if grep -q "^scenario $TEARDOWN: PASS" "$log" && grep -q "^10 passed, 0 failed" "$log"; then
+if grep -q "^scenario $TEARDOWN: PASS" "$log" && grep -q "^11 passed, 0 failed" "$log"; then
     echo "qemu-aarch64 negative-nodsb: PASSED, as expected under TCG, which cannot show a missing DSB ISH: it completes" \
         "a TLBI ...IS on every vCPU before the issuing vCPU goes on; only hardware can (not counted either way)"
 elif grep -qE "^scenario $TEARDOWN: FAIL .*stale: [1-9][0-9]* reads of the old frame, 0 other, 0 timeouts" "$log" &&
-    grep -q "^9 passed, 1 failed" "$log"; then
+    grep -q "^10 passed, 1 failed" "$log"; then
     echo "qemu-aarch64 negative-nodsb: failed on stale reads: this QEMU shows a missing DSB ISH (the control works)"
 else
     failed=$((failed + 1))

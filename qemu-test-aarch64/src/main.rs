@@ -57,6 +57,7 @@
 #![no_std]
 #![no_main]
 
+mod block;
 mod boot;
 mod dirty;
 mod fdt;
@@ -448,6 +449,7 @@ impl Platform for Virt {
         dirty::serve();
         generations::serve();
         offline::serve();
+        block::serve();
     }
     fn now_us(&self) -> u64 {
         now_us()
@@ -565,6 +567,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let teardown_passed = teardown::run(info.bootargs);
     let dirty_passed = dirty::run(info.bootargs);
     let generations_passed = generations::run(info.bootargs);
+    let block_passed = block::run(info.bootargs, info.ram);
     // Whatever the flush under test, the CPU going offline runs with the
     // real one.
     let offline_passed = offline::run();
@@ -584,8 +587,9 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         + usize::from(teardown_passed)
         + usize::from(dirty_passed)
         + usize::from(generations_passed)
+        + usize::from(block_passed)
         + usize::from(offline_passed);
-    let total = outcomes.len() + 4;
+    let total = outcomes.len() + 5;
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }

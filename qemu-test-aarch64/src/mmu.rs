@@ -68,6 +68,11 @@ pub const OUTPUT_ADDRESS: u64 = 0x0000_ffff_ffff_f000;
 pub const TEST_PAGE_FLAGS: u64 =
     DESC_VALID | DESC_TABLE_OR_PAGE | ATTR_NORMAL | SH_INNER | AF | NG | PXN | UXN;
 
+/// Where the block scenario (`block.rs`) maps its 2 MiB block: the level
+/// 2 entry after the one whose leaf table holds the test pages.
+pub const BLOCK_VA: u64 = (TEST_VA & !0x1f_ffff) + MIB2;
+const _: () = assert!(BLOCK_VA >> 39 == 1 && (BLOCK_VA >> 21) & 511 == 1);
+
 /// Pages of the clean-write scenario, at the start of the test pages'
 /// leaf table (the other test pages are its last [`TEST_PAGES`] entries).
 pub const DIRTY_PAGES: usize = 16;
@@ -189,6 +194,12 @@ pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
 /// The leaf entry of test page `page` (below [`TEST_PAGES`]).
 pub fn test_pte(page: usize) -> &'static AtomicU64 {
     &L3_TEST.0[indices(test_va(page))[3]]
+}
+
+/// The level 2 entry that maps [`BLOCK_VA`] (empty until the block
+/// scenario writes a block descriptor there).
+pub fn block_entry() -> &'static AtomicU64 {
+    &L2_TEST.0[indices(BLOCK_VA)[2]]
 }
 
 /// The leaf entry of the clean-write scenario's page `page` (below
