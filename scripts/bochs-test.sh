@@ -42,6 +42,14 @@ echo c >"$work/debugger.rc" # Debian's Bochs has its debugger built in: continue
 
 passed=0
 failed=0
+# Every failure is said where it happens and again at the end, where a
+# log cut to its last lines (as CI's summary is) still shows it.
+failures=()
+fail() {
+    failed=$((failed + 1))
+    failures+=("$1")
+    echo "$1"
+}
 
 # run NAME EXPECT(pass|fail) CPUS CMDLINE [REQUIRED_LINE...]
 # Every REQUIRED_LINE must appear in the serial log (a fixed string).
@@ -62,8 +70,7 @@ menuentry "tlb-batch test kernel" {
 EOF
     grub-mkrescue -o "$dir/kernel.iso" "$dir/iso" >"$dir/grub-mkrescue.log" 2>&1 || {
         cat "$dir/grub-mkrescue.log"
-        failed=$((failed + 1))
-        echo "bochs $name: FAIL (grub-mkrescue failed)"
+        fail "bochs $name: FAIL (grub-mkrescue failed)"
         return
     }
     cat >"$dir/bochsrc" <<EOF
@@ -126,8 +133,7 @@ EOF
         printf 'bochs %-38s ok   (%s as expected, %.2f s boot to exit)\n' "$name" "$verdict" \
             "$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')"
     else
-        failed=$((failed + 1))
-        printf 'bochs %-38s FAIL (%s)\n' "$name" "$why"
+        fail "$(printf 'bochs %-38s FAIL (%s)' "$name" "$why")"
     fi
 }
 
@@ -169,7 +175,7 @@ run "negative control (must fail)" fail 4 "pcid negative" \
     "scenario pcid global kernel page flushed in every PCID: FAIL"
 # Its CR3 window control left the AP out of the flush: reads of the reused frame.
 grep -qE "^scenario cr3 window: FAIL .* asked 0, .* waited 0, IPIs it took after 0; .*stale: [1-9]" "$work/run/serial.log" ||
-    { failed=$((failed + 1)); echo "bochs cr3 window control: did not fail on stale reads alone"; }
+    fail "bochs cr3 window control: did not fail on stale reads alone"
 # A lazy CPU that leaves lazy mode without its catch-up flush reads the
 # old frame through the entry it kept (no CR3 write drops it).
 run "negative catch-up (must fail)" fail 2 "pcid negative-catchup" \
@@ -179,6 +185,10 @@ run "negative catch-up (must fail)" fail 2 "pcid negative-catchup" \
 if [ -s "$work/skips" ]; then
     echo "skipped here (they need a TLB that keeps entries per PCID, which Bochs 2.7 does not model):"
     cat "$work/skips"
+fi
+if [ "$failed" -ne 0 ]; then
+    echo "what failed:"
+    printf '  %s\n' "${failures[@]}"
 fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

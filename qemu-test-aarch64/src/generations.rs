@@ -384,7 +384,8 @@ pub fn run(bootargs: &[u8]) -> bool {
     let warm = read() == value(0);
     set_p(1);
     let (running_broadcasts, _) = flush_a();
-    let running_read = read() == value(1);
+    let running_value = read();
+    let running_read = running_value == value(1);
 
     // 2. AP 1 switched to B.
     switch_ap(2);
@@ -393,7 +394,8 @@ pub fn run(bootargs: &[u8]) -> bool {
     let before = catch_ups();
     switch_ap(1);
     let back_catch_ups = catch_ups() - before;
-    let back_read = read() == value(2);
+    let back_value = read();
+    let back_read = back_value == value(2);
 
     // 3. AP 1 lazy on A, with P's entry (frame 2) cached.
     let lazy = ask(LAZY) == 1;
@@ -433,9 +435,20 @@ pub fn run(bootargs: &[u8]) -> bool {
          B: {away_broadcasts} broadcasts, {away_shootdowns} shootdowns, catch-ups when back on A: {back_catch_ups}; \
          AP {AP} lazy on A: {lazy_broadcasts} broadcasts, {lazy_shootdowns} shootdowns, ipi_sync still reached \
          {sync_cpus} of {others} other CPUs with {sync_hooks} hook call, catch-ups at leave_lazy_tlb: \
-         {leave_catch_ups}; stale: {stale} reads of an old frame)\n",
-        if ok { "PASS" } else { "FAIL" }
+         {leave_catch_ups}; stale: {stale} reads of an old frame){}\n",
+        if ok { "PASS" } else { "FAIL" },
+        if ok { "" } else { " (reads below)" }
     );
+    if !ok {
+        crate::say!(
+            "generations: reads (frame 0 holds {:#x}, 1 {:#x}, 2 {:#x}; a fault {:#x}): while running A {running_value:#x}, \
+             back on A {back_value:#x}, after leave_lazy_tlb {leave_value:#x}\n",
+            value(0),
+            value(1),
+            value(2),
+            u64::MAX
+        );
+    }
 
     // 5. Does a TTBR0_EL1 change keep ASID-tagged entries? AP 1 runs A
     // and caught up at its last switch; P is unmapped, so no entry of it
