@@ -59,6 +59,7 @@
 
 mod block;
 mod block_split;
+mod block_teardown;
 mod boot;
 mod crew;
 mod dirty;
@@ -453,6 +454,7 @@ impl Platform for Virt {
         offline::serve();
         block::serve();
         block_split::serve();
+        block_teardown::serve();
     }
     fn now_us(&self) -> u64 {
         now_us()
@@ -572,6 +574,7 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let generations_passed = generations::run(info.bootargs);
     let block_passed = block::run(info.bootargs, info.ram);
     let split_passed = block_split::run(info.bootargs, info.ram);
+    let block_teardown_passed = block_teardown::run(info.bootargs, info.ram);
     // Whatever the flush under test, the CPU going offline runs with the
     // real one.
     let offline_passed = offline::run();
@@ -593,8 +596,9 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         + usize::from(generations_passed)
         + usize::from(block_passed)
         + usize::from(split_passed)
+        + usize::from(block_teardown_passed)
         + usize::from(offline_passed);
-    let total = outcomes.len() + 6;
+    let total = outcomes.len() + 7;
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }
