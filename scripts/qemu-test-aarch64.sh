@@ -23,10 +23,27 @@
 #   exactly, after a measurement of what TCG keeps of a block, printed;
 #   then change_protection of the whole block to read-only while the
 #   other CPUs store into it, every store after it returned faulting)
+#   and the 2 MiB block split (split_huge_mapping: the descriptor broken,
+#   one TLBI VAE1IS at the 2 MiB stride, a level 3 table made with 8 of
+#   the 32 pieces the other CPUs read and store into moved to other
+#   frames, whose old frames are reused, and 8 read-only: no read of an
+#   old frame through a moved piece, no store landed on a read-only one;
+#   after a measurement that the old block survives a split with no TLBI)
+#   and the 2 MiB block teardown (MmuGather::unmap_range with IpiSync over
+#   a level 2 table's gigabyte holding one block: the block cleared whole,
+#   its frame freed once after the flush and reused, the table freed after
+#   the flush and the sync, one whole-ASID TLBI ASIDE1IS, one IPI per other
+#   CPU from the sync; every read of the other CPUs after it faulting;
+#   after a measurement, printed and required, of whether TCG keeps a walk
+#   cache: it keeps none, so a table freed with no walk-cache flush cannot
+#   fail here),
+#   both with exact counts,
 #   with 4 Cortex-A72 CPUs and with 2 "max" CPUs (which must pass);
 #   then the negative controls, which must fail, every scenario on stale
 #   reads (never a timeout or a crash; the block unmap on reads
-#   of the reused block, its mprotect on stores that landed after it):
+#   of the reused block, its mprotect on stores that landed after it, the
+#   split on old frames read through moved pieces and stores landed on
+#   read-only ones, the block teardown on reads of the reused block):
 #   "negative" (the TLBIs
 #   skipped) and "negative-local" (TLBIs that reach CPU 0 only), on the
 #   Cortex-A72 and again on "max" for the reclaim flow (where the clean
@@ -120,6 +137,42 @@ TEARDOWN="teardown with batched table free"
 DIRTY="clean writes after unmap"
 BLOCK="2 MiB block unmap"
 BLOCK_MPROTECT="2 MiB block mprotect"
+BLOCK_SPLIT="2 MiB block split"
+BLOCK_TEARDOWN="2 MiB block teardown"
+
+# exact_line REGEX WHAT: the last run must hold a line matching REGEX (a
+# whole line; literal parentheses in it are escaped here).
+exact_line() {
+    local want=$1
+    want=${want//(/\\(}
+    want=${want//)/\\)}
+    if ! grep -qE "^$want\$" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64: $2"
+    fi
+}
+
+# split_teardown_counted CPUS: the last run's block split and block
+# teardown lines, PASS with their exact counts, and the measurements the
+# controls rest on: a split with no TLBI leaves the old block readable
+# through moved pieces and writable through read-only ones; with no TLBI
+# the pieces a CPU read keep the old block (the teardown's premise). The walk-cache line is required too (it says what TCG cannot
+# show), whatever it measured.
+split_teardown_counted() {
+    local others=$(($1 - 1))
+    exact_line "scenario $BLOCK_SPLIT: PASS (flush through the crate; $1 CPUs reading and storing into 32 pieces; break: the old descriptor a block over S: true; flush: page TLBIs 1, full flushes 0, shootdowns 1, broadcasts 1, IPIs 0; make: a level 3 table of 512 pages, 8 of the used pieces moved to other frames, 8 read-only, linked: true; after the make and the reuse of the old frames: [1-9][0-9]* reads of the new frames through moved pieces, [1-9][0-9]* of the block through kept pieces, [1-9][0-9]* stores to read-only pieces faulted, [1-9][0-9]* to the others landed; stale: 0 reads of the old block and 0 of the reused frames through moved pieces, 0 stores landed on read-only pieces, 0 other)" \
+        "block split, $1 cpus: the split did not pass with its exact counts"
+    exact_line "scenario $BLOCK_TEARDOWN: PASS (flush through the crate; $1 CPUs reading 32 pieces; unmap_range of the level 2 table's 1 GiB with IpiSync: 1 page unmapped, dirty moved to the block: 1; the block's first frame handed to free_batch 1 times (after the flush: 1), reused at once, other frames 0, handed back 0; tables freed 1 (after the flush and the sync: 1, the level 1 entry cleared: true); page TLBIs 0, full flushes 1, shootdowns 1, broadcasts 1, IPIs: 0 by the flush, $others by the sync (1 hook call); after the reuse: [1-9][0-9]* reads faulted; stale: 0 reads of the old block, 0 of the reused block, 0 other)" \
+        "block teardown, $1 cpus: the teardown did not pass with its exact counts"
+    if ! grep -qE "^block split: .*moved pieces read the old block: [1-9][0-9]* of .*read-only pieces took a store: [1-9][0-9]* of " "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 block split, $1 cpus: the measurement kept the old block in no moved or no read-only piece (its control could not fail)"
+    fi
+    if ! grep -qE "^block teardown: .*used pieces read the old block: [1-9][0-9]* of .*unused pieces read through the old table: [0-9]+ of " "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 block teardown, $1 cpus: the measurement saw no stale piece (its control could not fail)"
+    fi
+}
 
 # block_counted CPUS: the last run's block lines: the measurement (which
 # must show a stale piece, the controls' premise) and the unmap's and the
@@ -153,6 +206,17 @@ block_failed_stale() {
     if ! grep -qE "^scenario $BLOCK_MPROTECT: FAIL .*entries changed: Ok\(1\), .*page TLBIs: 1, full flushes: 0, shootdowns: 1, broadcasts: 1, IPIs: 0; stores begun after the call: [0-9]+ faulted, [1-9][0-9]* landed" "$log"; then
         failed=$((failed + 1))
         echo "qemu-aarch64 negative control: the block mprotect did not fail on stores landed after it returned"
+    fi
+    # The split with its counts as in a passing run, failing on moved
+    # pieces read through the old block (either pattern) and on stores
+    # landed on read-only pieces.
+    if ! grep -qE "^scenario $BLOCK_SPLIT: FAIL .*flush: page TLBIs 1, full flushes 0, shootdowns 1, broadcasts 1, IPIs 0; .*linked: true; .*stale: ([1-9][0-9]* reads of the old block and [0-9]+|[0-9]+ reads of the old block and [1-9][0-9]*) of the reused frames through moved pieces, [1-9][0-9]* stores landed on read-only pieces, 0 other\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 negative control: the block split did not fail on moved pieces read through the old block"
+    fi
+    if ! grep -qE "^scenario $BLOCK_TEARDOWN: FAIL .*1 page unmapped, .*handed to free_batch 1 times \(after the flush: 1\), .*tables freed 1 \(after the flush and the sync: 1, .*page TLBIs 0, full flushes 1, shootdowns 1, broadcasts 1, IPIs: 0 by the flush, .*stale: [0-9]+ reads of the old block, [1-9][0-9]* of the reused block, 0 other\)" "$log"; then
+        failed=$((failed + 1))
+        echo "qemu-aarch64 negative control: the block teardown did not fail on reads of the reused block"
     fi
 }
 
@@ -201,6 +265,7 @@ offline_counted
 teardown_passed
 generations_counted 4
 block_counted 4
+split_teardown_counted 4
 if ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 cortex-a72: the clean writes were not skipped for want of hardware dirty state"
@@ -210,6 +275,7 @@ offline_counted
 teardown_passed
 generations_counted 2
 block_counted 2
+split_teardown_counted 2
 if ! grep -q "^scenario reclaim flow: PASS" "$log"; then
     failed=$((failed + 1))
     echo "qemu-aarch64 max: the reclaim flow did not run and pass"
