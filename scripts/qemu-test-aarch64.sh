@@ -74,8 +74,8 @@
 #   offline (take_offline) and comes back (bring_online) again and again
 #   while the others run ipi_sync, every sync completes, and the CPU reads
 #   no stale page after.
-# Prints each run's boot-to-exit wall time. About a minute on a 2-core
-# machine.
+# Prints each run's boot-to-exit wall time. One to two minutes on a 2-core
+# machine (about 2 min 10 s under a load average of 10).
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
 # 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
 # what is missing.
