@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! rustup toolchain list | grep -q '^nightly'; then
+if ! rustup toolchain list | grep '^nightly' >/dev/null; then
     rustup toolchain install nightly --profile minimal
 fi
 installed=$(rustup component list --toolchain nightly --installed)

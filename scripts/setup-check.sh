@@ -39,11 +39,11 @@ what_is_missing() {
     [ -n "$major" ] && [ "$major" -ge 10 ] || { echo "QEMU 10 or later (have: ${major:-none})"; return; }
     command -v qemu-system-aarch64 >/dev/null 2>&1 || { echo "qemu-system-aarch64"; return; }
     for target in x86_64-unknown-none aarch64-unknown-none; do
-        rustup target list --installed | grep -qx "$target" || { echo "target $target"; return; }
+        rustup target list --installed | grep -x "$target" >/dev/null || { echo "target $target"; return; }
     done
-    rustup toolchain list | grep -q '^nightly' || { echo "nightly"; return; }
+    rustup toolchain list | grep '^nightly' >/dev/null || { echo "nightly"; return; }
     for component in miri rust-src; do
-        rustup component list --toolchain nightly --installed | grep -q "^$component" ||
+        rustup component list --toolchain nightly --installed | grep "^$component" >/dev/null ||
             { echo "nightly's $component"; return; }
     done
     command -v cargo-fuzz >/dev/null 2>&1 || { echo "cargo-fuzz"; return; }

@@ -98,7 +98,7 @@ targets=$(rustup target list --installed)
 for target in x86_64-unknown-none aarch64-unknown-none; do
     grep -q "^$target\$" <<<"$targets" || rustup target add "$target"
 done
-if ! rustup toolchain list | grep -q '^nightly'; then
+if ! rustup toolchain list | grep '^nightly' >/dev/null; then
     rustup toolchain install nightly --profile minimal
 fi
 nightly_components=$(rustup component list --toolchain nightly --installed)

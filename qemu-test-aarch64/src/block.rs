@@ -105,7 +105,10 @@ fn fill(block: u64, tag: u64) {
     a64::dsb_ish();
 }
 
-fn block_descriptor(pa: u64) -> u64 {
+/// A writable block descriptor over the 2 MiB block at `pa`, with its
+/// access flag (the test address space's attributes; also `block_split.rs`
+/// and `block_teardown.rs`).
+pub fn block_descriptor(pa: u64) -> u64 {
     let pte = Pte::new(
         Frame(pa >> 12),
         tlb_batch::PteFlags::PRESENT | tlb_batch::PteFlags::WRITABLE,
@@ -115,7 +118,7 @@ fn block_descriptor(pa: u64) -> u64 {
 }
 
 /// The block descriptor for `pte` (a page descriptor without bit 1).
-fn to_descriptor(pte: Pte) -> u64 {
+pub fn to_descriptor(pte: Pte) -> u64 {
     if !pte.is_present() {
         return pte.0 & !DESC_VALID;
     }
@@ -123,7 +126,7 @@ fn to_descriptor(pte: Pte) -> u64 {
 }
 
 /// The crate's view of the level 2 descriptor `desc`.
-fn to_pte(desc: u64) -> Pte {
+pub fn to_pte(desc: u64) -> Pte {
     if desc & (DESC_VALID | DESC_TABLE_OR_PAGE) != DESC_VALID {
         return Pte(desc & !DESC_VALID);
     }

@@ -58,7 +58,10 @@
 #![no_main]
 
 mod block;
+mod block_split;
+mod block_teardown;
 mod boot;
+mod crew;
 mod dirty;
 mod fdt;
 mod generations;
@@ -450,6 +453,8 @@ impl Platform for Virt {
         generations::serve();
         offline::serve();
         block::serve();
+        block_split::serve();
+        block_teardown::serve();
     }
     fn now_us(&self) -> u64 {
         now_us()
@@ -568,6 +573,8 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     let dirty_passed = dirty::run(info.bootargs);
     let generations_passed = generations::run(info.bootargs);
     let block_passed = block::run(info.bootargs, info.ram);
+    let split_passed = block_split::run(info.bootargs, info.ram);
+    let block_teardown_passed = block_teardown::run(info.bootargs, info.ram);
     // Whatever the flush under test, the CPU going offline runs with the
     // real one.
     let offline_passed = offline::run();
@@ -588,8 +595,10 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         + usize::from(dirty_passed)
         + usize::from(generations_passed)
         + usize::from(block_passed)
+        + usize::from(split_passed)
+        + usize::from(block_teardown_passed)
         + usize::from(offline_passed);
-    let total = outcomes.len() + 5;
+    let total = outcomes.len() + 7;
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }

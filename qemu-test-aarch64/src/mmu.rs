@@ -89,10 +89,10 @@ const MIB2: u64 = 2 << 20;
 pub struct Table(pub [AtomicU64; 512]);
 
 impl Table {
-    const fn new() -> Self {
+    pub const fn new() -> Self {
         Table([const { AtomicU64::new(0) }; 512])
     }
-    fn addr(&self) -> u64 {
+    pub fn addr(&self) -> u64 {
         self.0.as_ptr() as u64
     }
 }
