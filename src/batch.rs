@@ -9,12 +9,11 @@ use crate::lifecycle::online_caller;
 use crate::mm::MmTlbState;
 use crate::page_size::PageSize;
 use crate::pte::{Pte, PteFlags};
-use crate::range::PageRange;
 use crate::request::{FlushRequest, FlushScope, Pages};
 use crate::shootdown::{complete_broadcast, issue_broadcast_page, shootdown, ShootdownReport};
 use crate::stats::Counter;
 use crate::ttu::TtuFlags;
-use crate::validate::{check_asid, check_space_va};
+use crate::validate::{check_asid, check_entry_size, check_space_va};
 use crate::verify::space_caller;
 use crate::Error;
 
@@ -95,18 +94,21 @@ impl TlbFlushUnmapBatch {
     /// Every check [`add_pending`](Self::add_pending) makes, without
     /// changing anything: the reverse-map walk runs them before it clears
     /// a PTE, so that recording the flush afterwards cannot fail.
-    pub(crate) fn check_add<A: Arch>(&self, arch: &A, mm: &MmTlbState, va: u64) -> Result<PageRange, Error> {
+    pub(crate) fn check_add<A: Arch>(&self, arch: &A, mm: &MmTlbState, va: u64) -> Result<Pages, Error> {
         check_space_va(arch, mm, va)?;
         check_asid(arch, mm.asid())?;
         self.check_machine(arch)?;
         space_caller(arch, mm)?;
-        PageRange::page(va)
+        Pages::one(va, arch.base_page())
     }
 
-    /// [`check_add`](Self::check_add) for the page of `size` whose first
-    /// address is `va` (a huge page's, for a huge entry): the pages its
-    /// flush covers, at its stride. Errors: those of `check_add`, and
-    /// [`Error::StrideUnaligned`] when `va` is not aligned to `size`.
+    /// [`check_add`](Self::check_add) for the entry of `size` whose first
+    /// address is `va` (a huge page's, for a huge entry), as the page table
+    /// reported it: the pages its flush covers, at its stride, known to be
+    /// one leaf entry of that size. Errors: those of `check_add`,
+    /// [`Error::BelowBasePage`] when `size` is smaller than the
+    /// architecture's base page, and [`Error::StrideUnaligned`] when `va`
+    /// is not aligned to `size`.
     pub(crate) fn check_add_sized<A: Arch>(
         &self,
         arch: &A,
@@ -114,12 +116,9 @@ impl TlbFlushUnmapBatch {
         va: u64,
         size: PageSize,
     ) -> Result<Pages, Error> {
-        let page = self.check_add(arch, mm, va)?;
-        if size.is_huge() {
-            Pages::one(va, size)
-        } else {
-            Ok(Pages::base(page))
-        }
+        self.check_add(arch, mm, va)?;
+        check_entry_size(arch, va, size)?;
+        Ok(Pages::one(va, size)?.leaf())
     }
 
     /// Records the flush of `page` under `asid` (its space's, or
@@ -142,7 +141,7 @@ impl TlbFlushUnmapBatch {
             // After the PTE change (the callers record only then): the
             // invalidation cannot let a walk refill the old entry.
             for va in pages.addresses() {
-                issue_broadcast_page(arch, asid, va);
+                issue_broadcast_page(arch, asid, va, pages.hint());
             }
             match arch.current_cpu() {
                 Ok(me) => {
@@ -228,9 +227,9 @@ impl TlbFlushUnmapBatch {
         va: u64,
         old: Pte,
     ) -> Result<(), Error> {
-        let page = self.check_add(arch, mm, va)?;
+        let pages = self.check_add(arch, mm, va)?;
         let (targets, step) = mm.flush_targets_step(arch);
-        self.record_pending(arch, mm, Pages::base(page), old, (&targets, step), None);
+        self.record_pending(arch, mm, pages, old, (&targets, step), None);
         Ok(())
     }
 
@@ -240,9 +239,9 @@ impl TlbFlushUnmapBatch {
     /// writable nor marks `mm` as having a batched unmap pending. Errors:
     /// as for [`add_pending`](Self::add_pending).
     pub fn add_accessed_clear<A: Arch>(&mut self, arch: &A, mm: &MmTlbState, va: u64) -> Result<(), Error> {
-        let page = self.check_add(arch, mm, va)?;
+        let pages = self.check_add(arch, mm, va)?;
         let (targets, step) = mm.flush_targets_step(arch);
-        self.record(arch, mm.asid(), Pages::base(page), (&targets, step), None);
+        self.record(arch, mm.asid(), pages, (&targets, step), None);
         Ok(())
     }
 

@@ -210,6 +210,22 @@ pub enum Error {
         /// The stride in bytes.
         stride: u64,
     },
+    /// A page-table entry whose size
+    /// ([`PageTable::entry_size`](crate::PageTable::entry_size)) is
+    /// smaller than the architecture's base page
+    /// ([`Arch::base_page`](crate::Arch::base_page)): a table of a 16 or
+    /// 64 KiB kernel that answers 4 KiB (the default of `entry_size`)
+    /// would have the crate change a quarter or a sixteenth of a page's
+    /// entry and flush at a stride the hardware does not have. Nothing
+    /// changed; make `entry_size` answer the base page for a page entry.
+    BelowBasePage {
+        /// The address whose entry was asked.
+        va: u64,
+        /// The size the table reported, in bytes.
+        size: u64,
+        /// The base page, in bytes.
+        base: u64,
+    },
     /// A size given to [`split_huge_mapping`](crate::split_huge_mapping)
     /// or [`promote_to_huge`](crate::promote_to_huge) that is not larger
     /// than a base page: there is no huge entry to split or to build.
@@ -397,6 +413,12 @@ impl fmt::Display for Error {
                 write!(
                     f,
                     "{pages} pages at {start:#x} are not whole pages of {stride:#x} bytes"
+                )
+            }
+            Error::BelowBasePage { va, size, base } => {
+                write!(
+                    f,
+                    "the entry for {va:#x} maps {size:#x} bytes, less than the base page of {base:#x}"
                 )
             }
             Error::NotHuge { size } => {

@@ -376,7 +376,7 @@ impl<const N: usize> MmuGather<N> {
         space_caller(arch, mm)?;
         check_table_root(space)?;
         space.check_range(range)?;
-        check_huge_whole(space, range)?;
+        check_huge_whole(space, range, arch.base_page())?;
         check_range_not_global(arch, space, range)?;
         self.claim(arch, mm)?;
         let result = self.tear_down(arch, space, backing, range, tables, policy, handback);
@@ -465,8 +465,18 @@ impl<const N: usize> MmuGather<N> {
                 // the span is right whatever the table reports about the
                 // range. 512 pages lie above any usual full-flush ceiling:
                 // the flush becomes one of the whole address space.
-                self.request
-                    .add_range(mm.asid(), table.range, A::FULL_FLUSH_CEILING);
+                // At the base page's stride (the ceiling counts base
+                // pages), and with no level hint for anything the request
+                // holds: a hint names a leaf entry's level, and the freed
+                // table's walk-cache entries must go whatever it says.
+                self.request.add_base_range_step(
+                    mm.asid(),
+                    table.range,
+                    arch.base_page(),
+                    A::FULL_FLUSH_CEILING,
+                    None,
+                );
+                self.request.forbid_leaf_hints();
                 // SAFETY: `detach_table` hands over the table frame itself
                 // (the `TableTeardown` contract): nothing else frees it.
                 let frame = unsafe { OwnedFrame::new(table.frame) };

@@ -589,7 +589,7 @@ pub fn flush_tlb_batched_pending<A: Arch>(arch: &A, mm: &MmTlbState) -> Result<b
 pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<ShootdownReport, Error> {
     check_space_va(arch, mm, va)?;
     space_caller(arch, mm)?;
-    flush_pages(arch, mm, PageRange::page(va)?)
+    flush_pages(arch, mm, PageRange::new(va, arch.base_page().base_pages())?)
 }
 
 /// One shootdown of `pages` of `mm`, carrying the generation step of its
@@ -597,7 +597,10 @@ pub fn flush_tlb_page<A: Arch>(arch: &A, mm: &MmTlbState, va: u64) -> Result<Sho
 fn flush_pages<A: Arch>(arch: &A, mm: &MmTlbState, pages: PageRange) -> Result<ShootdownReport, Error> {
     let (targets, step) = mm.flush_targets_step(arch);
     let mut req = FlushRequest::new();
-    req.add_range_step(mm.asid, pages, A::FULL_FLUSH_CEILING, step);
+    // One invalidation per base page (a 64 KiB arm64 page is one entry:
+    // sixteen invalidations 4 KiB apart would each remove it again), the
+    // ceiling counted in base pages.
+    req.add_base_range_step(mm.asid, pages, arch.base_page(), A::FULL_FLUSH_CEILING, step);
     shootdown(arch, &targets, &req)
 }
 

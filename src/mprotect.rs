@@ -116,7 +116,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
     space_caller(arch, mm)?;
     check_table_root(space)?;
     space.check_range(range)?;
-    check_huge_whole(space, range)?;
+    check_huge_whole(space, range, arch.base_page())?;
     check_range_not_global(arch, space, range)?;
     let needs_global = arch.kernel_flush_needs_global();
     let mut flush = FlushRequest::new();
@@ -143,7 +143,7 @@ pub fn change_protection<A: Arch, S: PageTable + ?Sized>(
                 (old, new)
             };
             if new != old {
-                match Pages::one(va, size) {
+                match Pages::one(va, size).map(Pages::leaf) {
                     Ok(pages) => flush.add_pages_step(mm.asid(), pages, A::FULL_FLUSH_CEILING, None),
                     // Cannot happen (the walk yields each entry at its
                     // first address, in the checked range); the whole

@@ -29,8 +29,17 @@ pub struct PageSize {
 }
 
 impl PageSize {
-    /// A base page: 4 KiB.
+    /// 4 KiB: the crate's unit ([`PAGE_SIZE`](crate::PAGE_SIZE)), and the
+    /// base page of x86_64 and of arm64 with the 4 KiB granule.
     pub const SIZE_4K: PageSize = PageSize { shift: 12 };
+    /// An arm64 page with the 16 KiB granule (a level-3 entry).
+    pub const SIZE_16K: PageSize = PageSize { shift: 14 };
+    /// An arm64 page with the 64 KiB granule (a level-3 entry).
+    pub const SIZE_64K: PageSize = PageSize { shift: 16 };
+    /// An arm64 level-2 block with the 16 KiB granule.
+    pub const SIZE_32M: PageSize = PageSize { shift: 25 };
+    /// An arm64 level-2 block with the 64 KiB granule.
+    pub const SIZE_512M: PageSize = PageSize { shift: 29 };
     /// An x86_64 2 MiB page (a level-2 entry with the page-size bit), or an
     /// arm64 level-2 block with a 4 KiB granule.
     pub const SIZE_2M: PageSize = PageSize { shift: 21 };
@@ -65,12 +74,15 @@ impl PageSize {
         1 << self.shift
     }
 
-    /// How many base pages ([`PAGE_SIZE`](crate::PAGE_SIZE)) it covers.
+    /// How many 4 KiB units ([`PAGE_SIZE`](crate::PAGE_SIZE), the crate's
+    /// unit, which is not necessarily the architecture's base page:
+    /// [`Arch::base_page`](crate::Arch::base_page)) it covers.
     pub const fn base_pages(self) -> u64 {
         1 << (self.shift as u32 - PAGE_SHIFT)
     }
 
-    /// Whether it is larger than a base page.
+    /// Whether it is larger than 4 KiB (an x86 huge page, an arm64 block,
+    /// or a 16 or 64 KiB arm64 page: the crate takes all of them whole).
     pub const fn is_huge(self) -> bool {
         self.shift as u32 > PAGE_SHIFT
     }

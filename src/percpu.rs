@@ -35,6 +35,9 @@ pub(crate) struct RequestSlot {
     pub(crate) remaining: AtomicU32,
     kind: AtomicU8,
     len: AtomicU8,
+    /// Whether the page flushes may carry level hints
+    /// ([`FlushRequest::leaf_hints`]).
+    hinted: AtomicBool,
     words: [AtomicU64; 2 * MAX_FLUSH_ENTRIES],
     /// The generation steps of a page request's ASIDs: how many, and for
     /// each its ASID, start and end.
@@ -57,6 +60,7 @@ impl RequestSlot {
                 remaining: AtomicU32::new(0),
                 kind: AtomicU8::new(KIND_RANGES),
                 len: AtomicU8::new(0),
+                hinted: AtomicBool::new(false),
                 words: atomic_array![AtomicU64::new(0); 2 * MAX_FLUSH_ENTRIES],
                 nr_steps: AtomicU8::new(0),
                 step_asid: atomic_array![AtomicU32::new(0); MAX_FLUSH_ASIDS],
@@ -95,6 +99,7 @@ impl RequestSlot {
                 }
                 // At most MAX_FLUSH_ASIDS steps, which fits in u8.
                 self.nr_steps.store(n as u8, Ordering::Relaxed);
+                self.hinted.store(req.leaf_hints(), Ordering::Relaxed);
                 (KIND_RANGES, ranges.len())
             }
             FlushScope::Asids(asids) => {
@@ -144,6 +149,9 @@ impl RequestSlot {
                     };
                 }
                 let mut req = FlushRequest::from_parts(FlushScope::Ranges(&ranges[..len]));
+                if self.hinted.load(Ordering::Relaxed) {
+                    req.allow_leaf_hints();
+                }
                 let steps = usize::from(self.nr_steps.load(Ordering::Relaxed)).min(MAX_FLUSH_ASIDS);
                 for i in 0..steps {
                     let step = GenStep {

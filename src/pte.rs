@@ -6,9 +6,18 @@
 
 use core::fmt;
 
-/// log2 of the page size.
+/// log2 of [`PAGE_SIZE`].
 pub const PAGE_SHIFT: u32 = 12;
-/// The size of a base page in bytes.
+/// The crate's unit of addresses, ranges and frames: 4 KiB on every
+/// architecture. [`PageRange`](crate::PageRange)s count it, and a
+/// [`Frame`] is a physical address divided by it.
+///
+/// It is not necessarily the architecture's base page, the smallest
+/// page its tables map ([`Arch::base_page`](crate::Arch::base_page)):
+/// arm64 kernels with the 16 or 64 KiB granule map pages of 4 or 16 units,
+/// which the crate takes whole, as it takes a huge page (see
+/// `docs/granules.md`). Every entry point refuses an address or range of
+/// such a kernel that is not aligned to its base page.
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 
 /// A physical frame number (physical address >> [`PAGE_SHIFT`]).

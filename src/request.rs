@@ -68,27 +68,23 @@ impl FlushRange {
     }
 }
 
-/// Pages of one size that one change made stale: the 4 KiB pages of
+/// Pages of one size that one change made stale: the 4 KiB units of
 /// `range`, flushed at a stride of `size` (one invalidation per page of
-/// that size). Built aligned, so adding it never fails.
+/// that size), and whether `size` is the size of the leaf entries that
+/// mapped them, as the page table reported it (what a level hint may say,
+/// [`Arch::flush_local_page_sized`](crate::Arch::flush_local_page_sized)).
+/// Built aligned, so adding it never fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Pages {
     range: PageRange,
     size: PageSize,
+    leaf: bool,
 }
 
 impl Pages {
-    /// The 4 KiB pages of `range`.
-    pub(crate) fn base(range: PageRange) -> Self {
-        Pages {
-            range,
-            size: PageSize::SIZE_4K,
-        }
-    }
-
-    /// The pages of `size` that `range` covers. Errors:
-    /// [`Error::StrideUnaligned`] when `range` does not start and end on a
-    /// `size` boundary.
+    /// The pages of `size` that `range` covers, of entries of unknown
+    /// size. Errors: [`Error::StrideUnaligned`] when `range` does not
+    /// start and end on a `size` boundary.
     pub(crate) fn new(range: PageRange, size: PageSize) -> Result<Self, Error> {
         let aligned = size.align_down(range.start()) == range.start()
             && range.pages().is_multiple_of(size.base_pages());
@@ -99,7 +95,11 @@ impl Pages {
                 stride: size.bytes(),
             });
         }
-        Ok(Pages { range, size })
+        Ok(Pages {
+            range,
+            size,
+            leaf: false,
+        })
     }
 
     /// The page of `size` whose first address is `va`. Errors: those of
@@ -107,6 +107,17 @@ impl Pages {
     /// past the top.
     pub(crate) fn one(va: u64, size: PageSize) -> Result<Self, Error> {
         Pages::new(PageRange::new(va, size.base_pages())?, size)
+    }
+
+    /// The same pages, whose leaf entries the page table reported to be
+    /// of their size.
+    pub(crate) fn leaf(self) -> Self {
+        Pages { leaf: true, ..self }
+    }
+
+    /// The leaf size to tell the hardware, if known.
+    pub(crate) fn hint(self) -> Option<PageSize> {
+        self.leaf.then_some(self.size)
     }
 
     /// The address of each page, one per stride.
@@ -156,6 +167,11 @@ pub struct FlushRequest {
     has_kernel: bool,
     full: bool,
     extent: Extent,
+    /// Whether some page was added without the size of its leaf entry
+    /// known, or the request also covers a page table that is freed: then
+    /// no invalidation of it may carry a level hint
+    /// ([`leaf_hints`](Self::leaf_hints)).
+    unhinted: bool,
 }
 
 /// Where the pages ever added to a request lie, kept past its degrading to
@@ -215,6 +231,7 @@ impl FlushRequest {
             has_kernel: false,
             full: false,
             extent: Extent::EMPTY,
+            unhinted: false,
         }
     }
 
@@ -252,6 +269,32 @@ impl FlushRequest {
         self.has_kernel = false;
         self.full = false;
         self.extent = Extent::EMPTY;
+        self.unhinted = false;
+    }
+
+    /// Whether each page's invalidation may tell the hardware its range's
+    /// stride as the size of the leaf entry that mapped it: true when the
+    /// crate learned every page's leaf size from the page table
+    /// ([`PageTable::entry_size`](crate::PageTable::entry_size)) and no
+    /// page table is freed under the request. A range added through the
+    /// public [`add_range`](Self::add_range) or
+    /// [`add_huge_range`](Self::add_huge_range) turns it off: the crate
+    /// cannot tell what those pages were mapped by.
+    pub fn leaf_hints(&self) -> bool {
+        !self.unhinted
+    }
+
+    /// Turns the level hints off for the whole request (a page table goes
+    /// with it: a hint would name a leaf level, and walk-cache entries of
+    /// the freed table may then stay cached).
+    pub(crate) fn forbid_leaf_hints(&mut self) {
+        self.unhinted = true;
+    }
+
+    /// Turns the level hints back on (a request rebuilt from a request
+    /// slot whose sender allowed them).
+    pub(crate) fn allow_leaf_hints(&mut self) {
+        self.unhinted = false;
     }
 
     fn note_asid(&mut self, asid: Asid) {
@@ -329,6 +372,29 @@ impl FlushRequest {
         step: Option<GenStep>,
     ) {
         self.add_pages(asid, range, PageSize::SIZE_4K, ceiling, step);
+        self.unhinted = true;
+    }
+
+    /// Adds the pages of `range` in `asid` at the stride of `base`, the
+    /// architecture's base page ([`Arch::base_page`](crate::Arch::base_page)),
+    /// for pages of unknown leaf size; a range that is not whole base
+    /// pages (which the entry points refuse before they get here) makes
+    /// the request a flush of the whole ASID rather than leave a piece.
+    pub(crate) fn add_base_range_step(
+        &mut self,
+        asid: Asid,
+        range: PageRange,
+        base: PageSize,
+        ceiling: usize,
+        step: Option<GenStep>,
+    ) {
+        match Pages::new(range, base) {
+            Ok(pages) => self.add_pages_step(asid, pages, ceiling, step),
+            Err(_) => {
+                self.unhinted = true;
+                self.add_asid(asid);
+            }
+        }
     }
 
     /// Adds the pages of `stride` bytes that `range` covers in `asid`: one
@@ -370,6 +436,7 @@ impl FlushRequest {
     /// Adds `pages` (see [`add_range_step`](Self::add_range_step) for
     /// `step`); `Pages` is aligned to its size by construction.
     pub(crate) fn add_pages_step(&mut self, asid: Asid, pages: Pages, ceiling: usize, step: Option<GenStep>) {
+        self.unhinted |= !pages.leaf;
         self.add_pages(asid, pages.range, pages.size, ceiling, step);
     }
 
@@ -451,6 +518,7 @@ impl FlushRequest {
     /// `ceiling` pages in all, as [`add_range`](Self::add_range) does).
     pub(crate) fn merge(&mut self, other: &FlushRequest, ceiling: usize) {
         self.extent.union(other.extent);
+        self.unhinted |= other.unhinted;
         match other.scope() {
             FlushScope::Ranges(ranges) => {
                 for r in ranges {
@@ -506,8 +574,11 @@ impl FlushRequest {
         }
     }
 
+    /// A request of `scope`, without level hints (see
+    /// [`allow_leaf_hints`](Self::allow_leaf_hints)).
     pub(crate) fn from_parts(scope: FlushScope<'_>) -> Self {
         let mut req = FlushRequest::new();
+        req.unhinted = true;
         match scope {
             FlushScope::Ranges(ranges) => {
                 let n = ranges.len().min(MAX_FLUSH_ENTRIES);

@@ -110,9 +110,14 @@ pub unsafe trait PageTable {
         range.last().map(|_| range.start())
     }
 
-    /// The size of the entry that maps `va`: [`PageSize::SIZE_4K`] for a
-    /// base-page entry (and where nothing is mapped), the huge page's size
-    /// where a 2 MiB or 1 GiB entry (an arm64 block) maps it.
+    /// The size of the entry that maps `va`: the architecture's base page
+    /// ([`Arch::base_page`](crate::Arch::base_page): 4 KiB, or an arm64
+    /// kernel's 16 or 64 KiB granule) for a page entry, the huge page's
+    /// size where a 2 MiB or 1 GiB entry (an arm64 block) maps it. Where
+    /// nothing is mapped any answer will do. An answer smaller than the
+    /// base page for a non-empty entry is refused
+    /// ([`Error::BelowBasePage`](crate::Error::BelowBasePage)): a 16 or
+    /// 64 KiB kernel's table must override the 4 KiB default.
     ///
     /// The range operations ([`change_protection`](crate::change_protection),
     /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range)) ask it for

@@ -18,6 +18,7 @@ use crate::arch::Arch;
 use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
 use crate::lifecycle::online_caller;
+use crate::page_size::PageSize;
 use crate::percpu::{Payload, TlbShootdown};
 use crate::request::{FlushRequest, FlushScope};
 use crate::stats::{Counter, FlushExtent, FlushReason, TraceEvent};
@@ -385,9 +386,11 @@ pub(crate) fn execute_local<A: Arch>(
     let extent = match request.scope() {
         FlushScope::Ranges(ranges) => {
             let mut pages = 0usize;
+            let hints = request.leaf_hints();
             for r in ranges.iter().filter(|r| may_hold(r.asid)) {
+                let leaf = hints.then_some(r.stride);
                 for va in r.addresses() {
-                    arch.flush_local_page(r.asid, va);
+                    arch.flush_local_page_sized(r.asid, va, leaf);
                 }
                 pages += r.pages as usize;
             }
@@ -442,9 +445,11 @@ pub(crate) fn execute_local<A: Arch>(
 fn issue_broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushRequest) {
     match request.scope() {
         FlushScope::Ranges(ranges) => {
+            let hints = request.leaf_hints();
             for r in ranges {
+                let leaf = hints.then_some(r.stride);
                 for va in r.addresses() {
-                    arch.broadcast_flush_page(r.asid, va);
+                    arch.broadcast_flush_page_sized(r.asid, va, leaf);
                 }
             }
             state.count(Counter::LocalPageFlushes, request.pages() as u64);
@@ -468,9 +473,10 @@ fn issue_broadcast<A: Arch>(arch: &A, state: &TlbShootdown, request: &FlushReque
 
 /// Issues one page's broadcast invalidation as a batch records it
 /// ([`Arch::BATCH_BROADCAST_ON_ADD`]); [`complete_broadcast`] on the same
-/// CPU completes it.
-pub(crate) fn issue_broadcast_page<A: Arch>(arch: &A, asid: Asid, va: u64) {
-    arch.broadcast_flush_page(asid, va);
+/// CPU completes it. `leaf`: the size of the leaf entry that mapped the
+/// page, when known (see [`Arch::flush_local_page_sized`]).
+pub(crate) fn issue_broadcast_page<A: Arch>(arch: &A, asid: Asid, va: u64, leaf: Option<PageSize>) {
+    arch.broadcast_flush_page_sized(asid, va, leaf);
     arch.shootdown_state().count(Counter::LocalPageFlushes, 1);
 }
 

@@ -105,6 +105,8 @@ pub struct BrokenMapping<'a, T> {
     mm: &'a MmTlbState,
     start: u64,
     size: PageSize,
+    /// The architecture's base page: a promotion's old entries.
+    base: PageSize,
     change: HugeChange,
     old: T,
 }
@@ -172,7 +174,7 @@ impl<T> fmt::Display for FlushFailed<'_, T> {
 /// with [`Error::NonGlobalKernelEntry`] as its other walks do).
 ///
 /// Errors, before `clear` runs and with no entry changed:
-/// [`Error::NotHuge`] (`size` is a base page); [`Error::Unaligned`] and
+/// [`Error::NotHuge`] (`size` is not larger than the architecture's base page); [`Error::Unaligned`] and
 /// [`Error::StrideUnaligned`] (`va` not aligned to a page, to `size`);
 /// [`Error::RangeOverflow`], [`Error::NonCanonical`] and
 /// [`Error::KernelHalf`] (as for [`flush_tlb_range`](crate::flush_tlb_range));
@@ -232,7 +234,7 @@ pub fn promote_to_huge<'a, A: Arch, T>(
 /// The huge page `va..va + size` of `mm`, checked as every entry point
 /// checks a range it is about to change.
 fn check_huge<A: Arch>(arch: &A, mm: &MmTlbState, va: u64, size: PageSize) -> Result<PageRange, Error> {
-    if !size.is_huge() {
+    if size <= arch.base_page() {
         return Err(Error::NotHuge { size: size.bytes() });
     }
     check_aligned(va)?;
@@ -267,6 +269,7 @@ fn break_mapping<'a, A: Arch, T>(
         mm,
         start: va,
         size,
+        base: arch.base_page(),
         change,
         old,
     })
@@ -294,13 +297,14 @@ impl<'a, T> BrokenMapping<'a, T> {
     }
 
     /// The size of the entries the flush removes, one invalidation each:
-    /// the huge page for a split, base pages for a promotion (an
-    /// invalidation of each 4 KiB page removes an entry of any size that
-    /// covers it, so a range mapped by a mix of sizes is covered too).
+    /// the huge page for a split, the architecture's base pages for a
+    /// promotion (an invalidation of each base page removes an entry of
+    /// any size that covers it, so a range mapped by a mix of sizes is
+    /// covered too).
     pub fn flush_stride(&self) -> PageSize {
         match self.change {
             HugeChange::Split => self.size,
-            HugeChange::Promote => PageSize::SIZE_4K,
+            HugeChange::Promote => self.base,
         }
     }
 

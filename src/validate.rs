@@ -8,15 +8,20 @@ use crate::arch::Arch;
 use crate::asid::Asid;
 use crate::gather::TableBounds;
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::{check_aligned, PAGE_SIZE};
 use crate::range::{is_canonical, PageRange};
 use crate::request::{FlushRequest, FlushScope};
 use crate::Error;
 
-/// Checks that `va` is page-aligned ([`Error::Unaligned`]) and canonical
-/// on this architecture ([`Error::NonCanonical`], see [`Arch::va_bits`]).
+/// Checks that `va` is aligned to the architecture's base page
+/// ([`Error::Unaligned`], see [`Arch::base_page`]) and canonical on it
+/// ([`Error::NonCanonical`], see [`Arch::va_bits`]).
 pub fn check_va<A: Arch + ?Sized>(arch: &A, va: u64) -> Result<(), Error> {
     check_aligned(va)?;
+    if arch.base_page().align_down(va) != va {
+        return Err(Error::Unaligned { addr: va });
+    }
     if is_canonical(va, arch.va_bits()) {
         Ok(())
     } else {
@@ -24,15 +29,25 @@ pub fn check_va<A: Arch + ?Sized>(arch: &A, va: u64) -> Result<(), Error> {
     }
 }
 
-/// Checks that every page of `range` is canonical on this architecture and
-/// that the range does not cross the hole between the lower and the upper
-/// half of the address space ([`Error::NonCanonical`] naming the first
-/// address that is not).
+/// Checks that `range` is whole base pages of the architecture
+/// ([`Error::Unaligned`] for its start, [`Error::StrideUnaligned`] for its
+/// length, see [`Arch::base_page`]), that every page of it is canonical on
+/// the architecture and that the range does not cross the hole between the
+/// lower and the upper half of the address space ([`Error::NonCanonical`]
+/// naming the first address that is not).
 pub fn check_range<A: Arch + ?Sized>(arch: &A, range: PageRange) -> Result<(), Error> {
     let Some(last) = range.last() else {
         return Ok(());
     };
     check_va(arch, range.start())?;
+    let base = arch.base_page();
+    if !range.pages().is_multiple_of(base.base_pages()) {
+        return Err(Error::StrideUnaligned {
+            start: range.start(),
+            pages: range.pages(),
+            stride: base.bytes(),
+        });
+    }
     let bits = arch.va_bits();
     if bits >= 64 {
         // Every address exists: there is no hole to cross.
@@ -106,6 +121,21 @@ pub fn check_table_bounds<A: Arch + ?Sized>(
         (Some(_), None) => Err(Error::OutsideTableBounds { addr: range.start() }),
         _ => Ok(()),
     }
+}
+
+/// Checks the size a page table reports for the entry at `va`
+/// ([`PageTable::entry_size`](crate::PageTable::entry_size)) against the
+/// architecture's base page: [`Error::BelowBasePage`] when it is smaller.
+pub(crate) fn check_entry_size<A: Arch + ?Sized>(arch: &A, va: u64, size: PageSize) -> Result<(), Error> {
+    let base = arch.base_page();
+    if size < base {
+        return Err(Error::BelowBasePage {
+            va,
+            size: size.bytes(),
+            base: base.bytes(),
+        });
+    }
+    Ok(())
 }
 
 /// Checks that a user ASID fits the architecture's ASID width

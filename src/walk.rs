@@ -28,12 +28,16 @@ pub(crate) enum Step {
 /// [`PageTable::next_populated`] only for an answer inside `range` (any
 /// other answer falls back to `range.start()`, which skips nothing and
 /// always makes progress).
-fn next_populated<S: PageTable + ?Sized>(space: &S, range: PageRange) -> Option<u64> {
+///
+/// The answer is aligned down to `base`, the architecture's base page (an
+/// entry of a 16 or 64 KiB arm64 page is met at its first address, as a
+/// huge one is); `range` starts on a base page, so it stays inside.
+fn next_populated<S: PageTable + ?Sized>(space: &S, range: PageRange, base: PageSize) -> Option<u64> {
     if range.is_empty() {
         return None;
     }
     match space.next_populated(range) {
-        Some(va) if range.contains(va) => Some(va & !(PAGE_SIZE - 1)),
+        Some(va) if range.contains(va) => Some(base.align_down(va).max(range.start())),
         Some(_) => Some(range.start()),
         None => None,
     }
@@ -89,13 +93,21 @@ fn whole_in(range: PageRange, va: u64, size: PageSize) -> Option<u64> {
 /// range's first or last page (it starts before the range or ends after
 /// it), so asking for those two is enough, whatever the table's
 /// [`PageTable::check_range`] checks.
-pub(crate) fn check_huge_whole<S: PageTable + ?Sized>(space: &S, range: PageRange) -> Result<(), Error> {
+///
+/// Sizes below `base` (the architecture's base page) are left to the walk,
+/// which refuses such an entry where one is mapped
+/// ([`Error::BelowBasePage`]); a table may answer 4 KiB where nothing is.
+pub(crate) fn check_huge_whole<S: PageTable + ?Sized>(
+    space: &S,
+    range: PageRange,
+    base: PageSize,
+) -> Result<(), Error> {
     let Some(last) = range.last() else {
         return Ok(());
     };
     for va in [range.start(), last] {
         let size = space.entry_size(va);
-        if size.is_huge() && whole_in(range, size.align_down(va), size).is_none() {
+        if size.is_huge() && size >= base && whole_in(range, size.align_down(va), size).is_none() {
             return Err(partial(va, size));
         }
     }
@@ -108,8 +120,23 @@ pub(crate) fn check_huge_whole<S: PageTable + ?Sized>(space: &S, range: PageRang
 /// not lie wholly in `range` or is met elsewhere (the table changed after
 /// [`check_huge_whole`], or reports sizes inconsistently): it is never
 /// taken in part, nor skipped.
-fn entry_end<S: PageTable + ?Sized>(space: &S, range: PageRange, va: u64) -> Result<(u64, PageSize), Error> {
+///
+/// [`Error::BelowBasePage`] for an entry smaller than `base`, the
+/// architecture's base page.
+fn entry_end<S: PageTable + ?Sized>(
+    space: &S,
+    range: PageRange,
+    va: u64,
+    base: PageSize,
+) -> Result<(u64, PageSize), Error> {
     let size = space.entry_size(va);
+    if size < base {
+        return Err(Error::BelowBasePage {
+            va,
+            size: size.bytes(),
+            base: base.bytes(),
+        });
+    }
     if !size.is_huge() {
         return Ok((va, size));
     }
@@ -132,16 +159,17 @@ pub(crate) fn check_range_not_global<A: Arch, S: PageTable + ?Sized>(
     if space.tlb_state().is_kernel() && !arch.kernel_flush_needs_global() {
         return Ok(());
     }
-    let mut va = next_populated(space, range);
+    let base = arch.base_page();
+    let mut va = next_populated(space, range, base);
     while let Some(v) = va {
         let pte = space.lookup(v);
         check_not_global(arch, space, v, pte)?;
         let end = if pte == Pte::EMPTY {
             v
         } else {
-            entry_end(space, range, v)?.0
+            entry_end(space, range, v, base)?.0
         };
-        va = next_populated(space, range.after(end));
+        va = next_populated(space, range.after(end), base);
     }
     Ok(())
 }
@@ -175,7 +203,8 @@ where
 {
     let mm = space.tlb_state();
     let mut rest = range;
-    while let Some(first) = next_populated(space, rest) {
+    let base = arch.base_page();
+    while let Some(first) = next_populated(space, rest, base) {
         let table = rest.within_table_of(first).from_page(first);
         // The last page this table's walk took: past the table's end
         // after a huge entry larger than a table's span.
@@ -189,14 +218,14 @@ where
                     let pte = space.lookup(v);
                     let mut end = v;
                     if pte != Pte::EMPTY {
-                        let (last, size) = entry_end(space, range, v)?;
+                        let (last, size) = entry_end(space, range, v, base)?;
                         if let Step::Pause = visit(v, pte, size)? {
                             return Ok(Some(v));
                         }
                         end = last;
                         done = done.max(Some(last));
                     }
-                    va = next_populated(space, table.after(end));
+                    va = next_populated(space, table.after(end), base);
                 }
                 Ok(None)
             })();
@@ -274,12 +303,24 @@ mod tests {
         let s = space();
         let refused = Err(Error::HugePage { va: TWO, size: TWO });
         let range = |first: u64, pages: u64| PageRange::new(first, pages).unwrap();
-        assert_eq!(check_huge_whole(&s, range(TWO - PAGE_SIZE, 2)), refused);
-        assert_eq!(check_huge_whole(&s, range(TWO + PAGE_SIZE, 600)), refused);
-        assert_eq!(check_huge_whole(&s, range(TWO + 9 * PAGE_SIZE, 1)), refused);
-        assert_eq!(check_huge_whole(&s, range(TWO - PAGE_SIZE, 514)), Ok(()));
-        assert_eq!(check_huge_whole(&s, range(TWO, 512)), Ok(()));
-        assert_eq!(check_huge_whole(&s, PageRange::EMPTY), Ok(()));
+        assert_eq!(
+            check_huge_whole(&s, range(TWO - PAGE_SIZE, 2), PageSize::SIZE_4K),
+            refused
+        );
+        assert_eq!(
+            check_huge_whole(&s, range(TWO + PAGE_SIZE, 600), PageSize::SIZE_4K),
+            refused
+        );
+        assert_eq!(
+            check_huge_whole(&s, range(TWO + 9 * PAGE_SIZE, 1), PageSize::SIZE_4K),
+            refused
+        );
+        assert_eq!(
+            check_huge_whole(&s, range(TWO - PAGE_SIZE, 514), PageSize::SIZE_4K),
+            Ok(())
+        );
+        assert_eq!(check_huge_whole(&s, range(TWO, 512), PageSize::SIZE_4K), Ok(()));
+        assert_eq!(check_huge_whole(&s, PageRange::EMPTY, PageSize::SIZE_4K), Ok(()));
     }
 
     /// The read-only pass steps over a huge page whole: one entry, however
@@ -289,16 +330,16 @@ mod tests {
         let s = space();
         let all = PageRange::new(0, 3 * 512).unwrap();
         let mut met = 0;
-        let mut va = next_populated(&s, all);
+        let mut va = next_populated(&s, all, PageSize::SIZE_4K);
         while let Some(v) = va {
             let mut end = v;
             if s.lookup(v) != Pte::EMPTY {
-                let (last, size) = entry_end(&s, all, v).unwrap();
+                let (last, size) = entry_end(&s, all, v, PageSize::SIZE_4K).unwrap();
                 assert_eq!((v, size, last), (TWO, PageSize::SIZE_2M, 2 * TWO - PAGE_SIZE));
                 met += 1;
                 end = last;
             }
-            va = next_populated(&s, all.after(end));
+            va = next_populated(&s, all.after(end), PageSize::SIZE_4K);
         }
         assert_eq!(met, 1);
     }

@@ -1,5 +1,5 @@
 //! The aarch64 implementation of [`Arch`], for an ARMv8-A kernel running at
-//! EL1 with 4 KiB pages: `TLBI` by address, by ASID and for everything,
+//! EL1 with the 4, 16 or 64 KiB translation granule: `TLBI` by address, by ASID and for everything,
 //! broadcast to every CPU by the hardware (the `IS` forms) instead of by
 //! interrupts, ASIDs in TTBR0_EL1, and a CPU table keyed by MPIDR_EL1.
 //!
@@ -33,7 +33,10 @@
 //!
 //! What the kernel sets up, on every CPU, before the first crate call:
 //!
-//! - TCR_EL1: TG0 and TG1 select 4 KiB granules; T0SZ and T1SZ from 16 to
+//! - TCR_EL1: TG0 and TG1 select the same granule, 4, 16 or 64 KiB, one
+//!   the CPU implements (it is the crate's [`base_page`](Arch::base_page):
+//!   addresses and ranges are refused unless aligned to it, and every
+//!   range is flushed one `TLBI` per page of it); T0SZ and T1SZ from 16 to
 //!   39 (48- to 25-bit regions); A1 = 0, so the ASID comes from TTBR0 and
 //!   one register write changes root and ASID together; AS = 1 for 16-bit
 //!   ASIDs when ID_AA64MMFR0_EL1.ASIDBits says the CPU has them (8-bit
@@ -113,6 +116,16 @@
 //! next. `VALE1IS` would save the hardware some work for the leaf entries
 //! that reclaim clears, but a page flush does not say which kind it is
 //! ([`tlbi_vale1is`] is here for kernels that know).
+//!
+//! With FEAT_TTL ([`Config::with_level_hints`], which [`Config::detect`]
+//! reads from ID_AA64MMFR2_EL1), a page invalidation carries the level
+//! hint (operand bits \[47:44\]) when the crate knows the leaf entry it
+//! removes: a page or block of the granule whose size the page table
+//! reported ([`flush_local_page_sized`](Arch::flush_local_page_sized)),
+//! in a flush that frees no page table. Anything else (a range the kernel
+//! named, a freed table's span, a size that is no page or block of the
+//! granule) goes without one, since the Arm ARM lets a `TLBI` with a
+//! wrong hint invalidate nothing (see `aarch64_granule.rs`).
 //!
 //! Kernel pages ([`Asid::KERNEL`]) are invalidated in every ASID (`VAAE1`,
 //! `VMALLE1`): that reaches global entries, and non-global kernel entries
@@ -218,14 +231,17 @@ pub use super::aarch64_encoding::{
     MAX_REGION_BITS, MIN_REGION_BITS,
 };
 use super::aarch64_encoding::{needs_flush_on_load, ttbr0_asid};
+pub use super::aarch64_granule::{tlbi_va_operand_for, ttl_hint};
 pub use super::aarch64_instructions::{
-    dsb_ish, dsb_ishst, dsb_nsh, dsb_nshst, isb, read_id_aa64mmfr0_el1, read_mpidr_el1, read_tcr_el1,
-    read_ttbr0_el1, tlbi_aside1, tlbi_aside1is, tlbi_vaae1, tlbi_vaae1is, tlbi_vae1, tlbi_vae1is,
+    dsb_ish, dsb_ishst, dsb_nsh, dsb_nshst, isb, read_id_aa64mmfr0_el1, read_id_aa64mmfr2_el1,
+    read_mpidr_el1, read_tcr_el1, read_ttbr0_el1, tlbi_aside1, tlbi_aside1is, tlbi_vaae1, tlbi_vaae1_operand,
+    tlbi_vaae1is, tlbi_vaae1is_operand, tlbi_vae1, tlbi_vae1_operand, tlbi_vae1is, tlbi_vae1is_operand,
     tlbi_vale1is, tlbi_vmalle1, tlbi_vmalle1is, write_ttbr0_el1,
 };
 use super::aarch64_sequences::Tlbi;
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
+use crate::page_size::PageSize;
 use crate::percpu::TlbShootdown;
 use crate::Error;
 
@@ -460,7 +476,15 @@ unsafe impl Arch for Aarch64 {
     }
 
     fn flush_local_page(&self, asid: Asid, va: u64) {
-        self.local(self.page_op(asid, va, false));
+        self.local(self.page_op(asid, va, None, false));
+    }
+
+    fn flush_local_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        self.local(self.page_op(asid, va, leaf, false));
+    }
+
+    fn base_page(&self) -> PageSize {
+        self.config.granule()
     }
 
     fn flush_local_asid(&self, asid: Asid) {
@@ -497,7 +521,11 @@ unsafe impl Arch for Aarch64 {
     }
 
     fn broadcast_flush_page(&self, asid: Asid, va: u64) {
-        self.broadcast(self.page_op(asid, va, true));
+        self.broadcast(self.page_op(asid, va, None, true));
+    }
+
+    fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        self.broadcast(self.page_op(asid, va, leaf, true));
     }
 
     fn broadcast_flush_asid(&self, asid: Asid) {

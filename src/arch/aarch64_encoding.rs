@@ -13,7 +13,11 @@
 
 use core::fmt;
 
+use super::aarch64_granule::{
+    has_feat_ttl, implements, is_granule, tg0_granule, tg1_granule, TCR_TG0_SHIFT, TCR_TG1_SHIFT,
+};
 use crate::arch::Asid;
+use crate::page_size::PageSize;
 
 /// ID_AA64MMFR0_EL1.ASIDBits, bits \[7:4\]: how wide the CPU's ASIDs can be.
 const MMFR0_ASID_BITS_SHIFT: u32 = 4;
@@ -21,30 +25,19 @@ const MMFR0_ASID_BITS_SHIFT: u32 = 4;
 const MMFR0_ASID_8: u64 = 0b0000;
 /// ASIDBits value: 16-bit ASIDs are implemented (used when TCR_EL1.AS is 1).
 const MMFR0_ASID_16: u64 = 0b0010;
-/// ID_AA64MMFR0_EL1.TGran4, bits \[31:28\]: 0b1111 means the 4 KiB granule
-/// is not implemented (0b0000 and 0b0001 mean it is).
-const MMFR0_TGRAN4_SHIFT: u32 = 28;
-const MMFR0_TGRAN4_ABSENT: u64 = 0b1111;
 
 /// TCR_EL1.T0SZ, bits \[5:0\]: the TTBR0 (lower) region is `2^(64 - T0SZ)`
 /// bytes.
 const TCR_T0SZ_SHIFT: u32 = 0;
-/// TCR_EL1.TG0, bits \[15:14\]: TTBR0's granule; 0b00 is 4 KiB.
-const TCR_TG0_SHIFT: u32 = 14;
-const TCR_TG0_4K: u64 = 0b00;
 /// TCR_EL1.T1SZ, bits \[21:16\]: the TTBR1 (upper) region's size.
 const TCR_T1SZ_SHIFT: u32 = 16;
 /// TCR_EL1.A1, bit 22: 1 takes the ASID from TTBR1 instead of TTBR0.
 const TCR_A1: u64 = 1 << 22;
-/// TCR_EL1.TG1, bits \[31:30\]: TTBR1's granule; 0b10 is 4 KiB (TG1 does not
-/// encode granules the way TG0 does).
-const TCR_TG1_SHIFT: u32 = 30;
-const TCR_TG1_4K: u64 = 0b10;
 /// TCR_EL1.AS, bit 36: 1 makes the hardware use all 16 ASID bits.
 const TCR_AS: u64 = 1 << 36;
 
-/// The narrowest region (in address bits) a TxSZ may select with the 4 KiB
-/// granule without FEAT_TTST: TxSZ = 39.
+/// The narrowest region (in address bits) a TxSZ may select without
+/// FEAT_TTST, with any granule: TxSZ = 39.
 pub const MIN_REGION_BITS: u32 = 25;
 /// The widest region this crate supports: TxSZ = 16, 48-bit halves. Wider
 /// (52-bit) regions need FEAT_LPA2 and a `TLBI` operand that this crate
@@ -68,9 +61,11 @@ const MPIDR_AFF3_SHIFT: u32 = 32;
 /// [`Config`]'s constructors refuse).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unsupported {
-    /// TTBR0 or TTBR1 walks use a granule other than 4 KiB, or the CPU has
-    /// no 4 KiB granule: the crate's pages and `TLBI` operands are 4 KiB
-    /// ones.
+    /// TTBR0 and TTBR1 walks use different granules (the crate has one
+    /// base page), a TG0 or TG1 value is reserved, or the CPU does not
+    /// implement the granule (ID_AA64MMFR0_EL1.TGran4, TGran16, TGran64):
+    /// the hardware would then use an IMPLEMENTATION DEFINED one. Also a
+    /// size given to [`Config::with_granule`] that is not 4, 16 or 64 KiB.
     Granule,
     /// TCR_EL1.A1 is 1: the ASID comes from TTBR1, while this `Arch`
     /// switches address spaces by writing TTBR0 (root and ASID in one
@@ -93,7 +88,10 @@ pub enum Unsupported {
 impl fmt::Display for Unsupported {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Unsupported::Granule => write!(f, "translation granule is not 4 KiB"),
+            Unsupported::Granule => write!(
+                f,
+                "translation granules differ between TTBR0 and TTBR1, or are not 4, 16 or 64 KiB as implemented"
+            ),
             Unsupported::AsidInTtbr1 => write!(f, "TCR_EL1.A1 takes the ASID from TTBR1"),
             Unsupported::AsidBits { bits } => write!(f, "ASID width {bits} is neither 8 nor 16 bits"),
             Unsupported::RegionBits { bits } => write!(
@@ -105,13 +103,16 @@ impl fmt::Display for Unsupported {
 }
 
 /// What the aarch64 `Arch` needs to know about the MMU setup: ASID width,
-/// address-region width, and whether every `TLBI` must be issued twice (a
-/// CPU erratum). Built from the system registers or from values the
-/// kernel gives, and checked either way.
+/// address-region width, translation granule (the base page), whether
+/// `TLBI`s may carry the FEAT_TTL level hint, and whether every `TLBI`
+/// must be issued twice (a CPU erratum). Built from the system registers
+/// or from values the kernel gives, and checked either way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Config {
     asid_bits: u32,
     region_bits: u32,
+    granule: PageSize,
+    level_hints: bool,
     repeat_tlbi: bool,
 }
 
@@ -128,7 +129,8 @@ impl Config {
     /// A setup the kernel describes itself: `asid_bits` (8, or 16 when it
     /// sets TCR_EL1.AS on a CPU whose ID_AA64MMFR0_EL1 allows it) and
     /// `region_bits`, the width of the wider of the two address regions
-    /// (64 - TxSZ, 25 to 48).
+    /// (64 - TxSZ, 25 to 48); the 4 KiB granule ([`with_granule`](Self::with_granule)
+    /// for another) and no level hints ([`with_level_hints`](Self::with_level_hints)).
     ///
     /// Errors: [`Unsupported::AsidBits`], [`Unsupported::RegionBits`].
     pub const fn new(asid_bits: u32, region_bits: u32) -> Result<Config, Unsupported> {
@@ -141,26 +143,33 @@ impl Config {
         Ok(Config {
             asid_bits,
             region_bits,
+            granule: PageSize::SIZE_4K,
+            level_hints: false,
             repeat_tlbi: false,
         })
     }
 
     /// The setup that the values of ID_AA64MMFR0_EL1 (`mmfr0`) and TCR_EL1
     /// (`tcr`) describe: 16-bit ASIDs when the CPU has them and TCR_EL1.AS
-    /// turns them on, 8-bit ones otherwise; the wider of the two regions.
+    /// turns them on, 8-bit ones otherwise; the wider of the two regions;
+    /// the granule TG0 and TG1 select (4, 16 or 64 KiB, the same for
+    /// both); no level hints ([`with_level_hints`](Self::with_level_hints)
+    /// adds them from ID_AA64MMFR2_EL1; [`detect`](Self::detect) reads all
+    /// three registers).
     ///
-    /// Errors: [`Unsupported::Granule`] unless both TG0 and TG1 select 4
-    /// KiB and the CPU implements it; [`Unsupported::AsidInTtbr1`] when
-    /// TCR_EL1.A1 is set; [`Unsupported::AsidBits`] for a reserved
-    /// ASIDBits value; [`Unsupported::RegionBits`] when T0SZ or T1SZ is
-    /// outside 16 to 39.
+    /// Errors: [`Unsupported::Granule`] when TG0 and TG1 select different
+    /// granules, either value is reserved, or the CPU does not implement
+    /// the granule; [`Unsupported::AsidInTtbr1`] when TCR_EL1.A1 is set;
+    /// [`Unsupported::AsidBits`] for a reserved ASIDBits value;
+    /// [`Unsupported::RegionBits`] when T0SZ or T1SZ is outside 16 to 39.
     pub const fn from_registers(mmfr0: u64, tcr: u64) -> Result<Config, Unsupported> {
-        if field(mmfr0, MMFR0_TGRAN4_SHIFT, 4) == MMFR0_TGRAN4_ABSENT
-            || field(tcr, TCR_TG0_SHIFT, 2) != TCR_TG0_4K
-            || field(tcr, TCR_TG1_SHIFT, 2) != TCR_TG1_4K
-        {
-            return Err(Unsupported::Granule);
-        }
+        let granule = match (
+            tg0_granule(field(tcr, TCR_TG0_SHIFT, 2)),
+            tg1_granule(field(tcr, TCR_TG1_SHIFT, 2)),
+        ) {
+            (Some(lower), Some(upper)) if lower.shift() == upper.shift() && implements(mmfr0, lower) => lower,
+            _ => return Err(Unsupported::Granule),
+        };
         if tcr & TCR_A1 != 0 {
             return Err(Unsupported::AsidInTtbr1);
         }
@@ -186,6 +195,8 @@ impl Config {
         Ok(Config {
             asid_bits,
             region_bits,
+            granule,
+            level_hints: false,
             repeat_tlbi: false,
         })
     }
@@ -201,6 +212,41 @@ impl Config {
             repeat_tlbi: true,
             ..self
         }
+    }
+
+    /// The same setup with the `granule` (4, 16 or 64 KiB) that TCR_EL1's
+    /// TG0 and TG1 both select, as the kernel set them on a CPU that
+    /// implements it. Errors: [`Unsupported::Granule`] for any other size.
+    pub const fn with_granule(self, granule: PageSize) -> Result<Config, Unsupported> {
+        if !is_granule(granule) {
+            return Err(Unsupported::Granule);
+        }
+        Ok(Config { granule, ..self })
+    }
+
+    /// The same setup, with the FEAT_TTL level hint in page invalidations
+    /// when ID_AA64MMFR2_EL1 (`mmfr2`) says every CPU has it (its TTL
+    /// field, bits \[51:48\], is not 0; pass the value common to all CPUs,
+    /// or 0). A hint is given only where the crate knows the leaf entry's
+    /// size (see `aarch64_granule`); without FEAT_TTL the field is RES0
+    /// and the operand keeps it zero.
+    #[must_use]
+    pub const fn with_level_hints(self, mmfr2: u64) -> Config {
+        Config {
+            level_hints: has_feat_ttl(mmfr2),
+            ..self
+        }
+    }
+
+    /// The translation granule, which is the base page
+    /// ([`Arch::base_page`](crate::Arch::base_page)).
+    pub const fn granule(&self) -> PageSize {
+        self.granule
+    }
+
+    /// Whether page invalidations carry the FEAT_TTL level hint.
+    pub const fn level_hints(&self) -> bool {
+        self.level_hints
     }
 
     /// How many bits the hardware's ASIDs have: 8 or 16.
@@ -229,8 +275,11 @@ impl Config {
 }
 
 /// The operand of a by-address `TLBI` (`VAE1`, `VALE1`, `VAAE1`, their
-/// `IS` forms) with the 4 KiB granule: the ASID in bits \[63:48\], no level
-/// hint in bits \[47:44\] (TTL 0: any level), and VA\[55:12\] in bits \[43:0\].
+/// `IS` forms) with no level hint: the ASID in bits \[63:48\], TTL 0 in
+/// bits \[47:44\] (any level), and VA\[55:12\] in bits \[43:0\], right for
+/// every granule when `va` is aligned to it (the bits below a 16 or 64 KiB
+/// granule are RES0: [`tlbi_va_operand_for`](super::aarch64_granule::tlbi_va_operand_for)
+/// clears them, and adds a hint).
 /// Bits 63 to 56 of `va` (a pointer tag, or the upper region's ones) are
 /// not part of it; bit 55 tells the regions apart. The all-ASID forms
 /// ignore the ASID field (it is RES0 there: pass 0).
@@ -324,7 +373,7 @@ mod tests {
 
     /// A TCR_EL1 value: 4 KiB granules both sides, the given sizes, AS.
     fn tcr(t0sz: u64, t1sz: u64, as16: bool) -> u64 {
-        t0sz | (t1sz << TCR_T1SZ_SHIFT) | (TCR_TG1_4K << TCR_TG1_SHIFT) | if as16 { TCR_AS } else { 0 }
+        t0sz | (t1sz << TCR_T1SZ_SHIFT) | (0b10 << TCR_TG1_SHIFT) | if as16 { TCR_AS } else { 0 }
     }
 
     const MMFR0_16: u64 = MMFR0_ASID_16 << MMFR0_ASID_BITS_SHIFT;
@@ -378,31 +427,66 @@ mod tests {
     }
 
     #[test]
-    fn only_4k_granules_and_ttbr0_asids_are_served() {
+    fn the_granule_both_halves_select_is_the_base_page() {
         let good = tcr(16, 16, true);
-        // TG0 = 64 KiB (0b01) or 16 KiB (0b10).
-        for tg0 in [0b01u64, 0b10] {
-            assert_eq!(
-                Config::from_registers(MMFR0_16, good | (tg0 << TCR_TG0_SHIFT)),
-                Err(Unsupported::Granule)
-            );
-        }
-        // TG1 = 16 KiB (0b01), 64 KiB (0b11), reserved (0b00).
-        for tg1 in [0b01u64, 0b11, 0b00] {
-            let v = (good & !(0b11 << TCR_TG1_SHIFT)) | (tg1 << TCR_TG1_SHIFT);
-            assert_eq!(Config::from_registers(MMFR0_16, v), Err(Unsupported::Granule));
-        }
-        // The CPU lacks the 4 KiB granule.
+        let with = |tg0: u64, tg1: u64| {
+            (good & !(0b11 << TCR_TG0_SHIFT) & !(0b11 << TCR_TG1_SHIFT))
+                | (tg0 << TCR_TG0_SHIFT)
+                | (tg1 << TCR_TG1_SHIFT)
+        };
+        let granule = |mmfr0: u64, tcr: u64| Config::from_registers(mmfr0, tcr).map(|c| c.granule());
+        let tgran16 = 0b0001 << 20;
+        assert_eq!(granule(MMFR0_16, good), Ok(PageSize::SIZE_4K));
+        // 64 KiB: TG0 0b01, TG1 0b11; implemented unless TGran64 = 0b1111.
+        assert_eq!(granule(MMFR0_16, with(0b01, 0b11)), Ok(PageSize::SIZE_64K));
         assert_eq!(
-            Config::from_registers(MMFR0_16 | (0b1111 << MMFR0_TGRAN4_SHIFT), good),
+            granule(MMFR0_16 | (0b1111 << 24), with(0b01, 0b11)),
             Err(Unsupported::Granule)
         );
-        // 4 KiB with 52-bit support (TGran4 = 0b0001) is still 4 KiB.
-        assert!(Config::from_registers(MMFR0_16 | (0b0001 << MMFR0_TGRAN4_SHIFT), good).is_ok());
+        // 16 KiB: TG0 0b10, TG1 0b01; only where TGran16 says so.
+        assert_eq!(granule(MMFR0_16, with(0b10, 0b01)), Err(Unsupported::Granule));
+        assert_eq!(
+            granule(MMFR0_16 | tgran16, with(0b10, 0b01)),
+            Ok(PageSize::SIZE_16K)
+        );
+        // Mixed granules (each valid alone) and reserved values.
+        for (tg0, tg1) in [
+            (0b00, 0b11),
+            (0b01, 0b10),
+            (0b10, 0b10),
+            (0b11, 0b10),
+            (0b00, 0b00),
+        ] {
+            assert_eq!(
+                granule(MMFR0_16 | tgran16, with(tg0, tg1)),
+                Err(Unsupported::Granule),
+                "TG0 {tg0:#b} TG1 {tg1:#b}"
+            );
+        }
+        // The CPU lacks the 4 KiB granule; 4 KiB with 52-bit support is 4 KiB.
+        assert_eq!(
+            granule(MMFR0_16 | (0b1111 << 28), good),
+            Err(Unsupported::Granule)
+        );
+        assert_eq!(granule(MMFR0_16 | (0b0001 << 28), good), Ok(PageSize::SIZE_4K));
         assert_eq!(
             Config::from_registers(MMFR0_16, good | TCR_A1),
             Err(Unsupported::AsidInTtbr1)
         );
+    }
+
+    #[test]
+    fn a_given_granule_and_the_level_hints_are_checked() {
+        let c = Config::new(16, 48).unwrap();
+        assert_eq!(c.granule(), PageSize::SIZE_4K);
+        assert!(!c.level_hints());
+        assert_eq!(
+            c.with_granule(PageSize::SIZE_64K).map(|c| c.granule()),
+            Ok(PageSize::SIZE_64K)
+        );
+        assert_eq!(c.with_granule(PageSize::SIZE_2M), Err(Unsupported::Granule));
+        assert!(c.with_level_hints(0b0001 << 48).level_hints());
+        assert!(!c.with_level_hints(!(0xf << 48)).level_hints());
     }
 
     #[test]
@@ -496,10 +580,7 @@ mod tests {
     #[test]
     fn refusals_say_what_was_refused() {
         use std::string::ToString;
-        assert_eq!(
-            Unsupported::Granule.to_string(),
-            "translation granule is not 4 KiB"
-        );
+        assert!(Unsupported::Granule.to_string().contains("granules"));
         assert!(Unsupported::AsidBits { bits: 12 }.to_string().contains("12"));
         assert!(Unsupported::RegionBits { bits: 52 }.to_string().contains("52"));
         assert!(Unsupported::AsidInTtbr1.to_string().contains("TTBR1"));

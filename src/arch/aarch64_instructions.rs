@@ -133,6 +133,56 @@ pub unsafe fn tlbi_vmalle1() {
     unsafe { asm!("tlbi vmalle1", options(nostack, preserves_flags)) };
 }
 
+/// `TLBI VAE1IS` with an operand built by the caller
+/// ([`tlbi_va_operand_for`](super::aarch64::tlbi_va_operand_for): the ASID,
+/// a FEAT_TTL level hint, VA\[55:12\]).
+///
+/// # Safety
+///
+/// EL1 or higher (see [`tlbi_vae1is`]); a non-zero TTL only on a CPU with
+/// FEAT_TTL and only the right one for the entry (a wrong one may leave it
+/// cached: see `aarch64_granule`).
+#[inline]
+pub unsafe fn tlbi_vae1is_operand(operand: u64) {
+    // SAFETY: the caller runs at EL1 or higher and vouches for the hint; a
+    // TLBI only drops cached translations.
+    unsafe { asm!("tlbi vae1is, {}", in(reg) operand, options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VAAE1IS` with an operand built by the caller (ASID field 0).
+///
+/// # Safety
+///
+/// As for [`tlbi_vae1is_operand`].
+#[inline]
+pub unsafe fn tlbi_vaae1is_operand(operand: u64) {
+    // SAFETY: as for `tlbi_vae1is_operand`.
+    unsafe { asm!("tlbi vaae1is, {}", in(reg) operand, options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VAE1` (this CPU only) with an operand built by the caller.
+///
+/// # Safety
+///
+/// As for [`tlbi_vae1is_operand`].
+#[inline]
+pub unsafe fn tlbi_vae1_operand(operand: u64) {
+    // SAFETY: as for `tlbi_vae1is_operand`.
+    unsafe { asm!("tlbi vae1, {}", in(reg) operand, options(nostack, preserves_flags)) };
+}
+
+/// `TLBI VAAE1` (this CPU only) with an operand built by the caller (ASID
+/// field 0).
+///
+/// # Safety
+///
+/// As for [`tlbi_vae1is_operand`].
+#[inline]
+pub unsafe fn tlbi_vaae1_operand(operand: u64) {
+    // SAFETY: as for `tlbi_vae1is_operand`.
+    unsafe { asm!("tlbi vaae1, {}", in(reg) operand, options(nostack, preserves_flags)) };
+}
+
 /// `DSB ISH`: waits until every earlier memory access of this CPU is
 /// complete for the Inner Shareable domain, and every earlier broadcast
 /// `TLBI` has taken effect on every CPU of it.
@@ -187,6 +237,23 @@ pub unsafe fn read_id_aa64mmfr0_el1() -> u64 {
     // SAFETY: the caller runs at EL1 or higher; reading an ID register has
     // no side effect.
     unsafe { asm!("mrs {}, id_aa64mmfr0_el1", out(reg) value, options(nomem, nostack, preserves_flags)) };
+    value
+}
+
+/// Reads ID_AA64MMFR2_EL1 (among its fields TTL, FEAT_TTL's level hints).
+/// On a CPU older than ARMv8.2 the register is an unallocated ID register,
+/// which reads as zero (Arm ARM, D19, "the ID register encoding space").
+///
+/// # Safety
+///
+/// EL1 or higher (an EL0 read traps).
+#[inline]
+pub unsafe fn read_id_aa64mmfr2_el1() -> u64 {
+    let value: u64;
+    // SAFETY: the caller runs at EL1 or higher; reading an ID register has
+    // no side effect. Named by its encoding (S3_0_C0_C7_2), which every
+    // assembler takes.
+    unsafe { asm!("mrs {}, s3_0_c0_c7_2", out(reg) value, options(nomem, nostack, preserves_flags)) };
     value
 }
 
@@ -252,16 +319,20 @@ pub unsafe fn read_ttbr0_el1() -> u64 {
 }
 
 impl Config {
-    /// Reads this CPU's ID_AA64MMFR0_EL1 and TCR_EL1 and checks them
-    /// ([`from_registers`](Self::from_registers)). Call it once the MMU
-    /// is set up; every CPU must have the same setup.
+    /// Reads this CPU's ID_AA64MMFR0_EL1, ID_AA64MMFR2_EL1 and TCR_EL1
+    /// and checks them ([`from_registers`](Self::from_registers), then
+    /// [`with_level_hints`](Self::with_level_hints)). Call it once the MMU
+    /// is set up; every CPU must have the same setup, and FEAT_TTL if this
+    /// one has it (on a system whose CPUs differ, build the `Config` from
+    /// the values common to all).
     ///
     /// # Safety
     ///
     /// EL1 (see [`read_tcr_el1`]).
     pub unsafe fn detect() -> Result<Config, Unsupported> {
         // SAFETY: the caller runs at EL1.
-        let (mmfr0, tcr) = unsafe { (read_id_aa64mmfr0_el1(), read_tcr_el1()) };
-        Config::from_registers(mmfr0, tcr)
+        let (mmfr0, mmfr2, tcr) =
+            unsafe { (read_id_aa64mmfr0_el1(), read_id_aa64mmfr2_el1(), read_tcr_el1()) };
+        Ok(Config::from_registers(mmfr0, tcr)?.with_level_hints(mmfr2))
     }
 }

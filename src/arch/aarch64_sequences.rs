@@ -6,21 +6,24 @@
 
 use super::aarch64::Aarch64;
 use super::aarch64_encoding::{tlbi_scope, TlbiScope};
+use super::aarch64_granule::{tlbi_va_operand_for, ttl_hint};
 use super::aarch64_instructions::{
-    dsb_ish, dsb_ishst, dsb_nsh, dsb_nshst, isb, tlbi_aside1, tlbi_aside1is, tlbi_vaae1, tlbi_vaae1is,
-    tlbi_vae1, tlbi_vae1is, tlbi_vmalle1, tlbi_vmalle1is,
+    dsb_ish, dsb_ishst, dsb_nsh, dsb_nshst, isb, tlbi_aside1, tlbi_aside1is, tlbi_vaae1_operand,
+    tlbi_vaae1is_operand, tlbi_vae1_operand, tlbi_vae1is_operand, tlbi_vmalle1, tlbi_vmalle1is,
 };
 use crate::arch::Asid;
+use crate::page_size::PageSize;
 
 /// One `TLBI`, as [`Aarch64`] issues it (once, or twice on CPUs with
-/// repeat-TLBI errata).
+/// repeat-TLBI errata). The by-address forms carry their whole operand
+/// (ASID, level hint, address).
 #[derive(Clone, Copy)]
 pub(super) enum Tlbi {
-    Vae1(u16, u64),
+    Vae1(u64),
     Vaae1(u64),
     Aside1(u16),
     Vmalle1,
-    Vae1is(u16, u64),
+    Vae1is(u64),
     Vaae1is(u64),
     Aside1is(u16),
     Vmalle1is,
@@ -33,15 +36,17 @@ impl Aarch64 {
     fn tlbi(&self, op: Tlbi) {
         let issue = |op: Tlbi| {
             // SAFETY: EL1 (constructor contract); every operand comes from
-            // the checked encodings of `aarch64_encoding`.
+            // the checked encodings of `aarch64_encoding` and
+            // `aarch64_granule`, with a level hint only where `page_op`
+            // allows one.
             unsafe {
                 match op {
-                    Tlbi::Vae1(asid, va) => tlbi_vae1(asid, va),
-                    Tlbi::Vaae1(va) => tlbi_vaae1(va),
+                    Tlbi::Vae1(op) => tlbi_vae1_operand(op),
+                    Tlbi::Vaae1(op) => tlbi_vaae1_operand(op),
                     Tlbi::Aside1(asid) => tlbi_aside1(asid),
                     Tlbi::Vmalle1 => tlbi_vmalle1(),
-                    Tlbi::Vae1is(asid, va) => tlbi_vae1is(asid, va),
-                    Tlbi::Vaae1is(va) => tlbi_vaae1is(va),
+                    Tlbi::Vae1is(op) => tlbi_vae1is_operand(op),
+                    Tlbi::Vaae1is(op) => tlbi_vaae1is_operand(op),
                     Tlbi::Aside1is(asid) => tlbi_aside1is(asid),
                     Tlbi::Vmalle1is => tlbi_vmalle1is(),
                 }
@@ -80,12 +85,23 @@ impl Aarch64 {
         self.tlbi(op);
     }
 
-    pub(super) fn page_op(&self, asid: Asid, va: u64, broadcast: bool) -> Tlbi {
+    /// The invalidation of the page at `va` of `asid`. With `leaf` (the
+    /// size of the one leaf entry that mapped it, as the crate learned it
+    /// from the page table, and no table freed on its way) and FEAT_TTL,
+    /// the operand carries the level hint for that size when it is a page
+    /// or block of the granule; otherwise none, since a wrong hint lets
+    /// the hardware keep the entry (see `aarch64_granule`).
+    pub(super) fn page_op(&self, asid: Asid, va: u64, leaf: Option<PageSize>, broadcast: bool) -> Tlbi {
+        let granule = self.config.granule();
+        let ttl = match leaf {
+            Some(size) if self.config.level_hints() => ttl_hint(granule, size),
+            _ => 0,
+        };
         match (tlbi_scope(asid, self.config.asid_bits()), broadcast) {
-            (TlbiScope::Asid(hw), false) => Tlbi::Vae1(hw, va),
-            (TlbiScope::Asid(hw), true) => Tlbi::Vae1is(hw, va),
-            (TlbiScope::AllAsids, false) => Tlbi::Vaae1(va),
-            (TlbiScope::AllAsids, true) => Tlbi::Vaae1is(va),
+            (TlbiScope::Asid(hw), false) => Tlbi::Vae1(tlbi_va_operand_for(hw, va, granule, ttl)),
+            (TlbiScope::Asid(hw), true) => Tlbi::Vae1is(tlbi_va_operand_for(hw, va, granule, ttl)),
+            (TlbiScope::AllAsids, false) => Tlbi::Vaae1(tlbi_va_operand_for(0, va, granule, ttl)),
+            (TlbiScope::AllAsids, true) => Tlbi::Vaae1is(tlbi_va_operand_for(0, va, granule, ttl)),
         }
     }
 

@@ -117,6 +117,7 @@ pub use crate::sim::*;
 
 use crate::arch::{Arch, Asid};
 use crate::cpuset::{CpuId, CpuSet};
+use crate::page_size::PageSize;
 use crate::percpu::TlbShootdown;
 use crate::pte::PAGE_SHIFT;
 use crate::request::FlushRequest;
@@ -177,31 +178,15 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     }
 
     fn flush_local_page(&self, asid: Asid, va: u64) {
-        let m = self.machine;
-        m.charge(self.id, CostKind::Invlpg, m.config.cost.invlpg);
-        self.flush_delay();
-        let vpn = va >> PAGE_SHIFT;
-        let current = lock(&self.state().loaded).map(|(a, _)| a);
-        let mut tlb = lock(&self.state().tlb);
-        // INVLPG takes every walk-cache entry of the loaded ASID on x86; a
-        // local TLBI VAE1 those on the way to the page.
-        let invlpg = if M::PAGE_FLUSH_DROPS_ASID_WALKS {
-            WalkFlush::WholeAsid
-        } else {
-            WalkFlush::Covering
-        };
-        if asid.is_kernel() {
-            // INVLPG: the current ASID's entry and a global one, nothing of
-            // the other ASIDs a tagged TLB keeps.
-            tlb.invalidate_va(current.unwrap_or(Asid::KERNEL), vpn, true, invlpg);
-        } else if current == Some(asid) || !m.config.tagged_tlb {
-            tlb.invalidate_va(asid, vpn, true, invlpg);
-        } else {
-            // INVPCID by address in an ASID that is not loaded: global
-            // entries stay, and only the walk-cache entries on the way to
-            // the page go (see `Tlb::invalidate_va`).
-            tlb.invalidate_va(asid, vpn, false, WalkFlush::Covering);
-        }
+        self.flush_page_hinted(asid, va, None);
+    }
+
+    fn flush_local_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        self.flush_page_hinted(asid, va, leaf.filter(|_| self.machine.config.level_hints));
+    }
+
+    fn base_page(&self) -> PageSize {
+        self.machine.config.base_page
     }
 
     fn flush_local_asid(&self, asid: Asid) {
@@ -219,6 +204,87 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
     }
 
     fn send_flush_ipi(&self, targets: &CpuSet) {
+        self.send_ipis(targets);
+    }
+
+    unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
+        self.switch_root(asid, root);
+    }
+
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        self.broadcast(BroadcastOp::Page(asid, va >> PAGE_SHIFT, None));
+    }
+
+    fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        let leaf = leaf.filter(|_| self.machine.config.level_hints);
+        self.broadcast(BroadcastOp::Page(asid, va >> PAGE_SHIFT, leaf));
+    }
+
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.broadcast(BroadcastOp::Asid(asid));
+    }
+
+    fn broadcast_flush_all(&self, include_global: bool) {
+        self.broadcast(BroadcastOp::All(include_global));
+    }
+
+    fn prefer_broadcast(&self, remote_cpus: usize, _request: &FlushRequest) -> bool {
+        remote_cpus >= self.machine.config.broadcast_min_remote
+    }
+
+    fn broadcast_sync(&self) {
+        self.sync_broadcasts();
+    }
+
+    fn relax(&self) {
+        if !self.poll_interrupts() {
+            if self.machine.config.delivery == Delivery::Threaded {
+                std::thread::yield_now();
+            } else {
+                core::hint::spin_loop();
+            }
+        }
+    }
+
+    fn trace(&self, event: &TraceEvent) {
+        if self.machine.tracing.load(Ordering::Relaxed) {
+            lock(&self.machine.trace_log).push(*event);
+        }
+    }
+}
+
+impl<M: Model> MockCpu<'_, M> {
+    /// A local page invalidation, honouring `leaf` as a level hint (see
+    /// [`MockConfig::level_hints`]; the caller filtered it).
+    fn flush_page_hinted(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        let m = self.machine;
+        m.charge(self.id, CostKind::Invlpg, m.config.cost.invlpg);
+        self.flush_delay();
+        let vpn = va >> PAGE_SHIFT;
+        let current = lock(&self.state().loaded).map(|(a, _)| a);
+        let mut tlb = lock(&self.state().tlb);
+        // INVLPG takes every walk-cache entry of the loaded ASID on x86; a
+        // local TLBI VAE1 those on the way to the page.
+        let invlpg = if M::PAGE_FLUSH_DROPS_ASID_WALKS {
+            WalkFlush::WholeAsid
+        } else {
+            WalkFlush::Covering
+        };
+        if asid.is_kernel() {
+            // INVLPG: the current ASID's entry and a global one, nothing of
+            // the other ASIDs a tagged TLB keeps.
+            tlb.invalidate_va_hinted(current.unwrap_or(Asid::KERNEL), vpn, true, invlpg, leaf);
+        } else if current == Some(asid) || !m.config.tagged_tlb {
+            tlb.invalidate_va_hinted(asid, vpn, true, invlpg, leaf);
+        } else {
+            // INVPCID by address in an ASID that is not loaded: global
+            // entries stay, and only the walk-cache entries on the way to
+            // the page go (see `Tlb::invalidate_va`).
+            tlb.invalidate_va_hinted(asid, vpn, false, WalkFlush::Covering, leaf);
+        }
+    }
+
+    fn send_ipis(&self, targets: &CpuSet) {
         let m = self.machine;
         for t in targets.iter() {
             if t.index() >= m.cpus.len() || !m.is_online(t) {
@@ -237,7 +303,7 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
         }
     }
 
-    unsafe fn switch_address_space(&self, asid: Asid, root: u64) {
+    fn switch_root(&self, asid: Asid, root: u64) {
         {
             // Not inside a free's judgement, which asks what is loaded.
             let _transition = self.machine.transition();
@@ -258,23 +324,7 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
         self.machine.run_switch_hook(self);
     }
 
-    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
-        self.broadcast(BroadcastOp::Page(asid, va >> PAGE_SHIFT));
-    }
-
-    fn broadcast_flush_asid(&self, asid: Asid) {
-        self.broadcast(BroadcastOp::Asid(asid));
-    }
-
-    fn broadcast_flush_all(&self, include_global: bool) {
-        self.broadcast(BroadcastOp::All(include_global));
-    }
-
-    fn prefer_broadcast(&self, remote_cpus: usize, _request: &FlushRequest) -> bool {
-        remote_cpus >= self.machine.config.broadcast_min_remote
-    }
-
-    fn broadcast_sync(&self) {
+    fn sync_broadcasts(&self) {
         let m = self.machine;
         m.charge(self.id, CostKind::Broadcast, m.config.cost.broadcast_sync);
         let mine: Vec<BroadcastOp> = {
@@ -289,28 +339,16 @@ unsafe impl<M: Model> Arch for MockCpu<'_, M> {
                 match *op {
                     // By ASID and address, global entries included (TLBI
                     // VAE1IS); the kernel's pages in every ASID (VAAE1IS).
-                    BroadcastOp::Page(asid, vpn) if asid.is_kernel() => tlb.invalidate_va_all_asids(vpn),
-                    BroadcastOp::Page(asid, vpn) => tlb.invalidate_va(asid, vpn, true, WalkFlush::Covering),
+                    BroadcastOp::Page(asid, vpn, leaf) if asid.is_kernel() => {
+                        tlb.invalidate_va_all_asids_hinted(vpn, leaf)
+                    }
+                    BroadcastOp::Page(asid, vpn, leaf) => {
+                        tlb.invalidate_va_hinted(asid, vpn, true, WalkFlush::Covering, leaf)
+                    }
                     BroadcastOp::Asid(asid) => tlb.invalidate_asid(asid),
                     BroadcastOp::All(g) => tlb.invalidate_all(g),
                 }
             }
-        }
-    }
-
-    fn relax(&self) {
-        if !self.poll_interrupts() {
-            if self.machine.config.delivery == Delivery::Threaded {
-                std::thread::yield_now();
-            } else {
-                core::hint::spin_loop();
-            }
-        }
-    }
-
-    fn trace(&self, event: &TraceEvent) {
-        if self.machine.tracing.load(Ordering::Relaxed) {
-            lock(&self.machine.trace_log).push(*event);
         }
     }
 }

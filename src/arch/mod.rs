@@ -48,6 +48,9 @@ mod aarch64_sequences;
 // The CPU table both hardware `Arch`es wrap.
 #[cfg(all(not(all(test, loom)), any(test, target_arch = "aarch64")))]
 mod aarch64_encoding;
+// Its granule: pages, blocks, and the TLBI operand's level hint.
+#[cfg(all(not(all(test, loom)), any(test, target_arch = "aarch64")))]
+mod aarch64_granule;
 #[cfg(all(
     not(all(test, loom)),
     any(test, target_arch = "x86_64", target_arch = "aarch64")
@@ -56,6 +59,7 @@ mod cpu_registry;
 
 pub use crate::asid::Asid;
 use crate::cpuset::{CpuId, CpuSet};
+use crate::page_size::PageSize;
 use crate::percpu::TlbShootdown;
 use crate::request::FlushRequest;
 use crate::stats::TraceEvent;
@@ -313,6 +317,48 @@ pub unsafe trait Arch {
     /// freed kernel page, and be used when that ASID is loaded again.
     fn flush_local_page(&self, asid: Asid, va: u64);
 
+    /// [`flush_local_page`](Arch::flush_local_page), told what the crate
+    /// knows of the entry it removes: `leaf` is the size of the one leaf
+    /// entry that mapped the page (as [`PageTable::entry_size`](crate::PageTable::entry_size)
+    /// reported it when the crate changed it), given only when the crate
+    /// learned that size from the table and no page table on the way to
+    /// the page is freed under this flush; `None` says nothing (the entry
+    /// may be of any size, and walk-cache entries for the address must go
+    /// too). The crate's own flushes call this method, once per page of a
+    /// [`FlushRange`](crate::FlushRange), on the CPU that serves the
+    /// request.
+    ///
+    /// An implementation may use `leaf` as a hint to the hardware (arm64's
+    /// FEAT_TTL level hint: the crate's `Aarch64` does when the CPU has
+    /// it), or ignore it. The default ignores it and calls
+    /// [`flush_local_page`](Arch::flush_local_page), so `Arch`es written
+    /// before this method need no change.
+    fn flush_local_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        let _ = leaf;
+        self.flush_local_page(asid, va);
+    }
+
+    /// The smallest page the architecture's page tables map, as the
+    /// kernel configured them: 4 KiB on x86_64; 4, 16 or 64 KiB on arm64
+    /// (TCR_EL1's granule). The default is 4 KiB.
+    ///
+    /// The crate still counts addresses, ranges and [`Frame`](crate::Frame)s
+    /// in 4 KiB units ([`PAGE_SIZE`](crate::PAGE_SIZE)); a larger base page
+    /// is taken whole, as a huge page is: its one entry at its first
+    /// address, one invalidation for it. So every entry point refuses, before
+    /// anything changes, an address that is not aligned to it
+    /// ([`Error::Unaligned`](crate::Error::Unaligned)), a range that is not
+    /// whole base pages ([`Error::StrideUnaligned`](crate::Error::StrideUnaligned)),
+    /// and an entry whose [`PageTable::entry_size`](crate::PageTable::entry_size)
+    /// is smaller ([`Error::BelowBasePage`](crate::Error::BelowBasePage));
+    /// ranges are flushed at this stride, and the full-flush ceiling
+    /// counts base pages. The answer must be a power of two from 4 KiB to
+    /// 512 GiB (what [`PageSize`] holds), the same on every CPU, and never
+    /// change.
+    fn base_page(&self) -> PageSize {
+        PageSize::SIZE_4K
+    }
+
     /// Invalidates this CPU's non-global entries of `asid`.
     fn flush_local_asid(&self, asid: Asid);
 
@@ -348,6 +394,15 @@ pub unsafe trait Arch {
     /// must go.
     fn broadcast_flush_page(&self, asid: Asid, va: u64) {
         let _ = (asid, va);
+    }
+
+    /// [`broadcast_flush_page`](Arch::broadcast_flush_page) with what the
+    /// crate knows of the entry, as for
+    /// [`flush_local_page_sized`](Arch::flush_local_page_sized). The
+    /// default ignores `leaf` and calls `broadcast_flush_page`.
+    fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        let _ = leaf;
+        self.broadcast_flush_page(asid, va);
     }
 
     /// Broadcast invalidation of one ASID on every CPU; only called when

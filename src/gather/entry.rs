@@ -48,7 +48,8 @@ impl<const N: usize> MmuGather<N> {
             if old.is_dirty() {
                 backing.set_dirty(old.frame());
             }
-            match Pages::one(va, size) {
+            // The walk met it as one entry of `size`: its leaf size.
+            match Pages::one(va, size).map(Pages::leaf) {
                 Ok(pages) => self
                     .request
                     .add_pages_step(asid, pages, A::FULL_FLUSH_CEILING, None),

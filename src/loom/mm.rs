@@ -386,9 +386,8 @@ fn o_a_credit_never_skips_a_catch_up_owed_for_an_earlier_flush() {
             let page1 = BASE + crate::PAGE_SIZE;
             let old = Pte::new(Frame(0x101), PteFlags::PRESENT | PteFlags::USER);
             let mut batch = TlbFlushUnmapBatch::new();
-            let page = batch.check_add(&cpu, &mm0, page1).unwrap();
+            let pages = batch.check_add(&cpu, &mm0, page1).unwrap();
             let (targets, step) = mm0.flush_targets_step(&cpu);
-            let pages = crate::request::Pages::base(page);
             batch.record_pending(&cpu, &mm0, pages, old, (&targets, step), Some(aged));
             batch.flush(&cpu).unwrap();
             let credited = cpu.m.tlb.stats().generations_granted > 0;

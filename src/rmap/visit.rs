@@ -9,7 +9,7 @@ use super::{Mapping, PageTable, Rmap};
 use crate::arch::Arch;
 use crate::lifecycle::online_caller;
 use crate::pte::{Frame, Pte};
-use crate::validate::{check_asid, check_space_va};
+use crate::validate::{check_asid, check_entry_size, check_space_va};
 use crate::verify::{check_space_on, check_table_root};
 use crate::walk::check_not_global;
 use crate::Error;
@@ -40,7 +40,7 @@ pub(super) fn check_mappings<A: Arch, R: Rmap + ?Sized>(
             .and_then(|()| check_space_on(arch, m.space.tlb_state(), me))
             .and_then(|()| {
                 let pte = m.space.lookup(m.va);
-                check_huge(m.space, m.va, pte, frame, huge)?;
+                check_huge(arch, m.space, m.va, pte, frame, huge)?;
                 check_not_global(arch, m.space, m.va, pte)
             });
         match checked {
@@ -74,7 +74,12 @@ pub(super) enum Huge {
 /// mapped, would each be wrong), or any when `huge` refuses them all. A
 /// place the rmap lists whose entry (`pte`, huge or not) no longer maps
 /// `frame` is not a mapping of it: the walk steps over it.
-fn check_huge<S: PageTable + ?Sized>(
+///
+/// An entry smaller than the architecture's base page is refused too
+/// ([`Error::BelowBasePage`]): its flush would be at a stride the hardware
+/// does not have.
+fn check_huge<A: Arch, S: PageTable + ?Sized>(
+    arch: &A,
     space: &S,
     va: u64,
     pte: Pte,
@@ -85,6 +90,10 @@ fn check_huge<S: PageTable + ?Sized>(
         return Ok(());
     }
     let size = space.entry_size(va);
+    check_entry_size(arch, va, size)?;
+    // Migration and hwpoison refuse every entry larger than 4 KiB, a 16 or
+    // 64 KiB arm64 page's too: their entries have no form here for a
+    // frame of more than one 4 KiB unit.
     if size.is_huge() && (huge == Huge::Refused || size.align_down(va) != va) {
         return Err(Error::HugePage {
             va: size.align_down(va),

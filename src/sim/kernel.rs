@@ -241,7 +241,16 @@ impl<M: Model> FreeFrames for MockKernel<'_, '_, M> {
         while let Some(frame) = frames.pop() {
             self.rmap.remove_frame(frame.frame());
             match self.machine().free_frame(frame.frame()) {
-                Ok(()) => self.frames_freed += 1,
+                Ok(()) => {
+                    self.frames_freed += 1;
+                    // On a machine whose base page is larger than 4 KiB a
+                    // page's frame is the first of an aligned run: the
+                    // kernel frees the run with it.
+                    let run = self.machine().config().base_page.base_pages();
+                    for i in 1..run {
+                        let _ = self.machine().free_frame(Frame(frame.frame().0 + i));
+                    }
+                }
                 // Not freeable (under I/O, say): it goes back. `refused`
                 // holds at most what `frames` held.
                 Err(_) => {

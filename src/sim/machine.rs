@@ -15,6 +15,7 @@ use super::{
 use crate::arch::Asid;
 use crate::cpuset::{AtomicCpuSet, CpuId, CpuSet, MAX_CPUS};
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::percpu::TlbShootdown;
 use crate::pte::Frame;
 use crate::stats::TraceEvent;
@@ -22,7 +23,8 @@ use crate::Error;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum BroadcastOp {
-    Page(Asid, u64),
+    /// A page, by ASID and virtual page number, with the level hint given.
+    Page(Asid, u64, Option<PageSize>),
     Asid(Asid),
     All(bool),
 }
@@ -147,6 +149,12 @@ impl<M: Model> MockMachine<M> {
         if !(32..=64).contains(&config.va_bits) {
             return Err(Error::FeatureUnavailable {
                 feature: "a virtual-address width of 32 to 64 bits (MockConfig::va_bits)",
+                supported: false,
+            });
+        }
+        if !matches!(config.base_page.shift(), 12 | 14 | 16) {
+            return Err(Error::FeatureUnavailable {
+                feature: "a base page of 4, 16 or 64 KiB (MockConfig::base_page)",
                 supported: false,
             });
         }

@@ -1,6 +1,7 @@
 //! What kind of hardware a simulated machine is, and its shape.
 
 use super::CostModel;
+use crate::page_size::PageSize;
 
 /// The hardware properties a simulated machine has.
 pub trait Model: Send + Sync + 'static {
@@ -166,6 +167,21 @@ pub struct MockConfig {
     /// rather than send IPIs ([`Arch::prefer_broadcast`](crate::Arch::prefer_broadcast)).
     /// 0, the default, always broadcasts.
     pub broadcast_min_remote: usize,
+    /// The base page ([`Arch::base_page`](crate::Arch::base_page)): 4 KiB
+    /// by default, or an arm64 granule's 16 or 64 KiB. The machine's own
+    /// page tables then map pages of that size only (one entry each, met
+    /// at its first address, of a frame aligned to it:
+    /// [`MockMachine::alloc_huge_frame`](super::MockMachine::alloc_huge_frame)),
+    /// its TLB entries are that large, and a leaf table spans what the
+    /// granule's does (granule / 8 entries: 2 MiB, 32 MiB, 512 MiB).
+    pub base_page: PageSize,
+    /// Whether page invalidations honour a level hint
+    /// ([`Arch::flush_local_page_sized`](crate::Arch::flush_local_page_sized)'s
+    /// `leaf`) as arm64's FEAT_TTL may: one with a hint removes only leaf
+    /// entries of exactly that size, and no walk-cache entry, so a wrong
+    /// hint leaves the entry cached (the Arm ARM lets a `TLBI` with a
+    /// wrong TTL invalidate nothing). Off by default: hints are ignored.
+    pub level_hints: bool,
 }
 
 impl MockConfig {
@@ -184,6 +200,8 @@ impl MockConfig {
             cost: CostModel::default(),
             flush_delay_us: 0,
             broadcast_min_remote: 0,
+            base_page: PageSize::SIZE_4K,
+            level_hints: false,
         }
     }
 

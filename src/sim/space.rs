@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::{DetachedTable, MockError, MockMachine, Model, Violation, X86Like};
 use crate::gather::TableBounds;
 use crate::mm::MmTlbState;
+use crate::page_size::PageSize;
 use crate::pte::{Frame, Pte};
 use crate::range::PageRange;
 use crate::rmap::{PageState, PageTable};
@@ -86,6 +87,14 @@ unsafe impl<M: Model> PageTable for MockSpace<'_, M> {
 
     fn next_populated(&self, range: PageRange) -> Option<u64> {
         self.machine.next_populated(&self.mm, range)
+    }
+
+    fn entry_size(&self, va: u64) -> PageSize {
+        // The machine's own tables map base pages only. (A kernel-written
+        // table attached to the space is given to the crate as the
+        // kernel's own `PageTable`, which answers for itself.)
+        let _ = va;
+        self.machine.config.base_page
     }
 }
 

@@ -26,7 +26,12 @@ pub(crate) static NEXT_ROOT: AtomicU64 = AtomicU64::new(1);
 pub(crate) fn new_root() -> u64 {
     NEXT_ROOT.fetch_add(1, Ordering::Relaxed)
 }
-/// A leaf table maps 2^9 pages.
+/// A leaf table with the 4 KiB granule maps 2^9 pages; the walk caches
+/// keep their pointers to leaf tables per such 2 MiB region whatever the
+/// machine's base page (a pointer to a 16 or 64 KiB machine's larger leaf
+/// table is then cached per 2 MiB of it, and a flush of one address drops
+/// only that region's: narrower than hardware, which the crate never
+/// relies on, since it flushes a freed table's whole span).
 pub(crate) const REGION_SHIFT: u32 = 9;
 
 /// One address space's entries, by virtual page number (ordered, so that
@@ -119,12 +124,25 @@ impl<M: Model> MockMachine<M> {
         &self.kernel_mm
     }
 
+    /// The word of the entry for `vpn` under `root`: in the machine's own
+    /// tables, the one entry of the base page that holds it (kept at the
+    /// page's first 4 KiB unit).
     pub(crate) fn with_pte<R>(&self, root: u64, vpn: u64, f: impl FnOnce(&AtomicU64) -> R) -> Option<R> {
         if let Some(own) = self.own_table(root) {
             return own.entry(vpn << PAGE_SHIFT).map(f);
         }
+        let vpn = vpn & !(self.config.base_page.base_pages() - 1);
         let tables = self.tables.read().unwrap_or_else(PoisonError::into_inner);
         tables.get(&root).and_then(|t| t.get(&vpn)).map(f)
+    }
+
+    /// How many bits of a virtual page number (in 4 KiB units) one of the
+    /// machine's own leaf tables spans: granule / 8 entries of the base
+    /// page (9 for 4 KiB, 2 MiB; 13 for 16 KiB, 32 MiB; 17 for 64 KiB,
+    /// 512 MiB).
+    pub(crate) fn leaf_shift(&self) -> u32 {
+        let g = self.config.base_page.shift();
+        (g - 3) + (g - PAGE_SHIFT)
     }
 
     /// [`with_pte`](Self::with_pte) for the MMU: the word of the entry
@@ -140,7 +158,7 @@ impl<M: Model> MockMachine<M> {
         if let Some(own) = self.own_table(root) {
             return own.leaf(vpn << PAGE_SHIFT).map(|(e, size)| f(e, size));
         }
-        self.with_pte(root, vpn, |e| f(e, PageSize::SIZE_4K))
+        self.with_pte(root, vpn, |e| f(e, self.config.base_page))
     }
 
     /// The kernel-written page table attached to `root`, if any.
@@ -205,7 +223,13 @@ impl<M: Model> MockMachine<M> {
     pub fn map_new(&self, mm: &MmTlbState, va: u64, writable: bool) -> Result<Frame, MockError> {
         self.check_write(mm, va)?;
         self.known(mm)?;
-        let frame = self.alloc_frame()?;
+        // One base page: a run of aligned 4 KiB frames on a 16 or 64 KiB
+        // machine.
+        let frame = if self.config.base_page.is_huge() {
+            self.alloc_huge_frame(self.config.base_page)?
+        } else {
+            self.alloc_frame()?
+        };
         self.map(mm, va, frame, writable)?;
         Ok(frame)
     }
@@ -238,6 +262,13 @@ impl<M: Model> MockMachine<M> {
                 FrameState::InUse | FrameState::UnderIo => {}
             }
         }
+        let base = self.config.base_page.base_pages();
+        if (pte.is_present() || pte.is_migration() || pte.is_hwpoison()) && pte.frame().0 & (base - 1) != 0 {
+            // A base page larger than 4 KiB maps an aligned run of frames.
+            return Err(MockError::Input(crate::Error::Unaligned {
+                addr: pte.frame().addr(),
+            }));
+        }
         let vpn = va >> PAGE_SHIFT;
         if let Some(own) = self.own_table(mm.root()) {
             // The kernel's own table: only its existing entries can be set.
@@ -247,7 +278,7 @@ impl<M: Model> MockMachine<M> {
         }
         let mut tables = self.tables.write().unwrap_or_else(PoisonError::into_inner);
         let table = tables.get_mut(&mm.root()).ok_or(MockError::UnknownAddressSpace)?;
-        let region = (mm.root(), vpn >> REGION_SHIFT);
+        let region = (mm.root(), vpn >> self.leaf_shift());
         if let std::collections::btree_map::Entry::Vacant(slot) = lock(&self.leaf_tables).entry(region) {
             slot.insert(lock(&self.memory).alloc_table()?);
         }
@@ -381,12 +412,12 @@ impl<M: Model> MockMachine<M> {
 impl<M: Model> MockMachine<M> {
     /// The frame of the leaf page table that maps `va` in `mm`, if any.
     pub fn leaf_table(&self, mm: &MmTlbState, va: u64) -> Option<Frame> {
-        self.leaf_table_of(mm.root(), (va >> PAGE_SHIFT) >> REGION_SHIFT)
+        self.leaf_table_of(mm.root(), (va >> PAGE_SHIFT) >> self.leaf_shift())
     }
 
     /// The leaf table linked for `region` under `root`.
     pub(crate) fn leaf_table_of(&self, root: u64, region: u64) -> Option<Frame> {
-        self.table_at(root, region << REGION_SHIFT, 1)
+        self.table_at(root, region << self.leaf_shift(), 1)
     }
 
     /// The table at `level` (1, the leaf, to
@@ -401,7 +432,9 @@ impl<M: Model> MockMachine<M> {
         if level != 1 {
             return None;
         }
-        lock(&self.leaf_tables).get(&(root, vpn >> REGION_SHIFT)).copied()
+        lock(&self.leaf_tables)
+            .get(&(root, vpn >> self.leaf_shift()))
+            .copied()
     }
 
     /// Whether a walk through a cached pointer to `table`, which `root` no
@@ -461,14 +494,14 @@ impl<M: Model> MockMachine<M> {
         // start to that of its last page); `hi` is one past the last.
         // Looked up by key, so that a teardown of T tables costs
         // O(T log T), not a scan of every table per call.
-        let shift = REGION_SHIFT + PAGE_SHIFT;
+        let leaf = self.leaf_shift();
+        let shift = leaf + PAGE_SHIFT;
         let lo = bounds.floor().div_ceil(1 << shift).max(range.start() >> shift);
-        let hi = (((top >> PAGE_SHIFT) + 1) >> REGION_SHIFT).min((last >> shift) + 1);
+        let hi = (((top >> PAGE_SHIFT) + 1) >> leaf).min((last >> shift) + 1);
         if lo >= hi {
             return None;
         }
-        let region_pages =
-            |region: u64| (region << REGION_SHIFT)..=(region << REGION_SHIFT) + ((1 << REGION_SHIFT) - 1);
+        let region_pages = |region: u64| (region << leaf)..=(region << leaf) + ((1 << leaf) - 1);
         // The entries' lock first, as `set_pte` takes them: no entry can
         // be written between the check that the table is empty and its
         // unlinking.
@@ -496,7 +529,7 @@ impl<M: Model> MockMachine<M> {
         }
         Some(DetachedTable {
             frame,
-            range: PageRange::new((key.1 << REGION_SHIFT) << PAGE_SHIFT, 1 << REGION_SHIFT).ok()?,
+            range: PageRange::new((key.1 << leaf) << PAGE_SHIFT, 1 << leaf).ok()?,
         })
     }
 }

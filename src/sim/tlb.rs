@@ -340,6 +340,38 @@ impl Tlb {
             .retain(|(w, _)| !(w.asid == asid && (walks == WalkFlush::WholeAsid || w.covers(vpn))));
     }
 
+    /// [`invalidate_va`](Self::invalidate_va) with a level hint `leaf` as
+    /// arm64's FEAT_TTL may take it: only entries of exactly that size go,
+    /// and no walk-cache entry (a hint names a leaf; the Arm ARM requires
+    /// nothing to be invalidated when it is wrong). `None` is
+    /// `invalidate_va`.
+    pub(crate) fn invalidate_va_hinted(
+        &mut self,
+        asid: Asid,
+        vpn: u64,
+        include_global: bool,
+        walks: WalkFlush,
+        leaf: Option<PageSize>,
+    ) {
+        let Some(size) = leaf else {
+            return self.invalidate_va(asid, vpn, include_global, walks);
+        };
+        self.entries.retain(|(e, _)| {
+            !(e.size == size
+                && e.covers(vpn)
+                && ((e.global && include_global) || (!e.global && e.asid == asid)))
+        });
+    }
+
+    /// [`invalidate_va_all_asids`](Self::invalidate_va_all_asids) with a
+    /// level hint, as for [`invalidate_va_hinted`](Self::invalidate_va_hinted).
+    pub(crate) fn invalidate_va_all_asids_hinted(&mut self, vpn: u64, leaf: Option<PageSize>) {
+        match leaf {
+            None => self.invalidate_va_all_asids(vpn),
+            Some(size) => self.entries.retain(|(e, _)| !(e.size == size && e.covers(vpn))),
+        }
+    }
+
     /// Drops every entry for `vpn`, of every ASID and global (arm64's
     /// `TLBI VAAE1IS`), and every walk-cache entry, of any ASID, that a
     /// walk for `vpn` would use.
