@@ -183,6 +183,7 @@ impl<'m, M: Model> HugeDriver<'m, M> {
             HugeOp::Migrate { cpu, region, piece } => {
                 self.migrate(cpu, piece_va(usize::from(region), usize::from(piece)))
             }
+            HugeOp::Zap { cpu, region } => self.zap(cpu, usize::from(region)),
             HugeOp::Teardown { cpu, fail } => self.teardown(cpu, fail),
         }
     }
@@ -353,6 +354,46 @@ impl<'m, M: Model> HugeDriver<'m, M> {
         });
         self.whole.push(target);
         m.check_coherent(self.mm(), region_range(region)?);
+        Ok(())
+    }
+
+    /// `HugeOp::Zap`: the region's entries cleared by the kernel, flushed
+    /// as one range of 4 KiB pages, their frames freed after the flush.
+    fn zap(&mut self, cpu: u8, region: usize) -> Result<(), String> {
+        let Some(c) = self.cpu(cpu) else {
+            return Ok(());
+        };
+        // Contract rule 5: a pending batched flush first.
+        flush_tlb_batched_pending(&c, self.mm()).map_err(crate_error)?;
+        let r = &self.space.table.regions[region % REGIONS];
+        let mut freed = Vec::new();
+        match upper(r.upper.load(Ordering::SeqCst)) {
+            Upper::Empty => return Ok(()),
+            Upper::Huge(_) => {
+                let old = Pte(r.upper.swap(0, Ordering::SeqCst) & !super::table::HUGE_BIT);
+                if old.is_dirty() {
+                    let _ = self.m.set_frame_dirty(old.frame());
+                }
+                freed.push(old.frame());
+            }
+            Upper::Table(_) => {
+                for e in &r.leaf {
+                    let old = Pte(e.swap(0, Ordering::SeqCst));
+                    if old.is_present() {
+                        if old.is_dirty() {
+                            let _ = self.m.set_frame_dirty(old.frame());
+                        }
+                        freed.push(old.frame());
+                    }
+                }
+            }
+        }
+        let range = region_range(region)?;
+        crate::flush_tlb_range(&c, self.mm(), range).map_err(crate_error)?;
+        for f in freed {
+            free_frame_or_huge(self.m, &mut self.whole, f);
+        }
+        self.m.check_coherent(self.mm(), range);
         Ok(())
     }
 

@@ -187,6 +187,17 @@ pub enum HugeOp {
         /// Piece (index into [`PIECES`]).
         piece: u8,
     },
+    /// The kernel's own munmap of `region` (Linux's `zap_page_range`):
+    /// whatever maps it cleared entry by entry (the 2 MiB entry, or each
+    /// 4 KiB one, the leaf table left linked), one
+    /// [`flush_tlb_range`](crate::flush_tlb_range) over the region's 4 KiB
+    /// pages, then the frames freed.
+    Zap {
+        /// Initiating CPU.
+        cpu: u8,
+        /// Region.
+        region: u8,
+    },
     /// `MmuGather::unmap_range` over the whole huge space, its leaf tables
     /// freed after the flush ([`TableFreePolicy::IpiSync`](crate::TableFreePolicy)
     /// when `cpu / CPUS` is odd), a failure injected first when `fail`,
