@@ -362,3 +362,100 @@ proptest! {
         check(&ops).map_err(|f| TestCaseError::fail(format!("{f:?}")))?;
     }
 }
+
+/// The bytes the fuzz target decodes into `ops` (after its first byte, the
+/// hardware): what `arbitrary`'s derive reads, a little-endian `u32` that
+/// picks the variant (index `i` of `n` is the smallest tag with
+/// `tag * n >> 32 == i`) and then each field, one byte each.
+fn encode(ops: &[Op]) -> Vec<u8> {
+    fn tag(out: &mut Vec<u8>, index: u64, count: u64) {
+        let t = ((index << 32) + count - 1) / count;
+        out.extend_from_slice(&(t as u32).to_le_bytes());
+    }
+    const OP_VARIANTS: u64 = 22;
+    const HUGE_VARIANTS: u64 = 12;
+    let mut out = Vec::new();
+    for op in ops {
+        let Op::Huge(op) = op else {
+            panic!("only huge steps are encoded: {op:?}");
+        };
+        tag(&mut out, OP_VARIANTS - 1, OP_VARIANTS);
+        let b = |v: bool| u8::from(v);
+        let (index, fields): (u64, Vec<u8>) = match *op {
+            MapHuge { region, writable } => (0, vec![region, b(writable)]),
+            MapSmall {
+                region,
+                piece,
+                writable,
+            } => (1, vec![region, piece, b(writable)]),
+            Access {
+                cpu,
+                region,
+                piece,
+                write,
+            } => (2, vec![cpu, region, piece, b(write)]),
+            Lazy { cpu } => (3, vec![cpu]),
+            Split {
+                cpu,
+                region,
+                change,
+                fail,
+            } => (4, vec![cpu, region, change, b(fail)]),
+            Promote { cpu, region, fail } => (5, vec![cpu, region, b(fail)]),
+            Unmap {
+                cpu,
+                region,
+                piece,
+                batched,
+            } => (6, vec![cpu, region, piece, b(batched)]),
+            Flush { cpu, fail } => (7, vec![cpu, b(fail)]),
+            Protect {
+                cpu,
+                region,
+                first,
+                count,
+                writable,
+                fail,
+            } => (8, vec![cpu, region, first, count, b(writable), b(fail)]),
+            Migrate { cpu, region, piece } => (9, vec![cpu, region, piece]),
+            Zap { cpu, region } => (10, vec![cpu, region]),
+            Teardown { cpu, fail } => (11, vec![cpu, b(fail)]),
+        };
+        tag(&mut out, index, HUGE_VARIANTS);
+        out.extend(fields);
+    }
+    out
+}
+
+/// The scenarios above, as the fuzz target's seeds (x86, untagged).
+fn seeds() -> Vec<(&'static str, Vec<Op>)> {
+    vec![
+        ("huge-promotion", promotion()),
+        ("huge-split", split()),
+        ("huge-protect-after-split", protect_after_split()),
+        ("huge-zap-after-split", zap_after_split()),
+        ("huge-teardown-lazy-walker", teardown_with_lazy_walker()),
+    ]
+}
+
+/// The committed seeds under `fuzz/seeds/ops` are the scenarios, byte for
+/// byte, and decode back to them (so a change of `Op` or `HugeOp` that
+/// would silently turn them into other sequences fails here).
+#[test]
+fn the_fuzz_seeds_are_the_scenarios() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/ops");
+    for (name, ops) in seeds() {
+        let mut bytes = vec![0u8];
+        bytes.extend(encode(&ops));
+        assert_eq!(ops_from_bytes(&bytes[1..]), ops, "{name} round trip");
+        let path = dir.join(name);
+        if std::env::var_os("TLB_BATCH_WRITE_SEEDS").is_some() {
+            std::fs::write(&path, &bytes).unwrap();
+        }
+        assert_eq!(
+            std::fs::read(&path).ok(),
+            Some(bytes),
+            "{name}: TLB_BATCH_WRITE_SEEDS=1 cargo test --test ops_huge writes it"
+        );
+    }
+}
