@@ -369,7 +369,7 @@ proptest! {
 /// `tag * n >> 32 == i`) and then each field, one byte each.
 fn encode(ops: &[Op]) -> Vec<u8> {
     fn tag(out: &mut Vec<u8>, index: u64, count: u64) {
-        let t = ((index << 32) + count - 1) / count;
+        let t = (index << 32).div_ceil(count);
         out.extend_from_slice(&(t as u32).to_le_bytes());
     }
     const OP_VARIANTS: u64 = 22;

@@ -313,7 +313,7 @@ impl<'m, M: Model> HugeDriver<'m, M> {
         }
         let first = entries[0].1;
         let in_place = entries.len() as u64 == TABLE_PAGES
-            && first.frame().0 % TABLE_PAGES == 0
+            && first.frame().0.is_multiple_of(TABLE_PAGES)
             && entries
                 .iter()
                 .all(|(i, p)| p.frame().0 == first.frame().0 + i && p.is_writable() == first.is_writable());
@@ -420,7 +420,7 @@ impl<'m, M: Model> HugeDriver<'m, M> {
             m: self.m,
         };
         let result = try_to_unmap(&c, &rmap, pte.frame(), flags, &mut self.batch);
-        if huge && va % HUGE.bytes() != 0 {
+        if huge && !va.is_multiple_of(HUGE.bytes()) {
             let after = self.upper_word(region as usize).load(Ordering::SeqCst);
             return match result {
                 Err(Error::HugePage { .. }) if after & !ACCESSED_DIRTY == before & !ACCESSED_DIRTY => Ok(()),
