@@ -4,7 +4,10 @@
 //! reclaim, migration, mprotect and teardown drivers, a frame pool filled by
 //! pooled reclaims and emptied by timer ticks and pool flushes, injected
 //! flush failures and their retries, CPUs going offline and back, hostile
-//! input).
+//! input, and a huge address space whose 2 MiB regions are mapped huge or
+//! small, split and promoted through the crate, unmapped, protected,
+//! migrated and torn down while CPUs cache 2 MiB entries beside 4 KiB
+//! ones).
 //! The first byte picks untagged or tagged TLBs (bit 0) and x86 or arm64
 //! hardware (bit 1: arm64, whose batched unmaps invalidate as pages are
 //! added); the sequence runs batched, with the oracle checking the safety

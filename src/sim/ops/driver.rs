@@ -15,6 +15,7 @@ mod hostile;
 mod pool;
 
 use super::backing::{put, Holders};
+use super::huge::HugeDriver;
 use super::{va, EndState, BATCHES};
 use super::{Op, CPUS, FRAMES, PAGES, POOL_FRAMES, SPACES};
 use crate::arch::Asid;
@@ -51,6 +52,8 @@ pub(super) struct Driver<'m, M: Model> {
     /// only), and the frames it holds, each with one hold in `holders`.
     pool: FramePool<POOL_FRAMES>,
     pooled: Vec<Frame>,
+    /// The huge address space and its steps.
+    huge: HugeDriver<'m, M>,
     batching: bool,
 }
 
@@ -82,6 +85,7 @@ impl<'m, M: Model> Driver<'m, M> {
             under_io: Vec::new(),
             pool: FramePool::new(),
             pooled: Vec::new(),
+            huge: HugeDriver::new(m, batching)?,
             batching,
         })
     }
@@ -525,6 +529,7 @@ impl<'m, M: Model> Driver<'m, M> {
             }
             Op::Tick { cpu } => self.tick(cpu)?,
             Op::PoolFlush { cpu, fail, oldest } => self.pool_flush(cpu, fail, oldest)?,
+            Op::Huge(op) => self.huge.step(op)?,
         }
         Ok(())
     }
@@ -541,6 +546,7 @@ impl<'m, M: Model> Driver<'m, M> {
             self.flush_typed(&c, b, false, false)?;
         }
         self.drain_pool(&c)?;
+        self.huge.finish()?;
         for f in core::mem::take(&mut self.under_io) {
             self.m.end_io(f).map_err(|e| format!("{e:?}"))?;
             self.put(f);
@@ -564,6 +570,10 @@ impl<'m, M: Model> Driver<'m, M> {
         }
         let mut frames = self.m.frame_states();
         frames.truncate(FRAMES);
-        Ok(EndState { mappings, frames })
+        Ok(EndState {
+            mappings,
+            frames,
+            huge: self.huge.end_state(),
+        })
     }
 }

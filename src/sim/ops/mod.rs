@@ -54,6 +54,11 @@
 //! [`check`] compares the hardware the same way, on the sequence made blind
 //! to accessed bits (see there why only that one).
 //!
+//! A third user address space maps 2 MiB regions with huge or small
+//! entries and moves them between the two (splits, promotions), mixed with
+//! unmaps, protections, migrations, teardowns and CPU accesses there
+//! ([`huge`], [`Op::Huge`]).
+//!
 //! Runs reuse one machine per thread, hardware and TLB kind
 //! ([`MockMachine::reset`](super::MockMachine::reset)), so a fuzzer pays for the operations, not for
 //! building machines.
@@ -64,6 +69,7 @@
 mod backing;
 pub mod concurrent;
 mod driver;
+pub mod huge;
 mod run;
 
 #[cfg(feature = "arbitrary")]
@@ -71,6 +77,7 @@ use std::vec::Vec;
 
 use crate::pte::PAGE_SIZE;
 
+pub use huge::HugeOp;
 pub use run::{check, check_on, check_with, run, run_with, EndState, Failure, Hardware, Outcome, RunConfig};
 
 /// CPUs of the modelled machine.
@@ -79,8 +86,10 @@ pub const CPUS: usize = 3;
 pub const SPACES: usize = 2;
 /// Pages per address space (few, so that random sequences meet often).
 pub const PAGES: usize = 4;
-/// Physical frames.
-pub const FRAMES: usize = 48;
+/// Physical (data) frames: the small pages take the lowest ones, and three
+/// 2 MiB frames of the huge space ([`huge`]) fit above them (aligned, so
+/// from frame 512 on).
+pub const FRAMES: usize = 4 * 512;
 /// Batches of each kind the driver keeps at once.
 pub const BATCHES: usize = 2;
 /// Frames the driver's [`FramePool`](crate::FramePool) holds: fewer than
@@ -380,6 +389,9 @@ pub enum Op {
         /// The whole pool (0) or its oldest frames (see above).
         oldest: u8,
     },
+    /// A step on the huge address space: 2 MiB mappings, splits,
+    /// promotions, and the crate's other operations over them ([`huge`]).
+    Huge(HugeOp),
 }
 
 impl Op {

@@ -11,6 +11,7 @@ use std::vec::Vec;
 
 use super::driver;
 use super::{Op, CPUS, FRAMES};
+use crate::page_size::PageSize;
 use crate::pte::Frame;
 use crate::sim::{Arm64Like, FrameState, MockConfig, MockMachine, Model, Violation, X86Like};
 
@@ -144,6 +145,10 @@ pub struct EndState {
     pub mappings: Vec<Option<(Frame, bool)>>,
     /// For each frame: its life-cycle state and dirty flag.
     pub frames: Vec<(FrameState, bool)>,
+    /// For each region of the huge space and each of its named pieces
+    /// ([`huge::PIECES`](super::huge::PIECES)): the frame it maps, whether
+    /// it is writable, and the size of the entry that maps it.
+    pub huge: Vec<Option<(Frame, bool, PageSize)>>,
 }
 
 /// The end state and a few counts (which differ between batched and
@@ -200,7 +205,9 @@ fn with_machine<M: Model, R>(
             None => {
                 let m = MockMachine::<M>::with_model(MockConfig {
                     frames: FRAMES,
-                    table_frames: 16,
+                    // The small spaces' leaf tables, and the huge space's
+                    // (a split takes one before the old is freed).
+                    table_frames: 24,
                     tlb_entries: 16,
                     tagged_tlb: tagged,
                     ..MockConfig::x86_like(CPUS)
