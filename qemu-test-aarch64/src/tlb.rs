@@ -321,3 +321,78 @@ unsafe impl Arch for NoDsb {
         tlb_batch::arch::aarch64::isb();
     }
 }
+
+/// The crate's aarch64 `Arch`, every call forwarded, counting the page
+/// invalidations the crate asks for: the 64 KiB granule scenario
+/// (`granule64.rs`) checks that a 64 KiB page costs one `TLBI`, not
+/// sixteen, and which leaf size the crate passes as the level hint.
+pub struct CountTlbi(pub Aarch64);
+
+/// Page invalidations asked of [`CountTlbi`] (local or broadcast).
+static PAGE_TLBIS: AtomicU64 = AtomicU64::new(0);
+/// Those of them that came with a leaf size (a level hint to give).
+static SIZED: AtomicU64 = AtomicU64::new(0);
+/// The last leaf size given, in bytes (0: none yet).
+static LEAF: AtomicU64 = AtomicU64::new(0);
+
+impl CountTlbi {
+    /// Clears the counters.
+    pub fn reset() {
+        for c in [&PAGE_TLBIS, &SIZED, &LEAF] {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Page invalidations, those with a leaf size, and the last leaf size
+    /// in bytes, since [`reset`](Self::reset).
+    pub fn counts() -> (u64, u64, u64) {
+        (
+            PAGE_TLBIS.load(Ordering::SeqCst),
+            SIZED.load(Ordering::SeqCst),
+            LEAF.load(Ordering::SeqCst),
+        )
+    }
+
+    fn count(leaf: Option<PageSize>) {
+        PAGE_TLBIS.fetch_add(1, Ordering::SeqCst);
+        if let Some(size) = leaf {
+            SIZED.fetch_add(1, Ordering::SeqCst);
+            LEAF.store(size.bytes(), Ordering::SeqCst);
+        }
+    }
+}
+
+// SAFETY: every method is the real implementation's, whose contract
+// `init` upholds, called with the same arguments; only counters change.
+unsafe impl Arch for CountTlbi {
+    forward_arch!();
+    forward_sync!();
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        Self::count(None);
+        self.0.flush_local_page(asid, va)
+    }
+    fn flush_local_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        Self::count(leaf);
+        self.0.flush_local_page_sized(asid, va, leaf)
+    }
+    fn flush_local_asid(&self, asid: Asid) {
+        self.0.flush_local_asid(asid)
+    }
+    fn flush_local_all(&self, include_global: bool) {
+        self.0.flush_local_all(include_global)
+    }
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        Self::count(None);
+        self.0.broadcast_flush_page(asid, va)
+    }
+    fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        Self::count(leaf);
+        self.0.broadcast_flush_page_sized(asid, va, leaf)
+    }
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.0.broadcast_flush_asid(asid)
+    }
+    fn broadcast_flush_all(&self, include_global: bool) {
+        self.0.broadcast_flush_all(include_global)
+    }
+}

@@ -18,15 +18,17 @@ use crate::{
     space, teardown, tlb, ONLINE,
 };
 
-/// A page-aligned frame a test page maps.
-#[repr(C, align(4096))]
-struct Page([AtomicU64; 512]);
+/// A frame a test page maps: 64 KiB-aligned and 64 KiB long, so that it
+/// serves the 64 KiB granule run whole (the 4 KiB run maps its first
+/// 4 KiB; the scenarios use the first words only).
+#[repr(C, align(65536))]
+pub struct Page(pub [AtomicU64; 8192]);
 
 /// Each test page's frames A and B.
 static FRAMES_A: [Page; mmu::TEST_PAGES] =
-    [const { Page([const { AtomicU64::new(0) }; 512]) }; mmu::TEST_PAGES];
+    [const { Page([const { AtomicU64::new(0) }; 8192]) }; mmu::TEST_PAGES];
 static FRAMES_B: [Page; mmu::TEST_PAGES] =
-    [const { Page([const { AtomicU64::new(0) }; 512]) }; mmu::TEST_PAGES];
+    [const { Page([const { AtomicU64::new(0) }; 8192]) }; mmu::TEST_PAGES];
 const _: () = assert!(mmu::TEST_PAGES <= tlb_batch_qemu_scenarios::MAX_PAGES);
 
 /// The scenarios' view of this machine.
@@ -162,7 +164,7 @@ impl Virt {
         }
         // The reclaimer's batch is left pending across the mprotect.
         note.pending_before = tlb::mm().batched_flush_pending();
-        let Ok(range) = PageRange::new(mmu::TEST_VA, pages as u64) else {
+        let Ok(range) = PageRange::new(mmu::test_va(0), pages as u64 * mmu::page_units()) else {
             fatal("the mprotect range is not a page range");
         };
         let read_only = |pte: Pte| Pte(pte.0 & !PteFlags::WRITABLE.bits());
@@ -202,7 +204,7 @@ impl Platform for Virt {
         a64::isb();
     }
     fn flush_pages(&self, pages: usize) {
-        let range = PageRange::new(mmu::TEST_VA, pages as u64);
+        let range = PageRange::new(mmu::test_va(0), pages as u64 * mmu::page_units());
         if !range.is_ok_and(|r| flush_tlb_range(tlb::arch(), tlb::mm(), r).is_ok()) {
             fatal("flush_tlb_range refused the test pages");
         }
@@ -287,7 +289,7 @@ impl Platform for Virt {
     }
 }
 
-fn frame_of(page: usize, frame: Frame) -> &'static Page {
+pub fn frame_of(page: usize, frame: Frame) -> &'static Page {
     match frame {
         Frame::A => &FRAMES_A[page],
         Frame::B => &FRAMES_B[page],
