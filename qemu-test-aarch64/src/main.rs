@@ -34,6 +34,12 @@
 //! After it, in every run, the offline scenario ([`offline`]): the last
 //! CPU goes offline (`take_offline`) and comes back (`bring_online`) again
 //! and again while the others run `ipi_sync`.
+//! `granule64` (with or without a control's word) builds the tables with
+//! the 64 KiB granule instead ([`mmu64`]): the shared scenarios and the
+//! offline one run over 64 KiB test pages, the scenario of [`granule64`]
+//! counts the crate's `TLBI`s per 64 KiB page and its level hints, and
+//! this kernel's own scenarios that build 4 KiB tables or a 2 MiB block
+//! print `skipped` with the reason.
 //!
 //! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
 //! in its `CpuTable` by MPIDR, comes online through `bring_online`, and

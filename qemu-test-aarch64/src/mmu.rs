@@ -26,6 +26,13 @@
 //! in the first [`DIRTY_PAGES`] entries of the test pages' leaf table.
 //! Every descriptor is written with AF set; only the reclaim flow's aging
 //! clears it.
+//!
+//! With the boot argument `granule64` ([`use_granule64`]) the tables are
+//! those of `mmu64.rs` instead (64 KiB granule, levels 1 to 3), and
+//! [`test_va`], [`test_pte`], [`root`], [`config`] and [`clean_tables`]
+//! answer for them; the tables only the 4 KiB scenarios use (the block
+//! entry, the clean-write pages, the root copies and root entries) stop
+//! the kernel if asked for then.
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
