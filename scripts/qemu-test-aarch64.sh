@@ -69,13 +69,27 @@
 #   left to wait for and the control passes; only hardware can show it. If
 #   a QEMU ever fails it on stale reads, the script says so and counts that
 #   as the control working; any other failure counts as a failure.
+# Then the 64 KiB granule ("granule64": TCR_EL1.TG0 = 0b01, TG1 = 0b11,
+#   64 KiB test pages over 64 KiB frames, the crate's Aarch64 with a
+#   64 KiB base page) on 2 "max" CPUs (FEAT_TTL: level hints on) and on 4
+#   Cortex-A72 CPUs (no FEAT_TTL: no hints), which must pass: the shared
+#   scenarios with the 4 KiB run's exact counts (one TLBI per 64 KiB page),
+#   the "64 KiB granule TLBIs" scenario (every wrapper Arch answers 64 KiB;
+#   4 page TLBIs for a 4-page flush_tlb_range, 1 with the 64 KiB leaf size
+#   for a batched try_to_unmap), and "skipped" lines for the scenarios that
+#   need 4 KiB tables or a 2 MiB block; on "max" the kernel measures what
+#   TCG does with a wrong TTL hint, which the script reports (TCG ignores
+#   TTL, so no control rests on it). Then "granule64 negative" on the
+#   Cortex-A72 and "granule64 negative-local" on "max", which must fail
+#   every shared scenario on stale reads.
 # Every run, negative controls included, ends with the offline scenario,
 #   whose flushes are the real ones and which must pass: the last CPU goes
 #   offline (take_offline) and comes back (bring_online) again and again
 #   while the others run ipi_sync, every sync completes, and the CPU reads
 #   no stale page after.
-# Prints each run's boot-to-exit wall time. One to two minutes on a 2-core
-# machine (about 2 min 10 s under a load average of 10).
+# Prints each run's boot-to-exit wall time. Two to three minutes on a
+# 2-core machine under a load average of about 10 (the four 64 KiB runs
+# add about 45 s).
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
 # 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
 # what is missing.
@@ -349,6 +363,85 @@ if ! grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; sta
     ! grep -q "^12 passed, 1 failed" "$log"; then
     fail "qemu-aarch64 negative control: 'negative-catchup' did not fail on the lazy CPU's stale read alone"
 fi
+
+# The 64 KiB granule ("granule64"): the shared scenarios over 64 KiB test
+# pages with their exact counts (a batch of 48 pages is 48 page TLBIs,
+# not 768), the granule scenario's TLBI counts (4 for a flush_tlb_range of
+# 4 pages, 1 with the 64 KiB leaf size for a batched try_to_unmap; TTL
+# 0b1111 on "max", which has FEAT_TTL, none on the Cortex-A72), the
+# skipped lines of the scenarios that need 4 KiB tables or a block, and
+# what TCG did with a wrong level hint (reported: TCG ignores TTL, so no
+# control rests on it).
+G64="64 KiB granule TLBIs"
+# granule64_counted CPUS MODEL: the last run's lines, exact.
+granule64_counted() {
+    local o=$(($1 - 1)) hints ttl
+    if [ "$2" = max ]; then hints="present, so level hints are on" ttl="0b1111 (level hints on)"; else
+        hints="absent, so level hints are off" ttl="0b0000 (level hints off)"; fi
+    exact_line "granule64: ID_AA64MMFR0_EL1.TGran64 present; TCR_EL1 0x[0-9a-f]+ (TG0 = 0b01, TG1 = 0b11: 64 KiB), tables of levels 1 to 3 (T0SZ = 16), 64 KiB test pages; the crate's base page: 64 KiB; FEAT_TTL (ID_AA64MMFR2_EL1.TTL): $hints" \
+        "granule64 $2: the granule line is missing or wrong"
+    exact_line "scenario unmap shootdown: PASS (50 rounds x $o observing CPUs x 1 pages, flush on every CPU: $((50 * o)) faulted as they must, stale: 0 reads of the old frame, 0 other, 0 timeouts, IPIs sent: 0, [0-9]+ ms)" \
+        "granule64 $2: the unmap did not pass with its counts"
+    exact_line "scenario remap shootdown: PASS (50 rounds x $o observing CPUs x 1 pages, flush on every CPU: $((50 * o)) read the new frame, stale: 0 reads of the old frame, 0 other, 0 timeouts, IPIs sent: 0, [0-9]+ ms)" \
+        "granule64 $2: the remap did not pass with its counts"
+    exact_line "scenario a list: PASS (20 rounds x $o observing CPUs x 16 pages, flush on every CPU: $((320 * o)) faulted as they must, stale: 0 reads of the old frame, 0 other, 0 timeouts, 1 batch flush per round of a page list, 16 page and 0 whole-ASID invalidations issued as the pages were added, one barrier, 0 rounds off that, IPIs sent: 0, [0-9]+ ms)" \
+        "granule64 $2: the list did not pass with one TLBI per 64 KiB page"
+    exact_line "scenario past the ceiling: PASS (20 rounds x $o observing CPUs x 48 pages, flush on every CPU: $((960 * o)) faulted as they must, stale: 0 reads of the old frame, 0 other, 0 timeouts, 1 batch flush per round of a whole-ASID request, 48 page and 0 whole-ASID invalidations issued as the pages were added, one barrier, 0 rounds off that, IPIs sent: 0, [0-9]+ ms)" \
+        "granule64 $2: past the ceiling did not pass with one TLBI per 64 KiB page"
+    exact_line "scenario mprotect with a pending batch: PASS (20 rounds x $o observing CPUs x 16 pages, flush on every CPU: $((320 * o)) faulted (unmapped reads, read-only writes), stale: 0 reads of the old frame, 0 other, 0 timeouts, batch pending before change_protection and flushed by it, every page left made read-only: 0 rounds off that, IPIs sent: 0, [0-9]+ ms)" \
+        "granule64 $2: the mprotect did not pass with its counts"
+    if [ "$2" = max ]; then
+        exact_line "scenario reclaim flow: PASS (20 rounds x $o observing CPUs x 16 pages, flush on every CPU: $((320 * o)) faulted on a reclaimed page or read a kept one, stale: 0 reads of the old frame, 0 other, 0 timeouts, hot pages kept and cold ones reclaimed, written out after the dirty flush, with 1 shootdown per aging and per reclaim pass: 0 rounds off that, IPIs sent: 0, [0-9]+ ms)" \
+            "granule64 max: the reclaim flow did not pass with its counts"
+    elif ! grep -q "^scenario reclaim flow: skipped: no hardware access flag" "$log"; then
+        fail "qemu-aarch64 granule64 $2: the reclaim flow was not skipped for want of a hardware access flag"
+    fi
+    exact_line "scenario $G64: PASS (base page of the crate's Aarch64 and of every test wrapper: 64 KiB; flush_tlb_range of 4 pages: page TLBIs 4, with a leaf size 0; batched try_to_unmap of 1 page: Ok(SuccessCached), pending 1, page TLBIs 1, with a leaf size 1 (64 KiB), TTL in the operand $ttl; the page faults after the flush: true)" \
+        "granule64 $2: the TLBI counts per 64 KiB page are not 4 and 1"
+    if [ "$(grep -c '^scenario .*: skipped: 4 KiB granule only (' "$log")" -ne 3 ] ||
+        [ "$(grep -c '^scenario 2 MiB block .*: skipped: a level 2 block is 512 MiB with the 64 KiB granule' "$log")" -ne 4 ]; then
+        fail "qemu-aarch64 granule64 $2: not the 3 + 4 skipped lines of the 4 KiB-only scenarios"
+    fi
+    grep -q "^14 passed, 0 failed" "$log" || fail "qemu-aarch64 granule64 $2: not 14 passed, 0 failed"
+}
+run "granule64: max, 2 cpus" $PASS 2 max "granule64"
+offline_counted
+granule64_counted 2 max
+# What TCG does with a level hint: the line must show the premise (the
+# entry kept with no TLBI) and is reported; a wrong hint that drops the
+# entry anyway is why no negative control rests on TTL.
+if ! grep -qE "^granule64: what the emulator does with a level hint \(.*each round set up and cleaned: true\): no TLBI: A, the entry kept; .*the page with the right hint: B, the entry dropped$" "$log"; then
+    fail "qemu-aarch64 granule64 max: the level hint measurement did not run or its premise failed"
+elif grep -q "the page with a wrong hint (TTL 0b1110, level 2): B, the entry dropped" "$log"; then
+    echo "qemu-aarch64 granule64: TCG ignores the TTL hint (a TLBI VAE1IS with a wrong level dropped the entry), and a" \
+        "page TLBI of another 64 KiB page dropped it too: wrong hints and addresses cannot be caught here (not counted)"
+else
+    echo "qemu-aarch64 granule64: this QEMU kept the entry past a wrong TTL hint: a wrong-hint control could fail here"
+fi
+run "granule64: cortex-a72, 4 cpus" $PASS 4 cortex-a72 "granule64"
+offline_counted
+granule64_counted 4 cortex-a72
+grep -q "^granule64: what the emulator does with a level hint: not measured (no FEAT_TTL" "$log" ||
+    fail "qemu-aarch64 granule64 cortex-a72: the level hint line is missing"
+# The controls at 64 KiB: every shared scenario must fail on stale reads,
+# the granule scenario (real flushes) and the offline one still pass.
+run "granule64 negative control: no TLBI (must fail)" $FAIL 4 cortex-a72 "granule64 negative"
+offline_counted
+for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch"; do
+    failed_for_stale "$s"
+done
+grep -q "^scenario $G64: PASS" "$log" && grep -q "^9 passed, 5 failed" "$log" ||
+    fail "qemu-aarch64 granule64 negative: not the 5 shared scenarios alone failed"
+run "granule64 max negative control: local TLBI (must fail)" $FAIL 2 max "granule64 negative-local"
+offline_counted
+for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch"; do
+    failed_for_stale "$s"
+done
+# Its hot pages go unaged too (as at 4 KiB), and some of their reads fault.
+grep -qE "^scenario reclaim flow: FAIL .*stale: [1-9][0-9]* reads of the old frame, [0-9]+ other, 0 timeouts" "$log" ||
+    fail "qemu-aarch64 granule64 max negative-local: the reclaim flow did not fail on stale reads"
+grep -q "^scenario $G64: PASS" "$log" && grep -q "^8 passed, 6 failed" "$log" ||
+    fail "qemu-aarch64 granule64 max negative-local: not the 6 shared scenarios alone failed"
 
 run "negative control: no DSB ISH (reported)" $EITHER 4 cortex-a72 "negative-nodsb"
 offline_counted

@@ -34,6 +34,12 @@
 //! After it, in every run, the offline scenario ([`offline`]): the last
 //! CPU goes offline (`take_offline`) and comes back (`bring_online`) again
 //! and again while the others run `ipi_sync`.
+//! `granule64` (with or without a control's word) builds the tables with
+//! the 64 KiB granule instead ([`mmu64`]): the shared scenarios and the
+//! offline one run over 64 KiB test pages, the scenario of [`granule64`]
+//! counts the crate's `TLBI`s per 64 KiB page and its level hints, and
+//! this kernel's own scenarios that build 4 KiB tables or a 2 MiB block
+//! print `skipped` with the reason.
 //!
 //! The TLB maintenance is the crate's ([`tlb`]): every CPU is registered
 //! in its `CpuTable` by MPIDR, comes online through `bring_online`, and
@@ -65,7 +71,9 @@ mod crew;
 mod dirty;
 mod fdt;
 mod generations;
+mod granule64;
 mod mmu;
+mod mmu64;
 mod offline;
 mod psci;
 mod semihost;
@@ -73,18 +81,17 @@ mod space;
 mod teardown;
 mod tlb;
 mod uart;
+mod virt;
 
 use core::fmt::Write;
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use tlb_batch_qemu_scenarios as scenario;
 
-use scenario::{BatchNote, Flush, Frame, Ipis, MprotectNote, Platform, ReclaimNote};
-use tlb_batch::arch::aarch64::{self as a64, Aarch64, Config};
-use tlb_batch::{
-    change_protection, flush_tlb_page, flush_tlb_range, page_referenced, try_to_unmap, Arch, PageRange, Pte,
-    PteFlags, SwapResult, TlbFlushUnmapBatch, TtuFlags,
-};
+use scenario::Flush;
+use tlb_batch::arch::aarch64::{Aarch64, Config};
+use tlb_batch::Arch;
+pub use virt::{page_of_frame_a, Virt};
 
 /// CPUs this kernel starts at most.
 pub const MAX_CPUS: usize = 8;
@@ -115,17 +122,6 @@ static mut AP_BOOT: [boot::ApBoot; MAX_CPUS] = [const {
         },
     }
 }; MAX_CPUS];
-
-/// A page-aligned frame a test page maps.
-#[repr(C, align(4096))]
-struct Page([AtomicU64; 512]);
-
-/// Each test page's frames A and B.
-static FRAMES_A: [Page; mmu::TEST_PAGES] =
-    [const { Page([const { AtomicU64::new(0) }; 512]) }; mmu::TEST_PAGES];
-static FRAMES_B: [Page; mmu::TEST_PAGES] =
-    [const { Page([const { AtomicU64::new(0) }; 512]) }; mmu::TEST_PAGES];
-const _: () = assert!(mmu::TEST_PAGES <= scenario::MAX_PAGES);
 
 pub fn say(args: core::fmt::Arguments<'_>) {
     let _ = uart::Uart.write_fmt(args);
@@ -203,276 +199,6 @@ fn now_us() -> u64 {
     (u128::from(count) * 1_000_000 / u128::from(freq.max(1))) as u64
 }
 
-/// The scenarios' view of this machine.
-struct Virt;
-
-impl Virt {
-    /// Flushes `page` through the crate with the `Arch` that `flush` names.
-    fn flush_with(&self, flush: Flush, page: usize) {
-        let a = *tlb::arch();
-        let va = mmu::test_va(page);
-        let done = match flush {
-            Flush::AllCpus => flush_tlb_page(&a, tlb::mm(), va),
-            Flush::ThisCpuOnly => flush_tlb_page(&tlb::LocalTlbi(a), tlb::mm(), va),
-            Flush::Skipped => flush_tlb_page(&tlb::SkipTlbi(a), tlb::mm(), va),
-        };
-        if done.is_err() {
-            fatal("flush_tlb_page refused a test page");
-        }
-    }
-
-    /// Unmaps the frames A of pages `0..pages` with `try_to_unmap` into one
-    /// batch and flushes it once, with `a` as the `Arch`.
-    fn unmap_with<A: Arch>(&self, a: &A, pages: usize) -> BatchNote {
-        let before = tlb::TLB.stats();
-        let mut batch = TlbFlushUnmapBatch::new();
-        let mut note = BatchNote::default();
-        // Every test descriptor is written with its access flag set, so
-        // without IGNORE_ACCESS the walk would only clear the flag and
-        // answer Fail: aging is what the reclaim flow tests, not these.
-        let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
-        for frame in FRAMES_A.iter().take(pages) {
-            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
-            // The pages are writable, hence reported dirty: each unmap
-            // leaves a possibly writable TLB entry for the batch's flush.
-            match try_to_unmap(a, &space::TestRmap, frame, flags, &mut batch) {
-                Ok(SwapResult::SuccessCached) => note.unmapped += 1,
-                Ok(_) => {}
-                Err(_) => fatal("try_to_unmap refused a test frame"),
-            }
-        }
-        note.pending = batch.pending_pages() as u32;
-        note.full_flush = batch.is_full_flush();
-        if batch.flush(a).is_err() {
-            fatal("the batch's flush failed");
-        }
-        let d = tlb::TLB.stats().since(&before);
-        note.shootdowns = d.shootdowns;
-        note.page_invalidations = d.local_page_flushes;
-        note.full_invalidations = d.local_full_flushes;
-        note
-    }
-
-    /// The first aging pass of the reclaim flow, with `a` as the `Arch`.
-    fn age_with<A: Arch>(&self, a: &A, pages: usize) -> (u64, u64) {
-        let before = tlb::TLB.stats();
-        let mut batch = TlbFlushUnmapBatch::new();
-        let mut young = 0;
-        for (i, frame) in FRAMES_A.iter().enumerate().take(pages) {
-            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
-            match page_referenced(a, &space::TestRmap, frame, &mut batch) {
-                Ok(r) if r.referenced > 0 => young |= 1 << i,
-                Ok(_) => {}
-                Err(_) => fatal("page_referenced refused a test frame"),
-            }
-        }
-        // Clearing an access flag leaves TLB entries that would keep it
-        // clear while the page is used: the crate recorded a flush for each.
-        if batch.flush(a).is_err() {
-            fatal("the aging batch's flush failed");
-        }
-        (young, tlb::TLB.stats().since(&before).shootdowns)
-    }
-
-    /// The reclaim pass of the reclaim flow, with `a` as the `Arch`.
-    fn reclaim_with<A: Arch>(&self, a: &A, pages: usize) -> ReclaimNote {
-        let before = tlb::TLB.stats();
-        let mut batch = TlbFlushUnmapBatch::new();
-        let mut note = ReclaimNote::default();
-        for (i, frame) in FRAMES_A.iter().enumerate().take(pages) {
-            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
-            match page_referenced(a, &space::TestRmap, frame, &mut batch) {
-                Ok(r) if r.referenced > 0 => {
-                    note.young |= 1 << i;
-                    continue;
-                }
-                Ok(_) => {}
-                Err(_) => fatal("page_referenced refused a test frame"),
-            }
-            // Old: unmap it, the flush deferred to the batch. The access
-            // flag is clear, so no IGNORE_ACCESS is needed.
-            match try_to_unmap(a, &space::TestRmap, frame, TtuFlags::BATCH_FLUSH, &mut batch) {
-                Ok(SwapResult::SuccessCached) => note.unmapped |= 1 << i,
-                Ok(_) => {}
-                Err(_) => fatal("try_to_unmap refused a test frame"),
-            }
-        }
-        // Writable entries were unmapped: no CPU may write the frames
-        // through a cached entry once their write-out starts.
-        if batch.flush_dirty(a).is_err() {
-            fatal("the reclaim batch's dirty flush failed");
-        }
-        let flushed = tlb::TLB.stats().since(&before).shootdowns > 0;
-        for (i, frame) in FRAMES_A.iter().enumerate().take(pages) {
-            if note.unmapped & 1 << i != 0 {
-                // The write-out: a copy of the frame's first word.
-                WRITTEN_OUT[i].store(frame.0[0].load(Ordering::Acquire), Ordering::Relaxed);
-                if !flushed {
-                    note.written_early += 1;
-                }
-            }
-        }
-        if batch.flush(a).is_err() {
-            fatal("the reclaim batch's flush failed");
-        }
-        note.shootdowns = tlb::TLB.stats().since(&before).shootdowns;
-        note
-    }
-}
-
-impl Virt {
-    /// The mprotect scenario's change, with `a` as the `Arch`.
-    fn mprotect_with<A: Arch>(&self, a: &A, unmapped: usize, pages: usize) -> MprotectNote {
-        let mut batch = TlbFlushUnmapBatch::new();
-        let mut note = MprotectNote::default();
-        for frame in FRAMES_A.iter().take(unmapped) {
-            let frame = tlb_batch::Frame(frame.0.as_ptr() as u64 >> 12);
-            let flags = TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS;
-            match try_to_unmap(a, &space::TestRmap, frame, flags, &mut batch) {
-                Ok(SwapResult::SuccessCached) => note.unmapped += 1,
-                Ok(_) => {}
-                Err(_) => fatal("try_to_unmap refused a test frame"),
-            }
-        }
-        // The reclaimer's batch is left pending across the mprotect.
-        note.pending_before = tlb::mm().batched_flush_pending();
-        let Ok(range) = PageRange::new(mmu::TEST_VA, pages as u64) else {
-            fatal("the mprotect range is not a page range");
-        };
-        let read_only = |pte: Pte| Pte(pte.0 & !PteFlags::WRITABLE.bits());
-        match change_protection(a, &space::TestSpace, range, read_only) {
-            Ok(n) => note.changed = n as u32,
-            Err(_) => fatal("change_protection failed"),
-        }
-        note.pending_after = tlb::mm().batched_flush_pending();
-        if batch.flush(a).is_err() {
-            fatal("the reclaimer's batch flush failed");
-        }
-        note
-    }
-}
-
-/// The reclaim flow's "swap": the first word of each page written out.
-static WRITTEN_OUT: [AtomicU64; mmu::TEST_PAGES] = [const { AtomicU64::new(0) }; mmu::TEST_PAGES];
-
-impl Platform for Virt {
-    fn cpu_count(&self) -> usize {
-        ONLINE.load(Ordering::Acquire)
-    }
-    fn this_cpu(&self) -> usize {
-        cpu_index()
-    }
-    fn fill_frame(&self, page: usize, frame: Frame, value: u64) {
-        frame_of(page, frame).0[0].store(value, Ordering::Release);
-    }
-    fn set_pte(&self, page: usize, frame: Option<Frame>) {
-        let entry = frame.map_or(0, |f| frame_of(page, f).0.as_ptr() as u64 | mmu::TEST_PAGE_FLAGS);
-        mmu::test_pte(page).store(entry, Ordering::Release);
-    }
-    fn publish(&self) {
-        // The entries' stores reach every CPU's table walks, and this CPU's
-        // next instructions see them.
-        a64::dsb_ishst();
-        a64::isb();
-    }
-    fn flush_pages(&self, pages: usize) {
-        let range = PageRange::new(mmu::TEST_VA, pages as u64);
-        if !range.is_ok_and(|r| flush_tlb_range(tlb::arch(), tlb::mm(), r).is_ok()) {
-            fatal("flush_tlb_range refused the test pages");
-        }
-    }
-    fn flush_page(&self, page: usize, flush: Flush) {
-        self.flush_with(flush, page);
-    }
-    fn unmap_batched(&self, pages: usize, flush: Flush) -> BatchNote {
-        let a = *tlb::arch();
-        match flush {
-            Flush::AllCpus => self.unmap_with(&a, pages),
-            Flush::ThisCpuOnly => self.unmap_with(&tlb::LocalTlbi(a), pages),
-            Flush::Skipped => self.unmap_with(&tlb::SkipTlbi(a), pages),
-        }
-    }
-    fn hw_access_flag(&self) -> bool {
-        mmu::MmuFeatures::read().hw_access_flag
-    }
-    fn no_access_flag_why(&self) -> &'static str {
-        "no hardware access flag (ID_AA64MMFR1_EL1.HAFDBS = 0)"
-    }
-    fn age_pages(&self, pages: usize, flush: Flush) -> (u64, u64) {
-        let a = *tlb::arch();
-        match flush {
-            Flush::AllCpus => self.age_with(&a, pages),
-            Flush::ThisCpuOnly => self.age_with(&tlb::LocalTlbi(a), pages),
-            Flush::Skipped => self.age_with(&tlb::SkipTlbi(a), pages),
-        }
-    }
-    fn reclaim_pages(&self, pages: usize, flush: Flush) -> ReclaimNote {
-        let a = *tlb::arch();
-        match flush {
-            Flush::AllCpus => self.reclaim_with(&a, pages),
-            Flush::ThisCpuOnly => self.reclaim_with(&tlb::LocalTlbi(a), pages),
-            Flush::Skipped => self.reclaim_with(&tlb::SkipTlbi(a), pages),
-        }
-    }
-    fn mprotect_pending(&self, unmapped: usize, pages: usize, flush: Flush) -> MprotectNote {
-        let a = *tlb::arch();
-        match flush {
-            Flush::AllCpus => self.mprotect_with(&a, unmapped, pages),
-            Flush::ThisCpuOnly => self.mprotect_with(&tlb::LocalTlbi(a), unmapped, pages),
-            Flush::Skipped => self.mprotect_with(&tlb::SkipTlbi(a), unmapped, pages),
-        }
-    }
-    fn write_page(&self, page: usize, value: u64) -> bool {
-        boot::probe_store_word(mmu::test_va(page) + 8, value)
-    }
-    fn invalidates_on_add(&self) -> bool {
-        <Aarch64 as Arch>::BATCH_BROADCAST_ON_ADD
-    }
-    fn full_flush_ceiling(&self) -> usize {
-        <Aarch64 as Arch>::FULL_FLUSH_CEILING
-    }
-    fn read_page(&self, page: usize) -> Option<u64> {
-        boot::probe(mmu::test_va(page))
-    }
-    fn broadcast_shootdowns(&self) -> bool {
-        // The crate's aarch64 `Arch` shoots down with `TLBI ... IS`.
-        <Aarch64 as Arch>::BROADCAST_INVALIDATE
-    }
-    fn ipis(&self) -> Ipis {
-        let (sent, hook_calls) = tlb::ipis();
-        Ipis {
-            sent,
-            seen: hook_calls,
-            shootdowns: tlb::TLB.stats().shootdowns,
-        }
-    }
-    fn poll(&self) {
-        tlb::poll();
-        teardown::serve();
-        dirty::serve();
-        generations::serve();
-        offline::serve();
-        block::serve();
-        block_split::serve();
-        block_teardown::serve();
-    }
-    fn now_us(&self) -> u64 {
-        now_us()
-    }
-}
-
-fn frame_of(page: usize, frame: Frame) -> &'static Page {
-    match frame {
-        Frame::A => &FRAMES_A[page],
-        Frame::B => &FRAMES_B[page],
-    }
-}
-
-/// The test page whose frame A is `frame`, if any.
-pub fn page_of_frame_a(frame: tlb_batch::Frame) -> Option<usize> {
-    FRAMES_A.iter().position(|p| p.0.as_ptr() as u64 == frame.addr())
-}
-
 fn has_word(line: &[u8], word: &[u8]) -> bool {
     line.split(|&b| b == b' ').any(|w| w == word)
 }
@@ -496,7 +222,12 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         fatal("the DTB names no PSCI conduit (/psci method)");
     };
     let features = mmu::MmuFeatures::read();
-    if !features.has_4k {
+    if has_word(info.bootargs, b"granule64") {
+        if !features.has_64k {
+            fatal("granule64: the CPU has no 64 KiB translation granule (ID_AA64MMFR0_EL1.TGran64 = 0b1111)");
+        }
+        mmu::use_granule64();
+    } else if !features.has_4k {
         fatal("the CPU has no 4 KiB translation granule");
     }
     if let Err(e) = mmu::build(info.ram.0, info.ram.1) {
@@ -551,6 +282,17 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         flush
     );
 
+    if mmu::granule64() {
+        say!(
+            "granule64: ID_AA64MMFR0_EL1.TGran64 present; TCR_EL1 {:#x} (TG0 = 0b01, TG1 = 0b11: 64 KiB), tables \
+             of levels 1 to 3 (T0SZ = 16), 64 KiB test pages; the crate's base page: {} KiB; FEAT_TTL \
+             (ID_AA64MMFR2_EL1.TTL): {}, so level hints are {}\n",
+            mmu_config.tcr,
+            config.granule().bytes() >> 10,
+            if features.feat_ttl { "present" } else { "absent" },
+            if config.level_hints() { "on" } else { "off" },
+        );
+    }
     start_secondaries(&info, conduit, mmu_config);
     let n = ONLINE.load(Ordering::Acquire);
     say!(
@@ -569,12 +311,42 @@ extern "C" fn kernel_main(x0: u64) -> ! {
     for o in &outcomes {
         say!("{o}\n");
     }
-    let teardown_passed = teardown::run(info.bootargs);
-    let dirty_passed = dirty::run(info.bootargs);
-    let generations_passed = generations::run(info.bootargs);
-    let block_passed = block::run(info.bootargs, info.ram);
-    let split_passed = block_split::run(info.bootargs, info.ram);
-    let block_teardown_passed = block_teardown::run(info.bootargs, info.ram);
+    let g64 = mmu::granule64();
+    // This kernel's own scenarios that build 4 KiB-granule tables of their
+    // own, or need a block: skipped at 64 KiB, with the reason.
+    let only_4k = |names: &[&str], why: &str, run: &dyn Fn() -> bool| {
+        if g64 {
+            names.iter().all(|name| granule64::skipped(name, why))
+        } else {
+            run()
+        }
+    };
+    let teardown_passed = only_4k(
+        &["teardown with batched table free"],
+        "4 KiB granule only (it builds level 1-3 tables of 512 entries of its own, a 2 MiB span per leaf table)",
+        &|| teardown::run(info.bootargs),
+    );
+    let dirty_passed = only_4k(
+        &["clean writes after unmap"],
+        "4 KiB granule only (its pages sit in the 4 KiB leaf table beside the test pages)",
+        &|| dirty::run(info.bootargs),
+    );
+    let generations_passed = only_4k(
+        &["generations"],
+        "4 KiB granule only (its address spaces' roots are copies of the 4 KiB level 0 table, its frames 4 KiB)",
+        &|| generations::run(info.bootargs),
+    );
+    const NO_BLOCK: &str = "a level 2 block is 512 MiB with the 64 KiB granule, more than this machine's RAM";
+    let block_passed = only_4k(&["2 MiB block unmap", "2 MiB block mprotect"], NO_BLOCK, &|| {
+        block::run(info.bootargs, info.ram)
+    });
+    let split_passed = only_4k(&["2 MiB block split"], NO_BLOCK, &|| {
+        block_split::run(info.bootargs, info.ram)
+    });
+    let block_teardown_passed = only_4k(&["2 MiB block teardown"], NO_BLOCK, &|| {
+        block_teardown::run(info.bootargs, info.ram)
+    });
+    let granule_passed = !g64 || granule64::run();
     // Whatever the flush under test, the CPU going offline runs with the
     // real one.
     let offline_passed = offline::run();
@@ -597,8 +369,9 @@ extern "C" fn kernel_main(x0: u64) -> ! {
         + usize::from(block_passed)
         + usize::from(split_passed)
         + usize::from(block_teardown_passed)
-        + usize::from(offline_passed);
-    let total = outcomes.len() + 7;
+        + usize::from(offline_passed)
+        + usize::from(g64 && granule_passed);
+    let total = outcomes.len() + 7 + usize::from(g64);
     say!("{passed} passed, {} failed\n", total - passed);
     semihost::exit(if passed == total { 0 } else { EXIT_FAIL })
 }

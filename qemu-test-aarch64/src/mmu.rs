@@ -26,8 +26,19 @@
 //! in the first [`DIRTY_PAGES`] entries of the test pages' leaf table.
 //! Every descriptor is written with AF set; only the reclaim flow's aging
 //! clears it.
+//!
+//! With the boot argument `granule64` ([`use_granule64`]) the tables are
+//! those of `mmu64.rs` instead (64 KiB granule, levels 1 to 3), and
+//! [`test_va`], [`test_pte`], [`root`], [`config`] and [`clean_tables`]
+//! answer for them; the tables only the 4 KiB scenarios use (the block
+//! entry, the clean-write pages, the root copies and root entries) stop
+//! the kernel if asked for then.
 
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tlb_batch::PageSize;
+
+use crate::mmu64;
 
 /// Where the test pages live: level 0 index 1, away from the identity map,
 /// the last [`TEST_PAGES`] entries of one leaf table.
@@ -46,11 +57,11 @@ const ASID_8: u16 = 0xa5;
 pub const DESC_VALID: u64 = 1 << 0;
 /// Table descriptor at levels 0-2, page descriptor at level 3.
 pub const DESC_TABLE_OR_PAGE: u64 = 1 << 1;
-const ATTR_DEVICE: u64 = 0 << 2;
-const ATTR_NORMAL: u64 = 1 << 2;
+pub const ATTR_DEVICE: u64 = 0 << 2;
+pub const ATTR_NORMAL: u64 = 1 << 2;
 /// AP\[2\]: read-only at every level.
 pub const AP_READ_ONLY: u64 = 1 << 7;
-const SH_INNER: u64 = 3 << 8;
+pub const SH_INNER: u64 = 3 << 8;
 /// The access flag.
 pub const AF: u64 = 1 << 10;
 pub const NG: u64 = 1 << 11;
@@ -58,8 +69,8 @@ pub const NG: u64 = 1 << 11;
 /// read-only (AP\[2\] = 1) descriptor with DBM set makes the hardware
 /// clear AP\[2\] in memory instead of faulting.
 pub const DBM: u64 = 1 << 51;
-const PXN: u64 = 1 << 53;
-const UXN: u64 = 1 << 54;
+pub const PXN: u64 = 1 << 53;
+pub const UXN: u64 = 1 << 54;
 /// The output address field of a 4 KiB page descriptor (48-bit PAs).
 pub const OUTPUT_ADDRESS: u64 = 0x0000_ffff_ffff_f000;
 
@@ -77,6 +88,48 @@ const _: () = assert!(BLOCK_VA >> 39 == 1 && (BLOCK_VA >> 21) & 511 == 1);
 /// leaf table (the other test pages are its last [`TEST_PAGES`] entries).
 pub const DIRTY_PAGES: usize = 16;
 const _: () = assert!(DIRTY_PAGES + TEST_PAGES <= 512);
+
+/// Set by the boot argument `granule64`, before the tables are built:
+/// the tables are `mmu64.rs`'s, with the 64 KiB granule.
+static GRANULE_64K: AtomicBool = AtomicBool::new(false);
+
+/// Makes this boot use the 64 KiB granule: call it before [`build`].
+pub fn use_granule64() {
+    GRANULE_64K.store(true, Ordering::Relaxed);
+}
+
+/// Whether this boot uses the 64 KiB granule.
+pub fn granule64() -> bool {
+    GRANULE_64K.load(Ordering::Relaxed)
+}
+
+/// The page the tables map: 4 or 64 KiB.
+pub fn page_size() -> PageSize {
+    if granule64() {
+        PageSize::SIZE_64K
+    } else {
+        PageSize::SIZE_4K
+    }
+}
+
+/// Bytes in a test page.
+pub fn page_bytes() -> u64 {
+    page_size().bytes()
+}
+
+/// A test page in the crate's 4 KiB units (`PageRange` lengths).
+pub fn page_units() -> u64 {
+    page_bytes() / 4096
+}
+
+/// Stops the kernel when a 4 KiB-granule-only table is asked for in a
+/// 64 KiB run (the scenarios that use them are skipped there).
+fn only_4k(what: &str) {
+    if granule64() {
+        crate::say!("{what}: 4 KiB granule only\n");
+        crate::fatal("a 4 KiB-granule table used with the 64 KiB granule");
+    }
+}
 
 /// MAIR_EL1: attribute 0 Device-nGnRnE, attribute 1 Normal memory,
 /// inner and outer write-back non-transient, read and write allocate.
@@ -123,6 +176,11 @@ pub struct MmuFeatures {
     /// PARange, capped at 48 bits (0b101): more needs 52-bit descriptors.
     pub pa_range: u64,
     pub has_4k: bool,
+    /// TGran64 (bits 27:24) is not 0b1111: the 64 KiB granule exists.
+    pub has_64k: bool,
+    /// ID_AA64MMFR2_EL1.TTL (bits 51:48) is not 0: FEAT_TTL, the level
+    /// hints of by-address `TLBI`s.
+    pub feat_ttl: bool,
     /// ID_AA64MMFR1_EL1.HAFDBS is not 0: the hardware can set access
     /// flags (TCR_EL1.HA).
     pub hw_access_flag: bool,
@@ -146,6 +204,9 @@ impl MmuFeatures {
             pa_range: (r & 0xf).min(0b101),
             // TGran4 (bits 31:28): 0b1111 means no 4 KiB granule.
             has_4k: (r >> 28) & 0xf != 0xf,
+            has_64k: (r >> 24) & 0xf != 0xf,
+            // SAFETY: EL1, as above.
+            feat_ttl: (unsafe { tlb_batch::arch::aarch64::read_id_aa64mmfr2_el1() } >> 48) & 0xf != 0,
         }
     }
 
@@ -169,6 +230,9 @@ impl MmuFeatures {
 /// plain aligned stores (no atomic read-modify-write on memory that is
 /// still Device memory to this CPU).
 pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
+    if granule64() {
+        return mmu64::build(ram_base, ram_size);
+    }
     if !ram_base.is_multiple_of(GIB) || ram_size == 0 || ram_size > GIB {
         return Err("RAM is not one block of at most 1 GiB at a 1 GiB boundary");
     }
@@ -193,18 +257,23 @@ pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
 
 /// The leaf entry of test page `page` (below [`TEST_PAGES`]).
 pub fn test_pte(page: usize) -> &'static AtomicU64 {
+    if granule64() {
+        return mmu64::leaf_entry(test_va(page));
+    }
     &L3_TEST.0[indices(test_va(page))[3]]
 }
 
 /// The level 2 entry that maps [`BLOCK_VA`] (empty until the block
 /// scenario writes a block descriptor there).
 pub fn block_entry() -> &'static AtomicU64 {
+    only_4k("the block entry");
     &L2_TEST.0[indices(BLOCK_VA)[2]]
 }
 
 /// The leaf entry of the clean-write scenario's page `page` (below
 /// [`DIRTY_PAGES`]).
 pub fn dirty_pte(page: usize) -> &'static AtomicU64 {
+    only_4k("the clean-write pages");
     &L3_TEST.0[indices(dirty_va(page))[3]]
 }
 
@@ -215,11 +284,17 @@ pub fn dirty_va(page: usize) -> u64 {
 
 /// The address of test page `page`.
 pub fn test_va(page: usize) -> u64 {
+    if granule64() {
+        return mmu64::TEST_VA + page as u64 * mmu64::GRANULE;
+    }
     TEST_VA + page as u64 * 4096
 }
 
 /// The root of the tables (the test address space's, and the kernel's).
 pub fn root() -> u64 {
+    if granule64() {
+        return mmu64::root();
+    }
     L0.addr()
 }
 
@@ -231,6 +306,7 @@ static L0_COPIES: [Table; 2] = [const { Table::new() }; 2];
 /// have this one loaded, so the crate can tell it apart (a root loaded
 /// without `switch_mm` to its own space is refused).
 pub fn root_copy(slot: usize) -> u64 {
+    only_4k("the root copies");
     let Some(copy) = L0_COPIES.get(slot) else {
         crate::fatal("no such root copy");
     };
@@ -246,6 +322,7 @@ pub fn root_copy(slot: usize) -> u64 {
 /// Entry `index` (below 512) of the root table, for the teardown
 /// scenario's page tables, which hang below a level 0 entry of their own.
 pub fn root_entry(index: usize) -> &'static AtomicU64 {
+    only_4k("the teardown's root entries");
     &L0.0[index]
 }
 
@@ -260,17 +337,17 @@ pub fn config(f: &MmuFeatures) -> MmuConfig {
     let irgn0_wb = 1 << 8;
     let orgn0_wb = 1 << 10;
     let sh0_inner = 3 << 12;
-    let tg0_4k = 0 << 14;
     let t1sz = 16 << 16;
     let epd1 = 1 << 23;
-    let tg1_4k = 2 << 30;
+    // TG0 = 0b00 and TG1 = 0b10 (4 KiB), or both 64 KiB.
+    let granule = if granule64() { mmu64::TCR_GRANULE } else { 2 << 30 };
     let ips = f.pa_range << 32;
     let as16 = u64::from(f.asid_16) << 36;
     let ha = u64::from(f.hw_access_flag) << 39;
     let hd = u64::from(f.hw_dirty_state()) << 40;
-    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | tg0_4k | t1sz | epd1 | tg1_4k | ips | as16 | ha | hd;
+    let tcr = t0sz | irgn0_wb | orgn0_wb | sh0_inner | granule | t1sz | epd1 | ips | as16 | ha | hd;
     // ASID 0 until the crate loads the test address space.
-    let ttbr0 = L0.addr();
+    let ttbr0 = root();
     // SCTLR_EL1 as reset left it, plus M (MMU), C (data cache) and I
     // (instruction cache); minus A (alignment checks), WXN and the
     // big-endian bits.
@@ -308,6 +385,9 @@ pub fn clean_to_poc(addr: u64, len: u64) {
 /// Cleans every table to the point of coherency (for CPUs that walk them
 /// before their caches are on).
 pub fn clean_tables() {
+    if granule64() {
+        return mmu64::clean_tables();
+    }
     for t in [&L0, &L1_IDENT, &L2_RAM, &L1_TEST, &L2_TEST, &L3_TEST] {
         clean_to_poc(t.addr(), 4096);
     }

@@ -15,7 +15,7 @@
 use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-use tlb_batch::{Frame, Mapping, MappingFlags, MmTlbState, PageTable, Pte, PteFlags, Rmap};
+use tlb_batch::{Frame, Mapping, MappingFlags, MmTlbState, PageSize, PageTable, Pte, PteFlags, Rmap};
 
 use crate::mmu::{
     self, AF, AP_READ_ONLY, DBM, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS, TEST_PAGE_FLAGS,
@@ -78,8 +78,9 @@ pub struct TestSpace;
 
 /// Which test page `va` is, if any.
 fn page_of(va: u64) -> Option<usize> {
-    let page = (va.checked_sub(mmu::TEST_VA)? / 4096) as usize;
-    (page < mmu::TEST_PAGES).then_some(page)
+    let offset = va.checked_sub(mmu::test_va(0))?;
+    let page = (offset / mmu::page_bytes()) as usize;
+    (page < mmu::TEST_PAGES && offset.is_multiple_of(mmu::page_bytes())).then_some(page)
 }
 
 /// The leaf entry for `va`, when it is a test page.
@@ -119,6 +120,13 @@ unsafe impl PageTable for TestSpace {
         if let Some(e) = entry(va) {
             e.store(to_descriptor(pte), Ordering::Release);
         }
+    }
+
+    /// A test page is one level 3 page descriptor: 4 KiB, or 64 KiB with
+    /// the 64 KiB granule (the crate then takes it whole, at its first
+    /// address, with one `TLBI`).
+    fn entry_size(&self, _va: u64) -> PageSize {
+        mmu::page_size()
     }
 }
 

@@ -4,12 +4,19 @@
 //! call: only the teardown scenario's table-free sync, `ipi_sync`, uses
 //! it), and the three deliberately broken `Arch` wrappers of the negative
 //! controls.
+//!
+//! Every wrapper forwards [`Arch::base_page`] and the level-hinted
+//! `flush_local_page_sized`/`broadcast_flush_page_sized` to the crate's
+//! `Aarch64` (or breaks them the same way as the plain forms): the trait's
+//! defaults would answer a 4 KiB base page on the 64 KiB granule run and
+//! drop the FEAT_TTL hints, so a control would not test the flush a
+//! passing run makes.
 
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tlb_batch::arch::aarch64::{Aarch64, Config, CpuTable};
-use tlb_batch::{Arch, Asid, CpuId, CpuSet, MmTlbState, TlbShootdown};
+use tlb_batch::{Arch, Asid, CpuId, CpuSet, MmTlbState, PageSize, TlbShootdown};
 
 use crate::MAX_CPUS;
 
@@ -189,6 +196,13 @@ macro_rules! forward_arch {
         fn asid_bits(&self) -> u32 {
             self.0.asid_bits()
         }
+        // The granule TCR_EL1 selects: without it a wrapper would answer
+        // the trait's 4 KiB default on a 64 KiB kernel (ranges flushed
+        // sixteen times too often, its tables refused as below the base
+        // page).
+        fn base_page(&self) -> PageSize {
+            self.0.base_page()
+        }
         fn send_flush_ipi(&self, targets: &CpuSet) {
             self.0.send_flush_ipi(targets)
         }
@@ -205,6 +219,9 @@ macro_rules! forward_local {
         fn flush_local_page(&self, asid: Asid, va: u64) {
             self.0.flush_local_page(asid, va)
         }
+        fn flush_local_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+            self.0.flush_local_page_sized(asid, va, leaf)
+        }
         fn flush_local_asid(&self, asid: Asid) {
             self.0.flush_local_asid(asid)
         }
@@ -219,6 +236,9 @@ macro_rules! forward_broadcast {
     () => {
         fn broadcast_flush_page(&self, asid: Asid, va: u64) {
             self.0.broadcast_flush_page(asid, va)
+        }
+        fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+            self.0.broadcast_flush_page_sized(asid, va, leaf)
         }
         fn broadcast_flush_asid(&self, asid: Asid) {
             self.0.broadcast_flush_asid(asid)
@@ -246,9 +266,11 @@ unsafe impl Arch for SkipTlbi {
     forward_arch!();
     forward_sync!();
     fn flush_local_page(&self, _asid: Asid, _va: u64) {}
+    fn flush_local_page_sized(&self, _asid: Asid, _va: u64, _leaf: Option<PageSize>) {}
     fn flush_local_asid(&self, _asid: Asid) {}
     fn flush_local_all(&self, _include_global: bool) {}
     fn broadcast_flush_page(&self, _asid: Asid, _va: u64) {}
+    fn broadcast_flush_page_sized(&self, _asid: Asid, _va: u64, _leaf: Option<PageSize>) {}
     fn broadcast_flush_asid(&self, _asid: Asid) {}
     fn broadcast_flush_all(&self, _include_global: bool) {}
 }
@@ -263,6 +285,9 @@ unsafe impl Arch for LocalTlbi {
     forward_local!();
     fn broadcast_flush_page(&self, asid: Asid, va: u64) {
         self.0.flush_local_page(asid, va)
+    }
+    fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        self.0.flush_local_page_sized(asid, va, leaf)
     }
     fn broadcast_flush_asid(&self, asid: Asid) {
         self.0.flush_local_asid(asid)
@@ -294,5 +319,80 @@ unsafe impl Arch for NoDsb {
     fn broadcast_sync(&self) {
         // The real one is `DSB ISH` then `ISB`: the DSB is skipped.
         tlb_batch::arch::aarch64::isb();
+    }
+}
+
+/// The crate's aarch64 `Arch`, every call forwarded, counting the page
+/// invalidations the crate asks for: the 64 KiB granule scenario
+/// (`granule64.rs`) checks that a 64 KiB page costs one `TLBI`, not
+/// sixteen, and which leaf size the crate passes as the level hint.
+pub struct CountTlbi(pub Aarch64);
+
+/// Page invalidations asked of [`CountTlbi`] (local or broadcast).
+static PAGE_TLBIS: AtomicU64 = AtomicU64::new(0);
+/// Those of them that came with a leaf size (a level hint to give).
+static SIZED: AtomicU64 = AtomicU64::new(0);
+/// The last leaf size given, in bytes (0: none yet).
+static LEAF: AtomicU64 = AtomicU64::new(0);
+
+impl CountTlbi {
+    /// Clears the counters.
+    pub fn reset() {
+        for c in [&PAGE_TLBIS, &SIZED, &LEAF] {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// Page invalidations, those with a leaf size, and the last leaf size
+    /// in bytes, since [`reset`](Self::reset).
+    pub fn counts() -> (u64, u64, u64) {
+        (
+            PAGE_TLBIS.load(Ordering::SeqCst),
+            SIZED.load(Ordering::SeqCst),
+            LEAF.load(Ordering::SeqCst),
+        )
+    }
+
+    fn count(leaf: Option<PageSize>) {
+        PAGE_TLBIS.fetch_add(1, Ordering::SeqCst);
+        if let Some(size) = leaf {
+            SIZED.fetch_add(1, Ordering::SeqCst);
+            LEAF.store(size.bytes(), Ordering::SeqCst);
+        }
+    }
+}
+
+// SAFETY: every method is the real implementation's, whose contract
+// `init` upholds, called with the same arguments; only counters change.
+unsafe impl Arch for CountTlbi {
+    forward_arch!();
+    forward_sync!();
+    fn flush_local_page(&self, asid: Asid, va: u64) {
+        Self::count(None);
+        self.0.flush_local_page(asid, va)
+    }
+    fn flush_local_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        Self::count(leaf);
+        self.0.flush_local_page_sized(asid, va, leaf)
+    }
+    fn flush_local_asid(&self, asid: Asid) {
+        self.0.flush_local_asid(asid)
+    }
+    fn flush_local_all(&self, include_global: bool) {
+        self.0.flush_local_all(include_global)
+    }
+    fn broadcast_flush_page(&self, asid: Asid, va: u64) {
+        Self::count(None);
+        self.0.broadcast_flush_page(asid, va)
+    }
+    fn broadcast_flush_page_sized(&self, asid: Asid, va: u64, leaf: Option<PageSize>) {
+        Self::count(leaf);
+        self.0.broadcast_flush_page_sized(asid, va, leaf)
+    }
+    fn broadcast_flush_asid(&self, asid: Asid) {
+        self.0.broadcast_flush_asid(asid)
+    }
+    fn broadcast_flush_all(&self, include_global: bool) {
+        self.0.broadcast_flush_all(include_global)
     }
 }
