@@ -4,6 +4,7 @@
 
 use crate::arch::Arch;
 use crate::batch::machine_id;
+use crate::cpuset::CpuSet;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, PAGE_SIZE};
 use crate::range::PageRange;
@@ -17,8 +18,11 @@ use crate::walk::{check_huge_whole, check_range_not_global, walk_range};
 use crate::Error;
 
 mod entry;
+mod hold;
 mod tables;
 
+use hold::LazyWait;
+pub use hold::{HoldTables, HoldingBacking, TableHold, TABLE_HOLD_GROUPS};
 pub use tables::{DetachedTable, TableBounds, TableTeardown};
 
 /// Frames per batch when a gather's batches are sized like Linux's: the
@@ -33,6 +37,15 @@ pub trait TeardownBacking: FreeFrames {
     /// Frees the page-table frames it accepts in ONE batched call, removing
     /// them from `tables`; what it leaves there was refused.
     fn free_tables<const N: usize>(&mut self, tables: &mut heapless::Vec<OwnedFrame, N>);
+
+    /// Where the teardown may hold the page-table frames that CPUs lazy on
+    /// the address space could still walk, instead of interrupting those
+    /// CPUs: a [`TableHold`] (see there). `None`, the default, keeps
+    /// Linux's rule: a flush that frees tables reaches lazy CPUs too.
+    /// [`TableHold::around`] wraps a backing to give one.
+    fn table_hold(&mut self) -> Option<&mut dyn HoldTables> {
+        None
+    }
 }
 
 /// Which page-table frames a teardown detaches.
@@ -83,6 +96,10 @@ pub struct TeardownSummary {
     /// Page-table frames freed, counted the same way for
     /// [`TeardownBacking::free_tables`].
     pub tables_freed: usize,
+    /// Page-table frames moved into the backing's [`TableHold`] instead of
+    /// freed, to wait for the CPUs that were lazy on the space at the
+    /// flush ([`TeardownBacking::table_hold`]).
+    pub tables_held: usize,
     /// Flushes (shootdowns) done: one per batch, one in all for a range
     /// that fits.
     pub flushes: usize,
@@ -108,6 +125,7 @@ impl core::ops::AddAssign for TeardownSummary {
         self.pages_unmapped = self.pages_unmapped.saturating_add(other.pages_unmapped);
         self.data_freed = self.data_freed.saturating_add(other.data_freed);
         self.tables_freed = self.tables_freed.saturating_add(other.tables_freed);
+        self.tables_held = self.tables_held.saturating_add(other.tables_held);
         self.flushes = self.flushes.saturating_add(other.flushes);
         self.flushes_reaching_no_cpu = self
             .flushes_reaching_no_cpu
@@ -140,6 +158,10 @@ pub struct MmuGather<const N: usize> {
     owner: Option<(usize, usize)>,
     /// The same identities for the counts in `summary` not yet reported.
     counts_of: Option<(usize, usize)>,
+    /// What the tables wait for when the flush that covered them left lazy
+    /// CPUs out (the teardown's backing had a hold): until they are held,
+    /// or those CPUs are interrupted after all.
+    lazy_wait: Option<LazyWait>,
 }
 
 /// A gather with page-sized batches.
@@ -173,6 +195,7 @@ impl<const N: usize> MmuGather<N> {
                 pages_unmapped: 0,
                 data_freed: 0,
                 tables_freed: 0,
+                tables_held: 0,
                 flushes: 0,
                 flushes_reaching_no_cpu: 0,
                 data_free_calls: 0,
@@ -182,6 +205,7 @@ impl<const N: usize> MmuGather<N> {
             },
             owner: None,
             counts_of: None,
+            lazy_wait: None,
         }
     }
 
@@ -524,13 +548,25 @@ impl<const N: usize> MmuGather<N> {
         let mm = space.tlb_state();
         self.claim(arch, mm)?;
         if !self.request.is_empty() {
-            // Lazy CPUs too when page tables go: their MMUs may walk them.
-            let (targets, step) = if self.tables.is_empty() {
-                mm.flush_targets_step(arch)
+            // Lazy CPUs too when page tables go (their MMUs may walk them),
+            // unless the backing's hold can keep the tables until they
+            // have passed (`gather/hold.rs`).
+            let hold = !self.tables.is_empty()
+                && !mm.is_kernel()
+                && backing
+                    .table_hold()
+                    .is_some_and(|h| h.room_for(machine_id(arch), mm.asid()) >= self.tables.len());
+            let (targets, lazy, step) = if self.tables.is_empty() {
+                let (targets, step) = mm.flush_targets_step(arch);
+                (targets, CpuSet::new(), step)
+            } else if hold {
+                mm.flush_targets_lazy_step(arch)
             } else {
-                mm.table_flush_targets_step(arch)
+                let (targets, step) = mm.table_flush_targets_step(arch);
+                (targets, CpuSet::new(), step)
             };
-            // Every page of the request was cleared before this advance.
+            // Every page of the request was cleared, and every table of it
+            // unlinked, before this advance.
             if let Some(step) = step {
                 self.request.set_step(mm.asid(), step);
             }
@@ -539,6 +575,16 @@ impl<const N: usize> MmuGather<N> {
             self.summary.flushes += 1;
             self.summary.flushes_reaching_no_cpu += usize::from(report.reached_no_cpu());
             self.summary.ipis_sent += report.ipis_sent;
+            if let (false, Some(step)) = (lazy.is_empty(), step) {
+                let wait = LazyWait {
+                    asid: mm.asid(),
+                    generation: step.to,
+                    cpus: lazy,
+                };
+                // Tables an earlier flush left waiting (its completion
+                // failed after it) wait for both sets.
+                self.lazy_wait = Some(self.lazy_wait.map_or(wait, |w| w.merge(wait)));
+            }
         }
         if !self.pages.is_empty() {
             let offered = self.pages.len();
@@ -560,6 +606,10 @@ impl<const N: usize> MmuGather<N> {
                 }
                 TableFreePolicy::GracePeriod(wait) => wait(),
             }
+            if self.settle_lazy(arch, backing)? {
+                self.owner = None;
+                return Ok(());
+            }
             let offered = self.tables.len();
             backing.free_tables(&mut self.tables);
             self.summary.table_free_calls += 1;
@@ -570,5 +620,47 @@ impl<const N: usize> MmuGather<N> {
         }
         self.owner = None;
         Ok(())
+    }
+
+    /// The step after the flush (and the lockless walkers' policy) for
+    /// tables whose flush left lazy CPUs out: when none of those CPUs is
+    /// left unpassed, nothing (the tables are freed as usual); otherwise
+    /// the tables go into the backing's hold, all of them (returns `true`),
+    /// or, if it has no room for them now, those CPUs get a whole-ASID
+    /// flush first, which drops their walk caches of the space, and the
+    /// tables are freed as usual. Errors: those of that flush, with the
+    /// tables and what they wait for kept.
+    fn settle_lazy<A, B>(&mut self, arch: &A, backing: &mut B) -> Result<bool, Error>
+    where
+        A: Arch,
+        B: TeardownBacking + ?Sized,
+    {
+        let Some(wait) = self.lazy_wait else {
+            return Ok(false);
+        };
+        let state = arch.shootdown_state();
+        let pending = wait.pending(state, &arch.online_cpus());
+        if pending.is_empty() {
+            self.lazy_wait = None;
+            return Ok(false);
+        }
+        let machine = machine_id(arch);
+        if let Some(hold) = backing.table_hold() {
+            if hold.room_for(machine, wait.asid) >= self.tables.len() {
+                let wait = LazyWait {
+                    cpus: pending,
+                    ..wait
+                };
+                let tables = &mut self.tables;
+                let held = hold.take(machine, &wait, &mut || tables.pop());
+                self.summary.tables_held += held;
+                self.lazy_wait = None;
+                return Ok(true);
+            }
+        }
+        let report = shootdown(arch, &pending, &FlushRequest::for_asid(wait.asid))?;
+        self.summary.ipis_sent += report.ipis_sent;
+        self.lazy_wait = None;
+        Ok(false)
     }
 }

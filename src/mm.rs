@@ -201,7 +201,28 @@ impl MmTlbState {
         }
     }
 
+    /// [`flush_targets_step`](Self::flush_targets_step), and the lazy
+    /// CPUs it left out, from the same reads: for a flush after which page
+    /// tables are held, not freed, until those CPUs have passed
+    /// ([`TableHold`](crate::TableHold)). Empty for the kernel's space,
+    /// whose flushes reach every online CPU.
+    pub(crate) fn flush_targets_lazy_step<A: Arch>(&self, arch: &A) -> (CpuSet, CpuSet, Option<GenStep>) {
+        let (set, lazy, step) = self.split_targets(arch, true);
+        (set.difference(&lazy), lazy, step)
+    }
+
     fn targets<A: Arch>(&self, arch: &A, advance: bool, with_lazy: bool) -> (CpuSet, Option<GenStep>) {
+        let (set, lazy, step) = self.split_targets(arch, advance);
+        if with_lazy {
+            (set, step)
+        } else {
+            (set.difference(&lazy), step)
+        }
+    }
+
+    /// The online CPUs that run the space (every online one for the
+    /// kernel's), those of them that are lazy, and the step of the advance.
+    fn split_targets<A: Arch>(&self, arch: &A, advance: bool) -> (CpuSet, CpuSet, Option<GenStep>) {
         let state = arch.shootdown_state();
         let step = (advance && !self.is_kernel()).then(|| self.advance(state));
         // Store-buffering pair with `switch_mm`'s fence (loom: model (e)
@@ -209,14 +230,11 @@ impl MmTlbState {
         fence(Ordering::SeqCst);
         let online = arch.online_cpus();
         if self.is_kernel() {
-            return (online, step);
+            return (online, CpuSet::new(), step);
         }
         let set = self.cpus.load(Ordering::SeqCst).intersection(&online);
-        if with_lazy {
-            (set, step)
-        } else {
-            (set.difference(&state.lazy_cpus()), step)
-        }
+        let lazy = set.intersection(&state.lazy_cpus());
+        (set, lazy, step)
     }
 
     /// The CPUs a flush of this address space would reach now (as
