@@ -4,7 +4,6 @@
 
 use crate::arch::Arch;
 use crate::batch::machine_id;
-use crate::cpuset::CpuSet;
 use crate::mm::MmTlbState;
 use crate::pte::{Frame, PAGE_SIZE};
 use crate::range::PageRange;
@@ -19,10 +18,14 @@ use crate::Error;
 
 mod entry;
 mod hold;
+mod summary;
 mod tables;
 
-use hold::LazyWait;
+#[cfg(all(test, loom))]
+pub(crate) use hold::Holder;
+pub(crate) use hold::{flush_sparing_lazy, LazyWait};
 pub use hold::{HoldTables, HoldingBacking, TableHold, TABLE_HOLD_GROUPS};
+pub use summary::TeardownSummary;
 pub use tables::{DetachedTable, TableBounds, TableTeardown};
 
 /// Frames per batch when a gather's batches are sized like Linux's: the
@@ -82,59 +85,6 @@ pub enum FrameKind {
     Data,
     /// A page-table frame.
     Table,
-}
-
-/// Counts of what a teardown did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct TeardownSummary {
-    /// Present PTEs cleared: a 2 MiB or 1 GiB entry counts as one.
-    pub pages_unmapped: usize,
-    /// Data frames freed: those offered to [`FreeFrames::free_batch`] less
-    /// those it left in, or added to, the vector (handed back). A huge
-    /// frame is offered, and counted, once: as its first 4 KiB frame.
-    pub data_freed: usize,
-    /// Page-table frames freed, counted the same way for
-    /// [`TeardownBacking::free_tables`].
-    pub tables_freed: usize,
-    /// Page-table frames moved into the backing's [`TableHold`] instead of
-    /// freed, to wait for the CPUs that were lazy on the space at the
-    /// flush ([`TeardownBacking::table_hold`]).
-    pub tables_held: usize,
-    /// Flushes (shootdowns) done: one per batch, one in all for a range
-    /// that fits.
-    pub flushes: usize,
-    /// Of [`flushes`](Self::flushes), those that reached no CPU at all:
-    /// no CPU ran the address space, the calling one included (a teardown
-    /// of a space no CPU has loaded). From a CPU that runs the space this
-    /// would mean the crate does not know it does, which the teardown
-    /// refuses where the `Arch` can tell ([`Error::UntrackedRoot`]).
-    pub flushes_reaching_no_cpu: usize,
-    /// Batched data-frame free calls.
-    pub data_free_calls: usize,
-    /// Batched page-table free calls.
-    pub table_free_calls: usize,
-    /// IPI syncs done for lockless walkers.
-    pub syncs: usize,
-    /// IPIs sent by flushes and syncs.
-    pub ipis_sent: usize,
-}
-
-/// Adds another teardown's counts (saturating), for totals over many.
-impl core::ops::AddAssign for TeardownSummary {
-    fn add_assign(&mut self, other: TeardownSummary) {
-        self.pages_unmapped = self.pages_unmapped.saturating_add(other.pages_unmapped);
-        self.data_freed = self.data_freed.saturating_add(other.data_freed);
-        self.tables_freed = self.tables_freed.saturating_add(other.tables_freed);
-        self.tables_held = self.tables_held.saturating_add(other.tables_held);
-        self.flushes = self.flushes.saturating_add(other.flushes);
-        self.flushes_reaching_no_cpu = self
-            .flushes_reaching_no_cpu
-            .saturating_add(other.flushes_reaching_no_cpu);
-        self.data_free_calls = self.data_free_calls.saturating_add(other.data_free_calls);
-        self.table_free_calls = self.table_free_calls.saturating_add(other.table_free_calls);
-        self.syncs = self.syncs.saturating_add(other.syncs);
-        self.ipis_sent = self.ipis_sent.saturating_add(other.ipis_sent);
-    }
 }
 
 /// A range teardown's pending work: the pages to flush, and up to `N` data
@@ -556,31 +506,26 @@ impl<const N: usize> MmuGather<N> {
                 && backing
                     .table_hold()
                     .is_some_and(|h| h.room_for(machine_id(arch), mm.asid()) >= self.tables.len());
-            let (targets, lazy, step) = if self.tables.is_empty() {
-                let (targets, step) = mm.flush_targets_step(arch);
-                (targets, CpuSet::new(), step)
-            } else if hold {
-                mm.flush_targets_lazy_step(arch)
+            let (report, wait) = if hold {
+                flush_sparing_lazy(arch, mm, &mut self.request)?
             } else {
-                let (targets, step) = mm.table_flush_targets_step(arch);
-                (targets, CpuSet::new(), step)
+                let (targets, step) = if self.tables.is_empty() {
+                    mm.flush_targets_step(arch)
+                } else {
+                    mm.table_flush_targets_step(arch)
+                };
+                // Every page of the request was cleared, and every table
+                // of it unlinked, before this advance.
+                if let Some(step) = step {
+                    self.request.set_step(mm.asid(), step);
+                }
+                (shootdown(arch, &targets, &self.request)?, None)
             };
-            // Every page of the request was cleared, and every table of it
-            // unlinked, before this advance.
-            if let Some(step) = step {
-                self.request.set_step(mm.asid(), step);
-            }
-            let report = shootdown(arch, &targets, &self.request)?;
             self.request.clear();
             self.summary.flushes += 1;
             self.summary.flushes_reaching_no_cpu += usize::from(report.reached_no_cpu());
             self.summary.ipis_sent += report.ipis_sent;
-            if let (false, Some(step)) = (lazy.is_empty(), step) {
-                let wait = LazyWait {
-                    asid: mm.asid(),
-                    generation: step.to,
-                    cpus: lazy,
-                };
+            if let Some(wait) = wait {
                 // Tables an earlier flush left waiting (its completion
                 // failed after it) wait for both sets.
                 self.lazy_wait = Some(self.lazy_wait.map_or(wait, |w| w.merge(wait)));
@@ -620,47 +565,5 @@ impl<const N: usize> MmuGather<N> {
         }
         self.owner = None;
         Ok(())
-    }
-
-    /// The step after the flush (and the lockless walkers' policy) for
-    /// tables whose flush left lazy CPUs out: when none of those CPUs is
-    /// left unpassed, nothing (the tables are freed as usual); otherwise
-    /// the tables go into the backing's hold, all of them (returns `true`),
-    /// or, if it has no room for them now, those CPUs get a whole-ASID
-    /// flush first, which drops their walk caches of the space, and the
-    /// tables are freed as usual. Errors: those of that flush, with the
-    /// tables and what they wait for kept.
-    fn settle_lazy<A, B>(&mut self, arch: &A, backing: &mut B) -> Result<bool, Error>
-    where
-        A: Arch,
-        B: TeardownBacking + ?Sized,
-    {
-        let Some(wait) = self.lazy_wait else {
-            return Ok(false);
-        };
-        let state = arch.shootdown_state();
-        let pending = wait.pending(state, &arch.online_cpus());
-        if pending.is_empty() {
-            self.lazy_wait = None;
-            return Ok(false);
-        }
-        let machine = machine_id(arch);
-        if let Some(hold) = backing.table_hold() {
-            if hold.room_for(machine, wait.asid) >= self.tables.len() {
-                let wait = LazyWait {
-                    cpus: pending,
-                    ..wait
-                };
-                let tables = &mut self.tables;
-                let held = hold.take(machine, &wait, &mut || tables.pop());
-                self.summary.tables_held += held;
-                self.lazy_wait = None;
-                return Ok(true);
-            }
-        }
-        let report = shootdown(arch, &pending, &FlushRequest::for_asid(wait.asid))?;
-        self.summary.ipis_sent += report.ipis_sent;
-        self.lazy_wait = None;
-        Ok(false)
     }
 }

@@ -103,13 +103,14 @@
 use crate::arch::{Arch, Asid};
 use crate::batch::machine_id;
 use crate::cpuset::{CpuId, CpuSet};
+use crate::mm::MmTlbState;
 use crate::percpu::TlbShootdown;
 use crate::request::FlushRequest;
-use crate::shootdown::shootdown;
+use crate::shootdown::{shootdown, ShootdownReport};
 use crate::unmap::{Flushed, FreeFrames, OwnedFrame};
 use crate::Error;
 
-use super::TeardownBacking;
+use super::{MmuGather, TeardownBacking};
 
 /// How many groups (teardowns whose lazy CPUs differ) a [`TableHold`]
 /// tells apart. A teardown of the address space of the newest group joins
@@ -118,6 +119,8 @@ use super::TeardownBacking;
 /// reaches the lazy CPUs as without a hold.
 pub const TABLE_HOLD_GROUPS: usize = 16;
 
+#[cfg(all(test, loom))]
+pub(crate) use sealed::Holder;
 pub(crate) use sealed::LazyWait;
 
 impl LazyWait {
@@ -142,6 +145,32 @@ impl LazyWait {
         }
         left
     }
+}
+
+/// The flush of a teardown whose tables a hold may keep: `request` (its
+/// pages cleared and its tables unlinked before this call) goes to the
+/// CPUs that run `mm` and are not lazy on it
+/// ([`MmTlbState::flush_targets`](crate::MmTlbState::flush_targets)),
+/// and what the tables then wait for comes back with the report: the lazy
+/// CPUs of the same reads, and the generation this flush advanced the
+/// space to (`None` when no CPU was lazy: free them as usual). The
+/// request is left as it was, with its generation step.
+pub(crate) fn flush_sparing_lazy<A: Arch>(
+    arch: &A,
+    mm: &MmTlbState,
+    request: &mut FlushRequest,
+) -> Result<(ShootdownReport, Option<LazyWait>), Error> {
+    let (targets, lazy, step) = mm.flush_targets_lazy_step(arch);
+    if let Some(step) = step {
+        request.set_step(mm.asid(), step);
+    }
+    let report = shootdown(arch, &targets, request)?;
+    let wait = step.filter(|_| !lazy.is_empty()).map(|step| LazyWait {
+        asid: mm.asid(),
+        generation: step.to,
+        cpus: lazy,
+    });
+    Ok((report, wait))
 }
 
 /// Whether `cpu`, lazy on the space of `asid` when a flush that advanced
@@ -508,5 +537,49 @@ impl<B: TeardownBacking + ?Sized, const N: usize> TeardownBacking for HoldingBac
 
     fn table_hold(&mut self) -> Option<&mut dyn HoldTables> {
         Some(self.hold)
+    }
+}
+
+impl<const N: usize> MmuGather<N> {
+    /// The step after the flush (and the lockless walkers' policy) for
+    /// tables whose flush left lazy CPUs out: when none of those CPUs is
+    /// left unpassed, nothing (the tables are freed as usual); otherwise
+    /// the tables go into the backing's hold, all of them (returns `true`),
+    /// or, if it has no room for them now, those CPUs get a whole-ASID
+    /// flush first, which drops their walk caches of the space, and the
+    /// tables are freed as usual. Errors: those of that flush, with the
+    /// tables and what they wait for kept.
+    pub(super) fn settle_lazy<A, B>(&mut self, arch: &A, backing: &mut B) -> Result<bool, Error>
+    where
+        A: Arch,
+        B: TeardownBacking + ?Sized,
+    {
+        let Some(wait) = self.lazy_wait else {
+            return Ok(false);
+        };
+        let state = arch.shootdown_state();
+        let pending = wait.pending(state, &arch.online_cpus());
+        if pending.is_empty() {
+            self.lazy_wait = None;
+            return Ok(false);
+        }
+        let machine = machine_id(arch);
+        if let Some(hold) = backing.table_hold() {
+            if hold.room_for(machine, wait.asid) >= self.tables.len() {
+                let wait = LazyWait {
+                    cpus: pending,
+                    ..wait
+                };
+                let tables = &mut self.tables;
+                let held = hold.take(machine, &wait, &mut || tables.pop());
+                self.summary.tables_held += held;
+                self.lazy_wait = None;
+                return Ok(true);
+            }
+        }
+        let report = shootdown(arch, &pending, &FlushRequest::for_asid(wait.asid))?;
+        self.summary.ipis_sent += report.ipis_sent;
+        self.lazy_wait = None;
+        Ok(false)
     }
 }
