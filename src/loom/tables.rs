@@ -10,11 +10,15 @@
 //!   holds the table if CPU 1 was lazy then, and asks the hold for it back
 //!   (`TableHold::release_passed`), while CPU 1 resumes the space
 //!   (`leave_lazy_tlb`; (p')) or switches to another space and back
-//!   (`switch_mm` both ways; (p'')). The table comes back (is freed) only
+//!   (`switch_mm` both ways; (p'')). CPU 1's MMU may walk through the
+//!   pointer at every step it takes in the crate while ASID 1's root is
+//!   loaded (`Cpu::watch_freed`). The table comes back (is freed) only
 //!   once CPU 1 can no longer walk through its pointer: never while it is
-//!   lazy with the pointer cached, nor after it runs the space again with
-//!   it. Releasing regardless of the lazy set, or judging a CPU passed by
-//!   its `caught` generation or by its loaded ASID without the one it is
+//!   lazy with the pointer cached, nor between the end of its lazy mark
+//!   and its catch-up, nor between its record of the next ASID and the
+//!   load of the next root, nor after it runs the space again with it.
+//!   Releasing regardless of the lazy set, judging a CPU passed once its
+//!   lazy mark is gone, or by its loaded ASID without the one it is
 //!   leaving, fails.
 //!
 //! The model machine is in `machine.rs`, running a model in `run.rs`.
@@ -88,6 +92,10 @@ fn model(name: &str, resume: Resume) {
             usize::from(back)
         });
         let h1 = spawn_cpu(&m, seen, 1, move |cpu| {
+            // Its MMU may walk through the pointer at every step it takes
+            // in the crate while ASID 1's root is loaded.
+            cpu.hw_asid.set(Some(asid()));
+            *cpu.watch_freed.borrow_mut() = Some(freed.clone());
             // Lazy, its pointer cached: its MMU may walk through it now.
             let early = freed.load(Ordering::SeqCst) && cpu.m.caches(1);
             match resume {
@@ -104,8 +112,9 @@ fn model(name: &str, resume: Resume) {
             // Running the space again: its walks start from the root.
             cpu.walk();
             let late = freed.load(Ordering::SeqCst) && cpu.m.caches(1);
+            let walked = cpu.walked_freed.get();
             cpu.finish();
-            usize::from(early || late)
+            usize::from(early || late || walked)
         });
         let back = h0.join().unwrap() == 1;
         let stale = h1.join().unwrap() == 1;
