@@ -249,8 +249,25 @@ impl<const N: usize> HoldTables for TableHold<N> {}
 
 /// Up to `N` emptied page-table frames, kept allocated until every CPU
 /// that was lazy on their address space when the teardown flushed has
-/// passed (see the [module](self) documentation), so that the teardown
-/// need not interrupt lazy CPUs.
+/// passed, so that the teardown need not interrupt lazy CPUs.
+///
+/// A lazy CPU keeps the space's root loaded, and its MMU may walk the
+/// tables through its paging-structure caches, so a freed table must not
+/// be reused while it can (Linux's `freed_tables` rule interrupts it
+/// instead). A held table is empty (the [`TableTeardown`](crate::TableTeardown)
+/// contract), so such a walk finds nothing present. A CPU has passed once
+///
+/// - it flushed the space's ASID whole, or everything, after the
+///   teardown's flush advanced the space's generation (its catch-up when
+///   it resumes or switches back, a pass, a whole-ASID flush it was
+///   sent): that flush drops the ASID's paging-structure caches too (Intel
+///   SDM vol. 3A, 4.10.4.1, `INVPCID` single-context and `MOV to CR3`;
+///   Arm ARM, `TLBI ASIDE1`, walk-cache entries of every level);
+/// - it loaded another root: its MMU no longer walks this one (on a tagged
+///   TLB its old ASID's cached walks are unusable, and flushed by the
+///   generation check before it loads that ASID again); or
+/// - it went offline ([`prepare_cpu_online`](crate::prepare_cpu_online)
+///   flushes everything before it runs again).
 ///
 /// Frames come in from a teardown given the hold
 /// ([`around`](Self::around), or a backing's

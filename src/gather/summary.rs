@@ -4,6 +4,8 @@
 use super::{TableHold, TeardownBacking};
 #[cfg(doc)]
 use crate::unmap::FreeFrames;
+#[cfg(doc)]
+use crate::Error;
 
 /// Counts of what a teardown did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
