@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Model-checks the cross-CPU shootdown protocol with loom. The models are
 # unit tests of the library in src/loom/: shootdown.rs (models (a) to (d),
-# (offline)), mm.rs ((e) to (g), (j), (k), (m) to (o)) and pool.rs ((h) to
-# (i), (l)), over the model machine of src/loom/machine.rs and run.rs,
+# (offline)), mm.rs ((e) to (g), (j), (k), (m) to (o)), pool.rs ((h) to
+# (i), (l)) and tables.rs ((p'), (p'')), over the model machine of src/loom/machine.rs and run.rs,
 # compiled only under `cfg(all(test, loom))`.
 #
 # In the library's own test harness built with `--cfg loom` (and only
@@ -66,6 +66,10 @@
 #       switches back while it still owes the catch-up of an earlier flush;
 #   (offline) a shootdown whose target goes offline (`take_cpu_offline`)
 #       and parks still returns;
+#   (p') (p'') on a tagged TLB, a page table a teardown holds for a CPU
+#       that was lazy at its flush (`TableHold`) is released only once
+#       that CPU's MMU can no longer walk through its cached pointer,
+#       while it resumes (`leave_lazy_tlb`) or switches away and back;
 #
 # and, in every execution of (a) to (d): every shootdown returns only
 # after every target has carried its request out, each request is carried

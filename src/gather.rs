@@ -17,8 +17,15 @@ use crate::walk::{check_huge_whole, check_range_not_global, walk_range};
 use crate::Error;
 
 mod entry;
+mod hold;
+mod summary;
 mod tables;
 
+#[cfg(all(test, loom))]
+pub(crate) use hold::Holder;
+pub(crate) use hold::{flush_sparing_lazy, LazyWait};
+pub use hold::{HoldTables, HoldingBacking, TableHold, TABLE_HOLD_GROUPS};
+pub use summary::TeardownSummary;
 pub use tables::{DetachedTable, TableBounds, TableTeardown};
 
 /// Frames per batch when a gather's batches are sized like Linux's: the
@@ -33,6 +40,15 @@ pub trait TeardownBacking: FreeFrames {
     /// Frees the page-table frames it accepts in ONE batched call, removing
     /// them from `tables`; what it leaves there was refused.
     fn free_tables<const N: usize>(&mut self, tables: &mut heapless::Vec<OwnedFrame, N>);
+
+    /// Where the teardown may hold the page-table frames that CPUs lazy on
+    /// the address space could still walk, instead of interrupting those
+    /// CPUs: a [`TableHold`] (see there). `None`, the default, keeps
+    /// Linux's rule: a flush that frees tables reaches lazy CPUs too.
+    /// [`TableHold::around`] wraps a backing to give one.
+    fn table_hold(&mut self) -> Option<&mut dyn HoldTables> {
+        None
+    }
 }
 
 /// Which page-table frames a teardown detaches.
@@ -71,54 +87,6 @@ pub enum FrameKind {
     Table,
 }
 
-/// Counts of what a teardown did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct TeardownSummary {
-    /// Present PTEs cleared: a 2 MiB or 1 GiB entry counts as one.
-    pub pages_unmapped: usize,
-    /// Data frames freed: those offered to [`FreeFrames::free_batch`] less
-    /// those it left in, or added to, the vector (handed back). A huge
-    /// frame is offered, and counted, once: as its first 4 KiB frame.
-    pub data_freed: usize,
-    /// Page-table frames freed, counted the same way for
-    /// [`TeardownBacking::free_tables`].
-    pub tables_freed: usize,
-    /// Flushes (shootdowns) done: one per batch, one in all for a range
-    /// that fits.
-    pub flushes: usize,
-    /// Of [`flushes`](Self::flushes), those that reached no CPU at all:
-    /// no CPU ran the address space, the calling one included (a teardown
-    /// of a space no CPU has loaded). From a CPU that runs the space this
-    /// would mean the crate does not know it does, which the teardown
-    /// refuses where the `Arch` can tell ([`Error::UntrackedRoot`]).
-    pub flushes_reaching_no_cpu: usize,
-    /// Batched data-frame free calls.
-    pub data_free_calls: usize,
-    /// Batched page-table free calls.
-    pub table_free_calls: usize,
-    /// IPI syncs done for lockless walkers.
-    pub syncs: usize,
-    /// IPIs sent by flushes and syncs.
-    pub ipis_sent: usize,
-}
-
-/// Adds another teardown's counts (saturating), for totals over many.
-impl core::ops::AddAssign for TeardownSummary {
-    fn add_assign(&mut self, other: TeardownSummary) {
-        self.pages_unmapped = self.pages_unmapped.saturating_add(other.pages_unmapped);
-        self.data_freed = self.data_freed.saturating_add(other.data_freed);
-        self.tables_freed = self.tables_freed.saturating_add(other.tables_freed);
-        self.flushes = self.flushes.saturating_add(other.flushes);
-        self.flushes_reaching_no_cpu = self
-            .flushes_reaching_no_cpu
-            .saturating_add(other.flushes_reaching_no_cpu);
-        self.data_free_calls = self.data_free_calls.saturating_add(other.data_free_calls);
-        self.table_free_calls = self.table_free_calls.saturating_add(other.table_free_calls);
-        self.syncs = self.syncs.saturating_add(other.syncs);
-        self.ipis_sent = self.ipis_sent.saturating_add(other.ipis_sent);
-    }
-}
-
 /// A range teardown's pending work: the pages to flush, and up to `N` data
 /// frames and `N` page-table frames waiting for that flush. Fixed storage,
 /// no allocation; [`PageGather`] sizes it like Linux.
@@ -140,6 +108,10 @@ pub struct MmuGather<const N: usize> {
     owner: Option<(usize, usize)>,
     /// The same identities for the counts in `summary` not yet reported.
     counts_of: Option<(usize, usize)>,
+    /// What the tables wait for when the flush that covered them left lazy
+    /// CPUs out (the teardown's backing had a hold): until they are held,
+    /// or those CPUs are interrupted after all.
+    lazy_wait: Option<LazyWait>,
 }
 
 /// A gather with page-sized batches.
@@ -173,6 +145,7 @@ impl<const N: usize> MmuGather<N> {
                 pages_unmapped: 0,
                 data_freed: 0,
                 tables_freed: 0,
+                tables_held: 0,
                 flushes: 0,
                 flushes_reaching_no_cpu: 0,
                 data_free_calls: 0,
@@ -182,6 +155,7 @@ impl<const N: usize> MmuGather<N> {
             },
             owner: None,
             counts_of: None,
+            lazy_wait: None,
         }
     }
 
@@ -534,21 +508,38 @@ impl<const N: usize> MmuGather<N> {
         let mm = space.tlb_state();
         self.claim(arch, mm)?;
         if !self.request.is_empty() {
-            // Lazy CPUs too when page tables go: their MMUs may walk them.
-            let (targets, step) = if self.tables.is_empty() {
-                mm.flush_targets_step(arch)
+            // Lazy CPUs too when page tables go (their MMUs may walk them),
+            // unless the backing's hold can keep the tables until they
+            // have passed (`gather/hold.rs`).
+            let hold = !self.tables.is_empty()
+                && !mm.is_kernel()
+                && backing
+                    .table_hold()
+                    .is_some_and(|h| h.room_for(machine_id(arch), mm.asid()) >= self.tables.len());
+            let (report, wait) = if hold {
+                flush_sparing_lazy(arch, mm, &mut self.request)?
             } else {
-                mm.table_flush_targets_step(arch)
+                let (targets, step) = if self.tables.is_empty() {
+                    mm.flush_targets_step(arch)
+                } else {
+                    mm.table_flush_targets_step(arch)
+                };
+                // Every page of the request was cleared, and every table
+                // of it unlinked, before this advance.
+                if let Some(step) = step {
+                    self.request.set_step(mm.asid(), step);
+                }
+                (shootdown(arch, &targets, &self.request)?, None)
             };
-            // Every page of the request was cleared before this advance.
-            if let Some(step) = step {
-                self.request.set_step(mm.asid(), step);
-            }
-            let report = shootdown(arch, &targets, &self.request)?;
             self.request.clear();
             self.summary.flushes += 1;
             self.summary.flushes_reaching_no_cpu += usize::from(report.reached_no_cpu());
             self.summary.ipis_sent += report.ipis_sent;
+            if let Some(wait) = wait {
+                // Tables an earlier flush left waiting (its completion
+                // failed after it) wait for both sets.
+                self.lazy_wait = Some(self.lazy_wait.map_or(wait, |w| w.merge(wait)));
+            }
         }
         if !self.pages.is_empty() {
             let offered = self.pages.len();
@@ -569,6 +560,10 @@ impl<const N: usize> MmuGather<N> {
                     self.summary.ipis_sent += report.ipis_sent;
                 }
                 TableFreePolicy::GracePeriod(wait) => wait(),
+            }
+            if self.settle_lazy(arch, backing)? {
+                self.owner = None;
+                return Ok(());
             }
             let offered = self.tables.len();
             backing.free_tables(&mut self.tables);

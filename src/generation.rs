@@ -21,8 +21,11 @@
 //!   before it runs user code again ([`leave_lazy_tlb`](crate::leave_lazy_tlb),
 //!   or `switch_mm` to the same space). Two exceptions keep it reachable: a
 //!   flush that frees page tables ([`MmTlbState::table_flush_targets`](crate::MmTlbState::table_flush_targets)),
-//!   since its MMU may still walk the loaded root speculatively, and the
-//!   kernel's own address space, whose global entries it uses.
+//!   since its MMU may still walk the loaded root speculatively (unless the
+//!   teardown keeps the tables in a [`TableHold`](crate::TableHold) until
+//!   the CPU has caught up, by this same generation, or loaded another
+//!   root), and the kernel's own address space, whose global entries it
+//!   uses.
 //!
 //! This is the exact form of contract rule 2: an entry tagged with an ASID
 //! a CPU has not loaded is not usable by it, so its frame may be freed or

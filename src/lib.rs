@@ -250,8 +250,9 @@ pub use batch::TlbFlushUnmapBatch;
 pub use cpuset::{AtomicCpuSet, CpuId, CpuSet, CpuSetIter, MAX_CPUS};
 pub use error::Error;
 pub use gather::{
-    DetachedTable, FrameKind, MmuGather, PageGather, TableBounds, TableFreePolicy, TableTeardown,
-    TeardownBacking, TeardownSummary, PAGE_BATCH,
+    DetachedTable, FrameKind, HoldTables, HoldingBacking, MmuGather, PageGather, TableBounds,
+    TableFreePolicy, TableHold, TableTeardown, TeardownBacking, TeardownSummary, PAGE_BATCH,
+    TABLE_HOLD_GROUPS,
 };
 pub use lifecycle::take_cpu_offline;
 pub use migrate::{

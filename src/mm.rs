@@ -155,7 +155,8 @@ impl MmTlbState {
     /// pairs with the one in [`switch_mm`] (and in [`leave_lazy_tlb`]), so a
     /// CPU that switches in concurrently is either seen here or sees the
     /// new generation and flushes. A flush that frees page tables must use
-    /// [`table_flush_targets`](Self::table_flush_targets) instead.
+    /// [`table_flush_targets`](Self::table_flush_targets) instead, unless
+    /// the tables wait for the lazy CPUs in a [`TableHold`](crate::TableHold).
     pub fn flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
         self.targets(arch, true, false).0
     }
@@ -172,7 +173,10 @@ impl MmTlbState {
     /// reached too: for a flush after which page-table frames are freed. A
     /// lazy CPU keeps the space's root loaded, so its MMU may still walk
     /// the tables (speculatively, and through its paging-structure caches)
-    /// whatever code it runs (Linux's `freed_tables` rule).
+    /// whatever code it runs (Linux's `freed_tables` rule). A teardown given
+    /// a [`TableHold`](crate::TableHold) flushes
+    /// [`flush_targets`](Self::flush_targets) instead and keeps the tables
+    /// until those CPUs have passed.
     pub fn table_flush_targets<A: Arch>(&self, arch: &A) -> CpuSet {
         self.targets(arch, true, true).0
     }
@@ -201,7 +205,28 @@ impl MmTlbState {
         }
     }
 
+    /// [`flush_targets_step`](Self::flush_targets_step), and the lazy
+    /// CPUs it left out, from the same reads: for a flush after which page
+    /// tables are held, not freed, until those CPUs have passed
+    /// ([`TableHold`](crate::TableHold)). Empty for the kernel's space,
+    /// whose flushes reach every online CPU.
+    pub(crate) fn flush_targets_lazy_step<A: Arch>(&self, arch: &A) -> (CpuSet, CpuSet, Option<GenStep>) {
+        let (set, lazy, step) = self.split_targets(arch, true);
+        (set.difference(&lazy), lazy, step)
+    }
+
     fn targets<A: Arch>(&self, arch: &A, advance: bool, with_lazy: bool) -> (CpuSet, Option<GenStep>) {
+        let (set, lazy, step) = self.split_targets(arch, advance);
+        if with_lazy {
+            (set, step)
+        } else {
+            (set.difference(&lazy), step)
+        }
+    }
+
+    /// The online CPUs that run the space (every online one for the
+    /// kernel's), those of them that are lazy, and the step of the advance.
+    fn split_targets<A: Arch>(&self, arch: &A, advance: bool) -> (CpuSet, CpuSet, Option<GenStep>) {
         let state = arch.shootdown_state();
         let step = (advance && !self.is_kernel()).then(|| self.advance(state));
         // Store-buffering pair with `switch_mm`'s fence (loom: model (e)
@@ -209,14 +234,11 @@ impl MmTlbState {
         fence(Ordering::SeqCst);
         let online = arch.online_cpus();
         if self.is_kernel() {
-            return (online, step);
+            return (online, CpuSet::new(), step);
         }
         let set = self.cpus.load(Ordering::SeqCst).intersection(&online);
-        if with_lazy {
-            (set, step)
-        } else {
-            (set.difference(&state.lazy_cpus()), step)
-        }
+        let lazy = set.intersection(&state.lazy_cpus());
+        (set, lazy, step)
     }
 
     /// The CPUs a flush of this address space would reach now (as
@@ -443,7 +465,9 @@ fn leave_lazy<A: Arch>(arch: &A, me: CpuId, mm: &MmTlbState) -> bool {
 /// `mm`, the user space it has loaded, loaded (it goes idle, or runs a
 /// kernel thread that borrows the space, as Linux's `enter_lazy_tlb`).
 /// From then on flushes of `mm` skip this CPU ([`MmTlbState::flush_targets`])
-/// except those that free page tables, and the CPU catches up by
+/// except those that free page tables (and a teardown with a
+/// [`TableHold`](crate::TableHold) skips it then too, keeping the tables
+/// until it has passed), and the CPU catches up by
 /// generation when it resumes ([`leave_lazy_tlb`], or [`switch_mm`] to any
 /// space).
 ///

@@ -396,6 +396,7 @@ fn a_failed_ipi_sync_keeps_the_tables_and_owes_no_flush() {
         pages_unmapped: 2,
         data_freed: 2,
         tables_freed: 1,
+        tables_held: 0,
         // No CPU runs the space: the flush reached none (the sync did).
         flushes: 1,
         flushes_reaching_no_cpu: 1,

@@ -600,6 +600,7 @@ impl<'m, H: Hardware> Model<'m, H> {
             }
         }
         self.compact_tick();
+        self.release_tables();
         self.now += 1;
     }
 

@@ -49,7 +49,9 @@ pub fn ops_text(runs: &[CellRuns]) -> String {
          {BUFFER_LIFE} reads and unmaps it (every other one alone on its page table, which goes with it). \
          Linux 6.1: page-by-page migration, each PTE flushed as it is cleared (ptep_clear_flush); munmap's one \
          flush at tlb_finish_mmu (lazy CPUs too when a table was freed). drivers: tlb-batch's migrate_pages and \
-         MmuGather. IPIs per page (migrated, or unmapped) and the drivers' ratio; goal <= {GOAL_DRIVERS_IPIS}x. \
+         MmuGather, whose freed tables wait in a TableHold for the CPUs that were lazy at the flush (released \
+         once each caught up, loaded another root or went offline; the hold is flushed when page-table frames \
+         run out and at the end of the run, counted here) instead of interrupting them. IPIs per page (migrated, or unmapped) and the drivers' ratio; goal <= {GOAL_DRIVERS_IPIS}x. \
          Only the pool acts at timer ticks, so one row per cell serves its three timers.\n"
     );
     let _ = writeln!(

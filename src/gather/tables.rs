@@ -9,7 +9,7 @@ use crate::rmap::PageTable;
 use crate::Error;
 
 #[cfg(doc)]
-use super::{MmuGather, TableFreePolicy};
+use super::{MmuGather, TableFreePolicy, TableHold};
 #[cfg(doc)]
 use crate::unmap::{FreeFrames, OwnedFrame};
 
@@ -121,10 +121,14 @@ impl TableBounds {
 /// # Safety
 ///
 /// - [`detach_table`](TableTeardown::detach_table) returns only a table
-///   that translates nothing outside `range`, after unlinking it so that no
-///   new walk can reach it (walks already under way may still be reading
-///   it, which is what [`TableFreePolicy`] is for), and hands the caller
-///   the table frame itself: nothing else frees it.
+///   that translates nothing outside `range`, and only when every entry of
+///   it is empty, after unlinking it so that no new walk can reach it
+///   (walks already under way may still be reading it, which is what
+///   [`TableFreePolicy`] is for), and hands the caller the table frame
+///   itself: nothing else frees it. Empty, because a [`TableHold`] may keep
+///   the frame where a lazy CPU's MMU can still walk it through a cached
+///   pointer: it must find nothing present there (and so cache nothing,
+///   and set no accessed bit).
 /// - [`detach_table_bounded`](TableTeardown::detach_table_bounded) returns
 ///   only a table whose whole span lies within `bounds` and that
 ///   translates some page of `range`, and only when every entry of it is

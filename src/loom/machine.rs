@@ -30,7 +30,7 @@
 //! IPI or the end of the model wakes it.
 
 use std::boxed::Box;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc as StdArc;
 use std::vec;
@@ -247,6 +247,18 @@ pub struct Cpu {
     /// read-modify-write, as x86 hardware's locked update) before it
     /// caches the entry (`Arch::FILL_SETS_ACCESSED`).
     pub walk_sets_accessed: Cell<bool>,
+    /// Model (p): the flag its table's release sets. While it is watched,
+    /// the CPU's MMU may walk through its cached pointer (page 0's entry
+    /// stands for a walk-cache pointer to the table) at every step it takes
+    /// in the crate (each `shootdown_state` call) with ASID 1's root
+    /// loaded: [`walked_freed`](Self::walked_freed) records one that
+    /// found the table released.
+    pub watch_freed: RefCell<Option<Arc<AtomicBool>>>,
+    /// The ASID whose root the hardware has loaded (model (p)).
+    pub hw_asid: Cell<Option<Asid>>,
+    /// Model (p): whether the MMU walked through its pointer to a table
+    /// after the table was released.
+    pub walked_freed: Cell<bool>,
 }
 
 impl Cpu {
@@ -271,6 +283,19 @@ impl Cpu {
             walks_after_irq: Cell::new(false),
             refill_after_flush: Cell::new(false),
             walk_sets_accessed: Cell::new(false),
+            watch_freed: RefCell::new(None),
+            hw_asid: Cell::new(None),
+            walked_freed: Cell::new(false),
+        }
+    }
+
+    /// Model (p): a step at which the MMU may walk (see `watch_freed`).
+    fn mmu_step(&self) {
+        if let Some(freed) = self.watch_freed.borrow().as_ref() {
+            if self.hw_asid.get() == Some(asid()) && self.m.caches(self.index) && freed.load(Ordering::SeqCst)
+            {
+                self.walked_freed.set(true);
+            }
         }
     }
 
@@ -425,6 +450,7 @@ unsafe impl Arch for Cpu {
     }
 
     fn shootdown_state(&self) -> &TlbShootdown {
+        self.mmu_step();
         &self.m.tlb
     }
 
@@ -493,6 +519,7 @@ unsafe impl Arch for Cpu {
         if !self.m.tagged {
             self.m.cached[self.index].store(false, Ordering::Relaxed);
         }
+        self.hw_asid.set(Some(asid));
         // Page 0 is ASID 1's: loading that one may refill it at once.
         if asid == self::asid() && self.refill_after_flush.get() {
             self.walk();

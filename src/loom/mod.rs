@@ -19,7 +19,9 @@
 //! - `mm.rs`: models (e) to (g), (j), (k) and (m) to (o), an address space's
 //!   fences;
 //! - `pool.rs`: models (h), (h'), (h''), (i) and (l), the frame pool's
-//!   epochs and passes.
+//!   epochs and passes;
+//! - `tables.rs`: models (p') and (p''), page tables held for lazy CPUs
+//!   (`TableHold`).
 
 mod machine;
 mod run;
@@ -27,3 +29,4 @@ mod run;
 mod mm;
 mod pool;
 mod shootdown;
+mod tables;

@@ -67,8 +67,17 @@
 //!   whenever it defers a flush with another CPU in `mm_cpumask`
 //!   (`should_defer_flush`; `policies.rs`); Linux 6.1's migration never
 //!   does, it does not defer.
-//! - **The crate**: `MmuGather::unmap_range` (a `PageGather`), with the
-//!   table freed after the flush (the model has no lockless walkers).
+//! - **The crate**: `MmuGather::unmap_range` (a `PageGather`) with a
+//!   `TableHold` of [`HOLD_TABLES`] frames (the model has no lockless
+//!   walkers): the flush reaches only the CPUs that run the space and are
+//!   not lazy, and an emptied table that a lazy CPU may still walk through
+//!   its paging-structure caches waits in the hold, allocated, until that
+//!   CPU caught up, loaded another root or went offline. Each teardown and
+//!   each tick frees the held tables whose CPUs have passed (no IPI); a
+//!   hold without room makes the teardown interrupt the lazy CPUs as
+//!   Linux's does; when the machine runs out of page-table frames, and at
+//!   the end of the run, the hold is flushed (a whole-ASID flush to the
+//!   CPUs still waited for), and those IPIs count as the teardowns'.
 //!
 //! # Accounting
 //!
@@ -86,9 +95,9 @@ use std::ops::ControlFlow;
 
 use tlb_batch::arch::mock::{MockKernel, Model as Hardware};
 use tlb_batch::{
-    flush_tlb_batched_pending, flush_tlb_page, migrate_pages, shootdown, Arch, FlushRequest, Frame,
-    MappingFlags, MigrateOutcome, PageGather, PageRange, PageTable, Rmap, TableFreePolicy, TableTeardown,
-    UnmapBatch, PAGE_SIZE,
+    flush_tlb_batched_pending, flush_tlb_page, migrate_pages, shootdown, Arch, FlushRequest, Flushed, Frame,
+    MappingFlags, MigrateOutcome, PageGather, PageRange, PageTable, Rmap, TableFreePolicy, TableHold,
+    TableTeardown, TeardownBacking, UnmapBatch, PAGE_SIZE,
 };
 
 use super::{Model, Run, HOT_BASE, KSWAPD_LOW, MEMORY, REGION_ALIGN};
@@ -110,6 +119,8 @@ pub const BUFFER_TOUCH: usize = 4;
 pub const BUFFER_SIZES: [usize; 5] = [4, 16, 33, 34, 96];
 /// Where the buffers' slots start: two per task, one page table each.
 const SCRATCH_BASE: u64 = 0x4000_0000;
+/// Page-table frames the crate's teardowns may hold for lazy CPUs.
+pub const HOLD_TABLES: usize = 32;
 
 /// What one kind of operation did over a run.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -168,6 +179,8 @@ pub(super) struct Ops {
     pub buffers: Vec<Option<Buffer>>,
     /// Buffers each task has mapped so far.
     pub made: Vec<usize>,
+    /// The crate's teardowns' tables waiting for lazy CPUs.
+    pub tables: TableHold<HOLD_TABLES>,
 }
 
 impl Ops {
@@ -176,6 +189,7 @@ impl Ops {
             on,
             buffers: vec![None; tasks],
             made: vec![0; tasks],
+            tables: TableHold::new(),
         }
     }
 }
@@ -284,15 +298,19 @@ impl<'m, H: Hardware> Model<'m, H> {
         let space = self.tasks[t].space;
         for p in 0..pages {
             let f = self.alloc(c);
-            self.rmap
-                .map_fresh(
-                    f,
-                    space,
-                    slot_va(t, slot) + p as u64 * PAGE_SIZE,
-                    true,
-                    MappingFlags::empty(),
-                )
-                .expect("a known space");
+            let va = slot_va(t, slot) + p as u64 * PAGE_SIZE;
+            if self
+                .rmap
+                .map_fresh(f, space, va, true, MappingFlags::empty())
+                .is_err()
+            {
+                // Out of page-table frames: the held ones go back now.
+                assert!(!self.ops.tables.is_empty(), "out of page-table frames");
+                self.flush_tables(c);
+                self.rmap
+                    .map_fresh(f, space, va, true, MappingFlags::empty())
+                    .expect("a known space, and a table frame");
+            }
         }
         self.ops.buffers[t] = Some(Buffer {
             slot,
@@ -330,16 +348,19 @@ impl<'m, H: Hardware> Model<'m, H> {
         self.fig.munmap.pending += u64::from(pending);
     }
 
-    /// `MmuGather::unmap_range`; returns the pages unmapped.
+    /// `MmuGather::unmap_range` with the hold; returns the pages unmapped.
     fn crate_munmap(&mut self, c: usize, space: usize, range: PageRange, free_tables: bool) -> u64 {
         let cpu = self.cpu(c);
         let mut kernel = MockKernel::new(&self.rmap);
+        let mut passed = self.ops.tables.release_passed(&cpu);
+        kernel.free_tables(passed.frames_mut());
+        assert!(passed.is_empty(), "the mock frees every table");
         let mut gather = PageGather::new();
         let s = gather
             .unmap_range(
                 &cpu,
                 &self.rmap.spaces()[space],
-                &mut kernel,
+                &mut self.ops.tables.around(&mut kernel),
                 range,
                 free_tables,
                 &mut TableFreePolicy::AfterFlush,
@@ -347,6 +368,41 @@ impl<'m, H: Hardware> Model<'m, H> {
             )
             .expect("not nested");
         s.pages_unmapped as u64
+    }
+
+    /// Frees the held tables whose lazy CPUs have passed (no IPI): every
+    /// tick, on the first CPU.
+    pub(super) fn release_tables(&mut self) {
+        if self.ops.tables.is_empty() {
+            return;
+        }
+        let back = self.ops.tables.release_passed(&self.cpu(0));
+        self.free_tables(back);
+    }
+
+    /// Flushes the hold on CPU `c` (memory pressure, the end of the run)
+    /// and frees every table, charging its IPIs to the teardowns.
+    pub(super) fn flush_tables(&mut self, c: usize) {
+        if self.ops.tables.is_empty() {
+            return;
+        }
+        let before = self.snap();
+        let back = self.ops.tables.flush(&self.cpu(c)).expect("not nested");
+        self.free_tables(back);
+        let after = self.snap();
+        let f = OpFigures {
+            ipis: after.ipis - before.ipis,
+            interrupts: after.interrupts - before.interrupts,
+            cycles: after.cycles - before.cycles,
+            ..OpFigures::default()
+        };
+        self.wait(c, (after.shootdowns - before.shootdowns).min(f.ipis));
+        self.fig.munmap.add(&f);
+    }
+
+    fn free_tables(&self, mut back: Flushed<HOLD_TABLES>) {
+        MockKernel::new(&self.rmap).free_tables(back.frames_mut());
+        assert!(back.is_empty(), "the mock frees every table");
     }
 
     /// Linux 6.1's `unmap_region` (see the module docs); returns the pages

@@ -32,6 +32,7 @@ pub fn run_seed<H: Hardware>(cell: Cell, peer: Peer, seed: u64) -> Figures {
     while !model.done() {
         model.tick();
     }
+    model.flush_tables(0);
     if !model.pool.is_empty() {
         let released = model.pool.flush(&m.cpu(0).expect("a CPU")).expect("not nested");
         model.fig.released_at_end += released.len() as u64;
