@@ -359,11 +359,23 @@ pub unsafe trait Arch {
         PageSize::SIZE_4K
     }
 
-    /// Invalidates this CPU's non-global entries of `asid`.
+    /// Invalidates this CPU's non-global entries of `asid`, and its
+    /// paging-structure (walk) cache entries for `asid` at every level.
+    ///
+    /// The crate relies on the second half: a CPU that catches up by
+    /// generation with this flush may have cached pointers to page tables
+    /// freed meanwhile ([`TableHold`](crate::TableHold) releases such
+    /// tables once every lazy CPU did). Both hardware forms used here do
+    /// it: on x86, INVPCID single-context and a MOV to CR3 (Intel SDM
+    /// vol. 3A, 4.10.4.1, "Operations that Invalidate TLBs and
+    /// Paging-Structure Caches"); on arm64, TLBI ASIDE1, which invalidates
+    /// cached copies of translation table entries of every level for the
+    /// ASID (Arm ARM, "TLB maintenance instructions").
     fn flush_local_asid(&self, asid: Asid);
 
-    /// Invalidates every entry of every ASID on this CPU; global entries too
-    /// when `include_global` is true.
+    /// Invalidates every entry of every ASID on this CPU, paging-structure
+    /// cache entries included; global entries too when `include_global`
+    /// is true.
     fn flush_local_all(&self, include_global: bool);
 
     /// Sends the TLB-flush interrupt to every CPU in `targets` (never the
