@@ -68,6 +68,7 @@ const ASID_B: u16 = 0x12;
 #[repr(C, align(65536))]
 struct Page([AtomicU64; 8192]);
 
+#[link_section = ".bss_tail.frames"]
 static FRAMES: [Page; 3] = [const { Page([const { AtomicU64::new(0) }; 8192]) }; 3];
 
 static mut SPACES: MaybeUninit<[MmTlbState; 2]> = MaybeUninit::uninit();
