@@ -79,7 +79,7 @@
 #   for a batched try_to_unmap), the generations scenario with the 4 KiB
 #   run's exact lines (its roots copies of the 64-entry level 1 table, its
 #   frames 64 KiB), and "skipped" lines for the scenarios that need 4 KiB
-#   tables or a 2 MiB block; on "max" the clean writes after unmap too
+#   tables (the teardown, not ported) or a 2 MiB block; on "max" the clean writes after unmap too
 #   (16 pages of 64 KiB at the start of the test pages' leaf table); on "max" the kernel measures what
 #   TCG does with a wrong TTL hint, which the script reports (TCG ignores
 #   TTL, so no control rests on it). Then "granule64 negative" on the
@@ -96,8 +96,8 @@
 #   while the others run ipi_sync, every sync completes, and the CPU reads
 #   no stale page after.
 # Prints each run's boot-to-exit wall time. Two to three minutes on a
-# 2-core machine under a load average of about 10 (the four 64 KiB runs
-# add about 45 s).
+# 2-core machine under a load average of about 10 (the six 64 KiB runs
+# add about 40 s of boot-to-exit time in all).
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
 # 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
 # what is missing.
