@@ -76,20 +76,28 @@
 #   scenarios with the 4 KiB run's exact counts (one TLBI per 64 KiB page),
 #   the "64 KiB granule TLBIs" scenario (every wrapper Arch answers 64 KiB;
 #   4 page TLBIs for a 4-page flush_tlb_range, 1 with the 64 KiB leaf size
-#   for a batched try_to_unmap), and "skipped" lines for the scenarios that
-#   need 4 KiB tables or a 2 MiB block; on "max" the kernel measures what
+#   for a batched try_to_unmap), the generations scenario with the 4 KiB
+#   run's exact lines (its roots copies of the 64-entry level 1 table, its
+#   frames 64 KiB), and "skipped" lines for the scenarios that need 4 KiB
+#   tables (the teardown, not ported) or a 2 MiB block; on "max" the clean writes after unmap too
+#   (16 pages of 64 KiB at the start of the test pages' leaf table); on "max" the kernel measures what
 #   TCG does with a wrong TTL hint, which the script reports (TCG ignores
 #   TTL, so no control rests on it). Then "granule64 negative" on the
 #   Cortex-A72 and "granule64 negative-local" on "max", which must fail
-#   every shared scenario on stale reads.
+#   every shared scenario on stale reads (negative-local the clean writes
+#   too, on late stores to dirty pages), "granule64 negative-dirty" on
+#   "max", which must fail the clean writes alone, on stores landed after
+#   the unmap, and "granule64 negative-catchup"
+#   on "max", which must fail the generations scenario alone, on the lazy
+#   CPU's read of the old 64 KiB frame.
 # Every run, negative controls included, ends with the offline scenario,
 #   whose flushes are the real ones and which must pass: the last CPU goes
 #   offline (take_offline) and comes back (bring_online) again and again
 #   while the others run ipi_sync, every sync completes, and the CPU reads
 #   no stale page after.
 # Prints each run's boot-to-exit wall time. Two to three minutes on a
-# 2-core machine under a load average of about 10 (the four 64 KiB runs
-# add about 45 s).
+# 2-core machine under a load average of about 10 (the six 64 KiB runs
+# add about 40 s of boot-to-exit time in all).
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
 # 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
 # what is missing.
@@ -334,12 +342,17 @@ block_failed_stale
 # Clean pages mapped writable but reported clean: the clean writes alone
 # fail, on stores that landed after the unmap (in the frames too), with
 # the flushes themselves intact (nothing landed after flush_dirty).
+# dirty_failed_writable TALLY NAME: the clean writes alone failed (TALLY
+# is the run's last line), on stores landed after the unmap.
+dirty_failed_writable() {
+    if ! grep -qE "^scenario $DIRTY: FAIL .*stores landed after unmap: [1-9][0-9]* \([1-9][0-9]* words of clean frames changed .*stores landed after flush_dirty: 0," "$log" ||
+        ! grep -q "^$1\$" "$log"; then
+        fail "qemu-aarch64 negative control: '$2' did not fail on stores landed after the unmap alone"
+    fi
+}
 run "max negative control: clean pages writable (must fail)" $FAIL 2 max "negative-dirty"
 offline_counted
-if ! grep -qE "^scenario $DIRTY: FAIL .*stores landed after unmap: [1-9][0-9]* \([1-9][0-9]* words of clean frames changed .*stores landed after flush_dirty: 0," "$log" ||
-    ! grep -q "^12 passed, 1 failed" "$log"; then
-    fail "qemu-aarch64 negative control: 'negative-dirty' did not fail on stores landed after the unmap alone"
-fi
+dirty_failed_writable "12 passed, 1 failed" "negative-dirty"
 
 # Tables freed right after the flush: the teardown alone fails, its walker
 # having read a freed table, with no stale read and no timeout.
@@ -356,13 +369,18 @@ fi
 # The lazy catch-up's control: AP 1 leaves lazy mode with its local TLBI
 # ASIDE1 skipped and must read the old frame through the entry it kept (a
 # lazy CPU writes no TTBR0_EL1, so TCG keeps it). Only that scenario fails.
+# catchup_failed TALLY: the generations scenario alone failed (TALLY is
+# the run's last line), on the lazy CPU's one read of the old frame.
+catchup_failed() {
+    if ! grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; stale: 1 reads of an old frame\) \(reads below\)$" "$log" ||
+        ! grep -q "while running A 0x6e6e00000001, back on A 0x6e6e00000002, after leave_lazy_tlb 0x6e6e00000002$" "$log" ||
+        ! grep -q "^$1\$" "$log"; then
+        fail "qemu-aarch64 negative control: '$2' did not fail on the lazy CPU's stale read alone"
+    fi
+}
 run "negative control: no catch-up (must fail)" $FAIL 2 max "negative-catchup"
 offline_counted
-if ! grep -qE "^scenario generations: FAIL .*catch-ups at leave_lazy_tlb: 1; stale: 1 reads of an old frame\) \(reads below\)$" "$log" ||
-    ! grep -q "while running A 0x6e6e00000001, back on A 0x6e6e00000002, after leave_lazy_tlb 0x6e6e00000002$" "$log" ||
-    ! grep -q "^12 passed, 1 failed" "$log"; then
-    fail "qemu-aarch64 negative control: 'negative-catchup' did not fail on the lazy CPU's stale read alone"
-fi
+catchup_failed "12 passed, 1 failed" "negative-catchup"
 
 # The 64 KiB granule ("granule64"): the shared scenarios over 64 KiB test
 # pages with their exact counts (a batch of 48 pages is 48 page TLBIs,
@@ -398,15 +416,22 @@ granule64_counted() {
     fi
     exact_line "scenario $G64: PASS (base page of the crate's Aarch64 and of every test wrapper: 64 KiB; flush_tlb_range of 4 pages: page TLBIs 4, with a leaf size 0; batched try_to_unmap of 1 page: Ok(SuccessCached), pending 1, page TLBIs 1, with a leaf size 1 (64 KiB), TTL in the operand $ttl; the page faults after the flush: true)" \
         "granule64 $2: the TLBI counts per 64 KiB page are not 4 and 1"
-    if [ "$(grep -c '^scenario .*: skipped: 4 KiB granule only (' "$log")" -ne 3 ] ||
+    if [ "$2" = max ]; then
+        grep -q "^scenario $DIRTY: PASS" "$log" ||
+            fail "qemu-aarch64 granule64 max: the clean writes after unmap did not run and pass"
+    elif ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
+        fail "qemu-aarch64 granule64 $2: the clean writes were not skipped for want of hardware dirty state"
+    fi
+    if [ "$(grep -c '^scenario .*: skipped: 4 KiB granule only (' "$log")" -ne 1 ] ||
         [ "$(grep -c '^scenario 2 MiB block .*: skipped: a level 2 block is 512 MiB with the 64 KiB granule' "$log")" -ne 4 ]; then
-        fail "qemu-aarch64 granule64 $2: not the 3 + 4 skipped lines of the 4 KiB-only scenarios"
+        fail "qemu-aarch64 granule64 $2: not the 1 + 4 skipped lines of the 4 KiB-only scenarios"
     fi
     grep -q "^14 passed, 0 failed" "$log" || fail "qemu-aarch64 granule64 $2: not 14 passed, 0 failed"
 }
 run "granule64: max, 2 cpus" $PASS 2 max "granule64"
 offline_counted
 granule64_counted 2 max
+generations_counted 2
 # What TCG does with a level hint: the line must show the premise (the
 # entry kept with no TLBI) and is reported; a wrong hint that drops the
 # entry anyway is why no negative control rests on TTL.
@@ -421,6 +446,7 @@ fi
 run "granule64: cortex-a72, 4 cpus" $PASS 4 cortex-a72 "granule64"
 offline_counted
 granule64_counted 4 cortex-a72
+generations_counted 4
 grep -q "^granule64: what the emulator does with a level hint: not measured (no FEAT_TTL" "$log" ||
     fail "qemu-aarch64 granule64 cortex-a72: the level hint line is missing"
 # The controls at 64 KiB: every shared scenario must fail on stale reads,
@@ -440,8 +466,22 @@ done
 # Its hot pages go unaged too (as at 4 KiB), and some of their reads fault.
 grep -qE "^scenario reclaim flow: FAIL .*stale: [1-9][0-9]* reads of the old frame, [0-9]+ other, 0 timeouts" "$log" ||
     fail "qemu-aarch64 granule64 max negative-local: the reclaim flow did not fail on stale reads"
-grep -q "^scenario $G64: PASS" "$log" && grep -q "^8 passed, 6 failed" "$log" ||
-    fail "qemu-aarch64 granule64 max negative-local: not the 6 shared scenarios alone failed"
+# The clean writes fail as at 4 KiB: every store to a clean page faults,
+# stores to dirty pages land after flush_dirty.
+dirty_failed_late
+grep -q "^scenario $G64: PASS" "$log" && grep -q "^7 passed, 7 failed" "$log" ||
+    fail "qemu-aarch64 granule64 max negative-local: not the 6 shared scenarios and the clean writes alone failed"
+# Clean pages mapped writable but reported clean, at 64 KiB: the clean
+# writes alone fail, on stores landed after the unmap.
+run "granule64 max negative control: clean pages writable (must fail)" $FAIL 2 max "granule64 negative-dirty"
+offline_counted
+dirty_failed_writable "13 passed, 1 failed" "granule64 negative-dirty"
+# The lazy catch-up's control at 64 KiB: a lazy CPU writes no TTBR0_EL1,
+# so TCG keeps its 64 KiB entry too, and only the generations scenario
+# fails, on that one read.
+run "granule64 negative control: no catch-up (must fail)" $FAIL 2 max "granule64 negative-catchup"
+offline_counted
+catchup_failed "13 passed, 1 failed" "granule64 negative-catchup"
 
 run "negative control: no DSB ISH (reported)" $EITHER 4 cortex-a72 "negative-nodsb"
 offline_counted

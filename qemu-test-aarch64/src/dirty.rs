@@ -13,10 +13,11 @@
 //!
 //! # The pages
 //!
-//! [`mmu::DIRTY_PAGES`] pages at the start of the test pages' leaf table,
-//! non-global (tagged with the test ASID), access flag set, mapped clean:
-//! read-only with DBM. [`DirtySpace`] converts their descriptors for the
-//! crate: dirty exactly when the hardware lets writes through (AP\[2\] = 0),
+//! [`mmu::DIRTY_PAGES`] pages at the start of the test pages' leaf table
+//! (4 KiB pages, or 64 KiB ones with the 64 KiB granule: the scenario runs
+//! the same at both), non-global (tagged with the test ASID), access flag
+//! set, mapped clean: read-only with DBM. `DirtySpace` (`dirty_space.rs`)
+//! converts their descriptors for the crate: dirty exactly when the hardware lets writes through (AP\[2\] = 0),
 //! writable when it does or when DBM is set (so a clean page that may
 //! become dirty is reported writable, which is conservative).
 //!
@@ -69,25 +70,18 @@
 //! the dirty pages' stores after `flush_dirty` land, and the scenario
 //! fails on those.
 
-use core::ops::ControlFlow;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tlb_batch::arch::aarch64 as a64;
-use tlb_batch::{
-    flush_tlb_range, try_to_unmap, Arch, Frame, Mapping, MappingFlags, MmTlbState, PageRange, PageTable, Pte,
-    PteFlags, Rmap, TlbFlushUnmapBatch, TtuFlags,
-};
+use tlb_batch::{flush_tlb_range, try_to_unmap, Arch, PageRange, TlbFlushUnmapBatch, TtuFlags};
 
-use crate::mmu::{self, AF, AP_READ_ONLY, DBM, DIRTY_PAGES, TEST_PAGE_FLAGS};
-use crate::{boot, space, tlb, MAX_CPUS};
+use crate::dirty_space::{frame_of, DirtyRmap, CLAIMED_CLEAN, FRAMES, REPORTED_DIRTY};
+use crate::mmu::{self, AP_READ_ONLY, DBM, DIRTY_PAGES, TEST_PAGE_FLAGS};
+use crate::{boot, tlb, MAX_CPUS};
 
 const NAME: &str = "clean writes after unmap";
 /// Rounds of the scenario.
 const ROUNDS: u64 = 20;
-/// A software bit of a page descriptor (bits 55-58 are ignored by the
-/// hardware): set by the negative control on the pages it maps writable
-/// yet wants reported clean.
-const CLAIMED_CLEAN: u64 = 1 << 55;
 /// What a freed frame holds in every word.
 const POISON: u64 = 0xdead_d177_dead_d177;
 /// How long CPU 0 waits for the observers at each step.
@@ -111,15 +105,6 @@ const _: () = assert!(DIRTY_PAGES <= 64 && DIRTY_PAGES >= 2);
 const WARM: u64 = 1;
 const AFTER_UNMAP: u64 = 2;
 const AFTER_FLUSH_DIRTY: u64 = 3;
-
-#[repr(C, align(4096))]
-struct DirtyFrame([AtomicU64; 512]);
-
-/// Each page's frame. Word 0 holds the round's pattern; word `c` (1 to
-/// [`MAX_CPUS`] - 1) is where observer `c` stores.
-static FRAMES: [DirtyFrame; DIRTY_PAGES] =
-    [const { DirtyFrame([const { AtomicU64::new(0) }; 512]) }; DIRTY_PAGES];
-const _: () = assert!(MAX_CPUS <= 512);
 
 /// Whether the observers serve the scenario.
 static JOB: AtomicBool = AtomicBool::new(false);
@@ -145,8 +130,6 @@ static LATE_LANDED: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CP
 /// Per observer, over the scenario: reads after the unmap that returned
 /// anything but the round's data or a fault.
 static OTHER: [AtomicU64; MAX_CPUS] = [const { AtomicU64::new(0) }; MAX_CPUS];
-/// The pages the crate reported dirty in the current round (a bit each).
-static REPORTED_DIRTY: AtomicU64 = AtomicU64::new(0);
 
 /// The word an observer stores or finds: `kind` 0 before any store, 1 its
 /// write in step 1, 2 its store after the unmap, 3 after `flush_dirty`.
@@ -157,114 +140,6 @@ fn value(kind: u64, round: u64, page: usize, cpu: usize) -> u64 {
 /// Word 0 of page `page` in `round`.
 fn pattern(round: u64, page: usize) -> u64 {
     value(0xf, round, page, 0)
-}
-
-fn frame_of(page: usize) -> Frame {
-    Frame(FRAMES[page].0.as_ptr() as u64 >> 12)
-}
-
-/// The aarch64 page descriptor for `pte`: a writable page gets DBM, and
-/// AP\[2\] stays set (read-only) unless the page is writable and dirty.
-pub fn to_descriptor(pte: Pte) -> u64 {
-    space::descriptor(pte, true)
-}
-
-/// The crate's view of the descriptor `desc` ([`space::to_pte`]), except
-/// that the negative control's [`CLAIMED_CLEAN`] bit hides the dirty
-/// state: wrong, on purpose.
-pub fn to_pte(desc: u64) -> Pte {
-    let pte = space::to_pte(desc);
-    if desc & CLAIMED_CLEAN != 0 && pte.is_present() {
-        Pte::new(pte.frame(), pte.flags() - PteFlags::DIRTY)
-    } else {
-        pte
-    }
-}
-
-/// Which of the scenario's pages `va` is, if any.
-fn page_of(va: u64) -> Option<usize> {
-    let page = (va.checked_sub(mmu::dirty_va(0))? / 4096) as usize;
-    (page < DIRTY_PAGES && va.is_multiple_of(4096)).then_some(page)
-}
-
-fn entry(va: u64) -> Option<&'static AtomicU64> {
-    page_of(va).map(mmu::dirty_pte)
-}
-
-/// The scenario's pages as the crate's reverse-map code sees them.
-pub struct DirtySpace;
-
-// SAFETY: the hardware writes these descriptors itself (it sets AP[2] = 0
-// on a write, TCR_EL1.HD, and the access flag, TCR_EL1.HA), always by an
-// atomic update; `exchange` and `test_and_clear_accessed` are single
-// atomic operations, so no state the hardware set between a read and a
-// write is lost, and `exchange` returns the descriptor as the hardware
-// last left it, whose dirty state `to_pte` reports. `lookup` reads the
-// descriptor as it is. The state is the test address space's, which every
-// CPU loaded with `switch_mm` and whose root holds these tables. Only CPU
-// 0 changes the descriptors (the observers' hardware only sets state in
-// them), one call at a time, so the default `with_table_locked` and
-// `next_populated` are right. (Under `negative-dirty` the conversion
-// reports writable descriptors clean: the control's deliberate breach.)
-unsafe impl PageTable for DirtySpace {
-    fn tlb_state(&self) -> &MmTlbState {
-        tlb::mm()
-    }
-
-    fn lookup(&self, va: u64) -> Pte {
-        entry(va).map_or(Pte::EMPTY, |e| to_pte(e.load(Ordering::Acquire)))
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        entry(va).map_or(Pte::EMPTY, |e| {
-            to_pte(e.swap(to_descriptor(new), Ordering::AcqRel))
-        })
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        entry(va).is_some_and(|e| e.fetch_and(!AF, Ordering::AcqRel) & AF != 0)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        if let Some(e) = entry(va) {
-            e.store(to_descriptor(pte), Ordering::Release);
-        }
-    }
-}
-
-static SPACE: DirtySpace = DirtySpace;
-
-/// The reverse map of the scenario's frames: frame `p` is mapped at most
-/// at page `p`.
-pub struct DirtyRmap;
-
-// SAFETY: a frame of FRAMES is mapped in the test address space only at
-// its own page (`map_round` writes no other entry with it), so that one
-// place is every user mapping of it; the kernel's identity map of RAM
-// covers it too, as a linear map does, and nothing here unmaps that.
-unsafe impl Rmap for DirtyRmap {
-    type Space = DirtySpace;
-
-    fn walk(
-        &self,
-        frame: Frame,
-        visit: &mut dyn FnMut(Mapping<'_, DirtySpace>) -> ControlFlow<()>,
-    ) -> ControlFlow<()> {
-        match (0..DIRTY_PAGES).find(|&p| frame_of(p) == frame) {
-            Some(page) => visit(Mapping {
-                space: &SPACE,
-                va: mmu::dirty_va(page),
-                flags: MappingFlags::empty(),
-            }),
-            None => ControlFlow::Continue(()),
-        }
-    }
-
-    fn set_dirty(&self, frame: Frame) {
-        if let Some(p) = (0..DIRTY_PAGES).find(|&p| frame_of(p) == frame) {
-            REPORTED_DIRTY.fetch_or(1 << p, Ordering::Relaxed);
-        }
-    }
 }
 
 /// Step 1 on an observer: reads every page, writes the even ones.
@@ -379,7 +254,8 @@ fn map_round(round: u64, claim_clean: bool) {
     }
     a64::dsb_ishst();
     a64::isb();
-    let range = PageRange::new(mmu::dirty_va(0), DIRTY_PAGES as u64);
+    // PageRange counts 4 KiB units: a 64 KiB page is 16 of them.
+    let range = PageRange::new(mmu::dirty_va(0), DIRTY_PAGES as u64 * mmu::page_units());
     if !range.is_ok_and(|r| flush_tlb_range(tlb::arch(), tlb::mm(), r).is_ok()) {
         crate::fatal("clean writes: flush_tlb_range refused the pages");
     }
@@ -557,9 +433,9 @@ fn scenario<A: Arch>(arch: &A, flush: &str, claim_clean: bool) -> bool {
         if batch.flush(arch).is_err() {
             t.errors += 1;
         }
-        // Freed: poisoned.
+        // Freed: poisoned (the part a page maps: 4 or 64 KiB).
         for f in &FRAMES {
-            for w in &f.0 {
+            for w in f.0.iter().take((mmu::page_bytes() / 8) as usize) {
                 w.store(POISON, Ordering::Relaxed);
             }
         }

@@ -32,6 +32,10 @@
 //! the CPU sets: it interrupts every other online CPU, lazy or not, since
 //! a walker may run in any address space; the scenario counts that too.
 //!
+//! With the 64 KiB granule (`granule64`) it runs as it is: P is then a
+//! 64 KiB test page, its frames 64 KiB, and A's and B's roots copies of
+//! the 64-entry level 1 table (`mmu::root_copy`); its lines are the same.
+//!
 //! Last, the question whether a switch can have a negative control: AP 1
 //! caches P in A, switches to B, P is remapped with no TLBI at all, and it
 //! switches back (A's generation did not move: no catch-up) and reads P.
@@ -45,7 +49,8 @@ use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tlb_batch::arch::aarch64 as a64;
 use tlb_batch::{
     enter_lazy_tlb, flush_tlb_page, ipi_sync, leave_lazy_tlb, switch_mm, Arch, Asid, Frame, FramePool,
-    Mapping, MappingFlags, MmTlbState, OwnedFrame, PageTable, Pte, Rmap, TtuFlags, UnmapBatch, Unmapped,
+    Mapping, MappingFlags, MmTlbState, OwnedFrame, PageSize, PageTable, Pte, Rmap, TtuFlags, UnmapBatch,
+    Unmapped,
 };
 
 use crate::{mmu, space, tlb, MAX_CPUS};
@@ -57,10 +62,14 @@ const AP: usize = 1;
 const ASID_A: u16 = 0x11;
 const ASID_B: u16 = 0x12;
 
-#[repr(C, align(4096))]
-struct Page([AtomicU64; 512]);
+/// A frame P maps: 64 KiB-aligned and 64 KiB long, so that it serves the
+/// 64 KiB granule whole (at 4 KiB P maps its first 4 KiB; only word 0 is
+/// read).
+#[repr(C, align(65536))]
+struct Page([AtomicU64; 8192]);
 
-static FRAMES: [Page; 3] = [const { Page([const { AtomicU64::new(0) }; 512]) }; 3];
+#[link_section = ".bss_tail.frames"]
+static FRAMES: [Page; 3] = [const { Page([const { AtomicU64::new(0) }; 8192]) }; 3];
 
 static mut SPACES: MaybeUninit<[MmTlbState; 2]> = MaybeUninit::uninit();
 static READY: AtomicBool = AtomicBool::new(false);
@@ -213,6 +222,11 @@ unsafe impl PageTable for SpaceA {
         if let Some(e) = entry(va) {
             e.store(space::to_descriptor(pte), Ordering::Release);
         }
+    }
+    /// P is a level 3 page descriptor: 4 KiB, or 64 KiB with the 64 KiB
+    /// granule.
+    fn entry_size(&self, _va: u64) -> PageSize {
+        mmu::page_size()
     }
 }
 

@@ -30,9 +30,9 @@
 //! With the boot argument `granule64` ([`use_granule64`]) the tables are
 //! those of `mmu64.rs` instead (64 KiB granule, levels 1 to 3), and
 //! [`test_va`], [`test_pte`], [`root`], [`config`] and [`clean_tables`]
-//! answer for them; the tables only the 4 KiB scenarios use (the block
-//! entry, the clean-write pages, the root copies and root entries) stop
-//! the kernel if asked for then.
+//! answer for them, as do [`dirty_pte`], [`dirty_va`] and [`root_copy`];
+//! the tables only the 4 KiB scenarios use (the block entry, the
+//! teardown's root entries) stop the kernel if asked for then.
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -273,12 +273,19 @@ pub fn block_entry() -> &'static AtomicU64 {
 /// The leaf entry of the clean-write scenario's page `page` (below
 /// [`DIRTY_PAGES`]).
 pub fn dirty_pte(page: usize) -> &'static AtomicU64 {
-    only_4k("the clean-write pages");
+    if granule64() {
+        return mmu64::leaf_entry(dirty_va(page));
+    }
     &L3_TEST.0[indices(dirty_va(page))[3]]
 }
 
-/// The address of the clean-write scenario's page `page`.
+/// The address of the clean-write scenario's page `page`: the start of
+/// the test pages' leaf table (2 MiB of 4 KiB pages, or 512 MiB of
+/// 64 KiB pages), one page each.
 pub fn dirty_va(page: usize) -> u64 {
+    if granule64() {
+        return mmu64::DIRTY_VA + page as u64 * mmu64::GRANULE;
+    }
     (TEST_VA & !0x1f_ffff) + page as u64 * 4096
 }
 
@@ -305,12 +312,15 @@ static L0_COPIES: [Table; 2] = [const { Table::new() }; 2];
 /// through the same lower tables: a CPU that has [`root`] loaded does not
 /// have this one loaded, so the crate can tell it apart (a root loaded
 /// without `switch_mm` to its own space is refused).
+///
+/// With the 64 KiB granule the root is `mmu64.rs`'s level 1 table (64
+/// entries, 512 bytes, so a 4 KiB table holds its copy too).
 pub fn root_copy(slot: usize) -> u64 {
-    only_4k("the root copies");
     let Some(copy) = L0_COPIES.get(slot) else {
         crate::fatal("no such root copy");
     };
-    for (to, from) in copy.0.iter().zip(L0.0.iter()) {
+    let root = if granule64() { mmu64::root_table() } else { &L0 };
+    for (to, from) in copy.0.iter().zip(root.0.iter()) {
         to.store(from.load(Ordering::Acquire), Ordering::Release);
     }
     // The entries reach the other CPUs' table walks before any of them

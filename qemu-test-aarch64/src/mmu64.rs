@@ -38,6 +38,12 @@ const L2_SPAN: u64 = 512 << 20;
 pub const TEST_VA: u64 = 0x0000_0080_0000_0000 + (ENTRIES - TEST_PAGES) as u64 * GRANULE;
 const _: () = assert!(TEST_VA >> 42 == 0 && (TEST_VA >> 29) & 8191 == 1024);
 
+/// The clean-write scenario's pages (`dirty.rs`): the first
+/// [`DIRTY_PAGES`](crate::mmu::DIRTY_PAGES) entries of the test pages'
+/// leaf table, as at 4 KiB.
+pub const DIRTY_VA: u64 = TEST_VA & !(L2_SPAN - 1);
+const _: () = assert!(crate::mmu::DIRTY_PAGES + TEST_PAGES <= ENTRIES);
+
 /// A 64 KiB table (levels 2 and 3), aligned to its size.
 #[repr(C, align(65536))]
 pub struct Table64(pub [AtomicU64; ENTRIES]);
@@ -103,6 +109,11 @@ pub fn leaf_entry(va: u64) -> &'static AtomicU64 {
 /// The root of the tables.
 pub fn root() -> u64 {
     L1.addr()
+}
+
+/// The root table itself (the generations scenario copies it).
+pub fn root_table() -> &'static Table {
+    &L1
 }
 
 /// TCR_EL1's granule fields: TG0 = 0b01 (64 KiB for TTBR0), TG1 = 0b11

@@ -76,7 +76,7 @@ pub fn init(config: Config, asid: u16) -> Result<(), &'static str> {
     // with interrupts masked as they always are here. The only user
     // address space is the test one, loaded only through switch_mm with a
     // non-zero ASID. Its descriptors that let writes through (AP[2] = 0)
-    // are reported dirty by space::TestSpace and dirty::DirtySpace; clean
+    // are reported dirty by space::TestSpace and dirty_space::DirtySpace; clean
     // writable pages (dirty.rs) are mapped read-only with DBM, and no fault
     // handler makes an entry writable (the negative control
     // `negative-dirty` breaks this on purpose, for dirty.rs's pages only).
