@@ -332,3 +332,58 @@ fn the_machine_takes_only_arm64_granules() {
         assert!(MockMachine::new(config).is_err(), "{shift}");
     }
 }
+
+/// A page whose leaf entry the crate read from the page table is
+/// invalidated with the level hint (its size), which on a FEAT_TTL-like
+/// machine removes that leaf entry and no walk-cache entry: the CPUs keep
+/// their pointers to the leaf table that still maps the other pages. Both
+/// through change_protection's shootdown and through a batched unmap
+/// (whose broadcast goes as the page is added).
+#[test]
+fn known_leaf_sizes_are_hinted_and_keep_the_walk_caches() {
+    // Through broadcasts (arm64) and through IPIs, whose handler rebuilds
+    // the request from the slot (x86-like).
+    hinted_keeps_the_walk_caches::<Arm64Like>();
+    hinted_keeps_the_walk_caches::<X86Like>();
+}
+
+fn hinted_keeps_the_walk_caches<M: Model>() {
+    for base in GRANULES {
+        let m = machine::<M>(2, base);
+        let (rmap, frames) = mapped(&m, base, 2, &[0, 1]);
+        let space = &rmap.spaces()[0];
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        let walks = cpu1.walk_cache();
+        assert!(!walks.is_empty(), "{base}: CPU 1 walked to its pages");
+        let kept = |what: &str| {
+            let now = cpu1.walk_cache();
+            assert!(
+                walks.iter().all(|w| now.contains(w)),
+                "{base}: {what}: {walks:?} -> {now:?}"
+            );
+        };
+
+        let second = PageRange::new(page(base, 1), base.base_pages()).unwrap();
+        let changed =
+            change_protection(&cpu0, space, second, |p| Pte(p.0 & !PteFlags::WRITABLE.bits())).unwrap();
+        assert_eq!(changed, 1, "{base}");
+        kept("change_protection");
+        assert!(cpu1.write(page(base, 1), 9).is_err(), "{base}: read-only now");
+
+        let mut batch = TlbFlushUnmapBatch::new();
+        let r = tlb_batch::try_to_unmap(
+            &cpu0,
+            &rmap,
+            frames[0],
+            TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+            &mut batch,
+        )
+        .unwrap();
+        assert!(matches!(r, tlb_batch::SwapResult::SuccessCached), "{base}: {r:?}");
+        batch.flush(&cpu0).unwrap();
+        kept("a batched unmap");
+        assert_eq!(m.stale_entries(), [], "{base}");
+        free_runs(&m, base, &frames[..1]);
+        assert_eq!(m.violations(), [], "{base}");
+    }
+}
