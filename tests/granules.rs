@@ -9,13 +9,14 @@
 
 mod common;
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use tlb_batch::arch::mock::{Arm64Like, MockConfig, MockKernel, MockMachine, MockRmap, Model, X86Like};
 use tlb_batch::{
-    change_protection, flush_tlb_page, flush_tlb_range, Arch, Error, Frame, MappingFlags, MmTlbState,
-    MmuGather, PageRange, PageSize, PageTable, Pte, PteFlags, TableFreePolicy, TlbFlushUnmapBatch, TtuFlags,
-    PAGE_SIZE,
+    change_protection, flush_tlb_page, flush_tlb_range, Arch, Error, Frame, Mapping, MappingFlags,
+    MmTlbState, MmuGather, PageRange, PageSize, PageTable, Pte, PteFlags, Rmap, TableFreePolicy,
+    TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
 };
 
 const BASE: u64 = 0x4000_0000;
@@ -228,6 +229,33 @@ unsafe impl PageTable for Says4K<'_, '_> {
     }
 }
 
+/// `MockRmap`'s mappings, through [`Says4K`].
+struct Says4KRmap<'a, 'm>(Says4K<'a, 'm>, &'a MockRmap<'m, Arm64Like>);
+
+// SAFETY: forwards the walk of a map that keeps the contract, each mapping
+// in the same space (seen through `Says4K`) at the same address.
+unsafe impl<'a, 'm> Rmap for Says4KRmap<'a, 'm> {
+    type Space = Says4K<'a, 'm>;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        self.1.walk(frame, &mut |mapping| {
+            visit(Mapping {
+                space: &self.0,
+                va: mapping.va,
+                flags: mapping.flags,
+            })
+        })
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        self.1.set_dirty(frame)
+    }
+}
+
 #[test]
 fn an_entry_smaller_than_the_base_page_is_refused() {
     let base = PageSize::SIZE_64K;
@@ -247,6 +275,15 @@ fn an_entry_smaller_than_the_base_page_is_refused() {
     );
     assert!(m.pte(table.tlb_state(), page(base, 0)).unwrap().is_writable());
     assert_eq!(m.stats().shootdowns, 0);
+    // The reverse map's walk too, before the entry changes.
+    let says4k = Says4KRmap(Says4K(&rmap.spaces()[0]), &rmap);
+    let mut batch = TlbFlushUnmapBatch::new();
+    assert_eq!(
+        tlb_batch::try_to_unmap(&cpu0, &says4k, frames[0], TtuFlags::BATCH_FLUSH, &mut batch),
+        Err(refused)
+    );
+    assert!(batch.is_empty());
+    assert!(m.pte(table.tlb_state(), page(base, 0)).unwrap().is_present());
     let _ = Arc::clone(rmap.spaces()[0].mm());
     let mut batch = TlbFlushUnmapBatch::new();
     let _ = tlb_batch::try_to_unmap(
