@@ -148,5 +148,8 @@ mod tests {
             shown,
             ["4 KiB", "16 KiB", "64 KiB", "2 MiB", "32 MiB", "512 MiB", "1 GiB", "512 GiB"]
         );
+        // Debug (what errors and assertions show) is the same text.
+        assert_eq!(std::format!("{:?}", PageSize::SIZE_2M), "2 MiB");
+        assert_eq!(std::format!("{:?}", Some(PageSize::SIZE_16K)), "Some(16 KiB)");
     }
 }

@@ -283,3 +283,31 @@ fn a_merge_keeps_the_stride() {
     assert_eq!(ranges[1].stride, PageSize::SIZE_1G);
     assert_eq!(ranges[1].addresses().collect::<std::vec::Vec<_>>(), [GIB]);
 }
+
+/// Level hints: on for pages whose leaf size the page table reported, off
+/// once the request holds a page of unknown size, and a merge keeps them
+/// off when either side had them off (in either order).
+#[test]
+fn a_page_of_unknown_size_turns_the_hints_off_through_a_merge() {
+    let hinted = || {
+        let mut r = FlushRequest::new();
+        let pages = Pages::one(0x20_0000, PageSize::SIZE_2M).unwrap().leaf();
+        assert_eq!(pages.hint(), Some(PageSize::SIZE_2M));
+        r.add_pages_step(asid(1), pages, 33, None);
+        r
+    };
+    assert!(hinted().leaf_hints());
+    let mut unknown = FlushRequest::new();
+    unknown.add_range(asid(2), PageRange::page(0x1000).unwrap(), 33);
+    assert!(!unknown.leaf_hints());
+
+    let mut into_hinted = hinted();
+    into_hinted.merge(&unknown, 33);
+    assert!(!into_hinted.leaf_hints(), "an unknown page merged in");
+    let mut into_unknown = unknown.clone();
+    into_unknown.merge(&hinted(), 33);
+    assert!(!into_unknown.leaf_hints(), "merged into an unknown page");
+    let mut both = hinted();
+    both.merge(&hinted(), 33);
+    assert!(both.leaf_hints(), "two requests of known sizes");
+}

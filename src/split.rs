@@ -414,11 +414,17 @@ mod tests {
         );
         let flushed = failed.broken.flush(&cpu0).unwrap();
         assert_eq!(flushed.change(), HugeChange::Split);
+        // The flushed break names the huge page it was made for.
+        assert_eq!((flushed.start(), flushed.size()), (va, PageSize::SIZE_1G));
         assert_eq!(flushed.make(|old| old + 1), 8);
         let promote = promote_to_huge(&cpu0, &mm, va, PageSize::SIZE_2M, || ()).unwrap();
         assert_eq!(promote.flush_stride(), PageSize::SIZE_4K);
         let flushed = promote.flush(&cpu0).unwrap();
         assert_eq!(flushed.report().remote_cpus, 1);
+        assert_eq!(
+            (flushed.start(), flushed.size(), flushed.change()),
+            (va, PageSize::SIZE_2M, HugeChange::Promote)
+        );
         flushed.make(|()| ());
     }
 }

@@ -302,3 +302,29 @@ fn the_counting_wrapper_forwards_bounded_searches() {
     assert_eq!(space.detach_searches(), [range, range]);
     assert_eq!(m.violations(), []);
 }
+
+/// `TableBounds::covers` takes a table only when both its ends lie within
+/// the bounds: one that starts below the floor, or ends past the ceiling,
+/// is not covered, nor an empty one.
+#[test]
+fn bounds_cover_a_table_only_with_both_its_ends_inside() {
+    let bounds = TableBounds::new(2 << 20, 8 << 20).unwrap();
+    assert!(bounds.covers(PageRange::new(2 << 20, 512).unwrap()));
+    assert!(bounds.covers(PageRange::new(6 << 20, 512).unwrap()));
+    assert!(
+        !bounds.covers(PageRange::new(0, 512).unwrap()),
+        "starts below the floor"
+    );
+    assert!(
+        !bounds.covers(PageRange::new(8 << 20, 512).unwrap()),
+        "past the ceiling"
+    );
+    assert!(
+        !bounds.covers(PageRange::new(6 << 20, 1024).unwrap()),
+        "ends past the ceiling"
+    );
+    assert!(
+        !bounds.covers(PageRange::new(4 << 20, 0).unwrap()),
+        "an empty table"
+    );
+}

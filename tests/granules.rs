@@ -9,13 +9,14 @@
 
 mod common;
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use tlb_batch::arch::mock::{Arm64Like, MockConfig, MockKernel, MockMachine, MockRmap, Model, X86Like};
 use tlb_batch::{
-    change_protection, flush_tlb_page, flush_tlb_range, Arch, Error, Frame, MappingFlags, MmTlbState,
-    MmuGather, PageRange, PageSize, PageTable, Pte, PteFlags, TableFreePolicy, TlbFlushUnmapBatch, TtuFlags,
-    PAGE_SIZE,
+    change_protection, flush_tlb_page, flush_tlb_range, Arch, Error, Frame, Mapping, MappingFlags,
+    MmTlbState, MmuGather, PageRange, PageSize, PageTable, Pte, PteFlags, Rmap, TableFreePolicy,
+    TlbFlushUnmapBatch, TtuFlags, PAGE_SIZE,
 };
 
 const BASE: u64 = 0x4000_0000;
@@ -228,6 +229,33 @@ unsafe impl PageTable for Says4K<'_, '_> {
     }
 }
 
+/// `MockRmap`'s mappings, through [`Says4K`].
+struct Says4KRmap<'a, 'm>(Says4K<'a, 'm>, &'a MockRmap<'m, Arm64Like>);
+
+// SAFETY: forwards the walk of a map that keeps the contract, each mapping
+// in the same space (seen through `Says4K`) at the same address.
+unsafe impl<'a, 'm> Rmap for Says4KRmap<'a, 'm> {
+    type Space = Says4K<'a, 'm>;
+
+    fn walk(
+        &self,
+        frame: Frame,
+        visit: &mut dyn FnMut(Mapping<'_, Self::Space>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
+        self.1.walk(frame, &mut |mapping| {
+            visit(Mapping {
+                space: &self.0,
+                va: mapping.va,
+                flags: mapping.flags,
+            })
+        })
+    }
+
+    fn set_dirty(&self, frame: Frame) {
+        self.1.set_dirty(frame)
+    }
+}
+
 #[test]
 fn an_entry_smaller_than_the_base_page_is_refused() {
     let base = PageSize::SIZE_64K;
@@ -247,6 +275,15 @@ fn an_entry_smaller_than_the_base_page_is_refused() {
     );
     assert!(m.pte(table.tlb_state(), page(base, 0)).unwrap().is_writable());
     assert_eq!(m.stats().shootdowns, 0);
+    // The reverse map's walk too, before the entry changes.
+    let says4k = Says4KRmap(Says4K(&rmap.spaces()[0]), &rmap);
+    let mut batch = TlbFlushUnmapBatch::new();
+    assert_eq!(
+        tlb_batch::try_to_unmap(&cpu0, &says4k, frames[0], TtuFlags::BATCH_FLUSH, &mut batch),
+        Err(refused)
+    );
+    assert!(batch.is_empty());
+    assert!(m.pte(table.tlb_state(), page(base, 0)).unwrap().is_present());
     let _ = Arc::clone(rmap.spaces()[0].mm());
     let mut batch = TlbFlushUnmapBatch::new();
     let _ = tlb_batch::try_to_unmap(
@@ -330,5 +367,60 @@ fn the_machine_takes_only_arm64_granules() {
             ..MockConfig::x86_like(1)
         };
         assert!(MockMachine::new(config).is_err(), "{shift}");
+    }
+}
+
+/// A page whose leaf entry the crate read from the page table is
+/// invalidated with the level hint (its size), which on a FEAT_TTL-like
+/// machine removes that leaf entry and no walk-cache entry: the CPUs keep
+/// their pointers to the leaf table that still maps the other pages. Both
+/// through change_protection's shootdown and through a batched unmap
+/// (whose broadcast goes as the page is added).
+#[test]
+fn known_leaf_sizes_are_hinted_and_keep_the_walk_caches() {
+    // Through broadcasts (arm64) and through IPIs, whose handler rebuilds
+    // the request from the slot (x86-like).
+    hinted_keeps_the_walk_caches::<Arm64Like>();
+    hinted_keeps_the_walk_caches::<X86Like>();
+}
+
+fn hinted_keeps_the_walk_caches<M: Model>() {
+    for base in GRANULES {
+        let m = machine::<M>(2, base);
+        let (rmap, frames) = mapped(&m, base, 2, &[0, 1]);
+        let space = &rmap.spaces()[0];
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+        let walks = cpu1.walk_cache();
+        assert!(!walks.is_empty(), "{base}: CPU 1 walked to its pages");
+        let kept = |what: &str| {
+            let now = cpu1.walk_cache();
+            assert!(
+                walks.iter().all(|w| now.contains(w)),
+                "{base}: {what}: {walks:?} -> {now:?}"
+            );
+        };
+
+        let second = PageRange::new(page(base, 1), base.base_pages()).unwrap();
+        let changed =
+            change_protection(&cpu0, space, second, |p| Pte(p.0 & !PteFlags::WRITABLE.bits())).unwrap();
+        assert_eq!(changed, 1, "{base}");
+        kept("change_protection");
+        assert!(cpu1.write(page(base, 1), 9).is_err(), "{base}: read-only now");
+
+        let mut batch = TlbFlushUnmapBatch::new();
+        let r = tlb_batch::try_to_unmap(
+            &cpu0,
+            &rmap,
+            frames[0],
+            TtuFlags::BATCH_FLUSH | TtuFlags::IGNORE_ACCESS,
+            &mut batch,
+        )
+        .unwrap();
+        assert!(matches!(r, tlb_batch::SwapResult::SuccessCached), "{base}: {r:?}");
+        batch.flush(&cpu0).unwrap();
+        kept("a batched unmap");
+        assert_eq!(m.stale_entries(), [], "{base}");
+        free_runs(&m, base, &frames[..1]);
+        assert_eq!(m.violations(), [], "{base}");
     }
 }

@@ -543,3 +543,41 @@ fn a_cpu_that_switched_away_catches_up_before_it_uses_the_split_range() {
     assert!(!holds_huge(&m, &cpu2));
     assert_eq!(read, Ok(0), "the new frame");
 }
+
+/// On a machine whose page invalidations honour a FEAT_TTL-like level hint
+/// (`MockConfig::level_hints`), a flush of an address whose leaf entry the
+/// crate did not read (`flush_tlb_page`: the kernel changed the entry)
+/// carries no hint: a base-page hint would leave the 2 MiB entry that
+/// maps the address cached.
+fn a_flush_of_an_entry_of_unknown_size_is_unhinted<M: Model>() {
+    let mut t = Tables::new();
+    let config = MockConfig {
+        level_hints: true,
+        ..MockConfig::x86_like(2)
+    };
+    let m = MockMachine::<M>::with_model(config).unwrap();
+    let root = t.root_addr();
+    let mm = m.new_mm_at(asid(1), root).unwrap();
+    m.attach_table(&mm, Arc::new(HostMmu { root })).unwrap();
+    let f = frames(&m);
+    {
+        let (mut mapper, mut pool) = t.mapper();
+        map::<Size2MiB>(&mut mapper, &mut pool, H, f.block.addr(), user_rw());
+    }
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    cpu0.switch_to(&mm).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.write(piece(1), 1).unwrap();
+    assert!(holds_huge(&m, &cpu1));
+    pde(&t).swap(0, Ordering::SeqCst);
+    flush_tlb_page(&cpu0, &mm, H).unwrap();
+    assert!(!holds_huge(&m, &cpu1), "the huge entry went with the flush");
+    assert_eq!(m.stale_entries(), []);
+    assert_eq!(m.violations(), []);
+}
+
+#[test]
+fn a_flush_of_an_entry_of_unknown_size_carries_no_level_hint() {
+    a_flush_of_an_entry_of_unknown_size_is_unhinted::<X86Like>();
+    a_flush_of_an_entry_of_unknown_size_is_unhinted::<Arm64Like>();
+}

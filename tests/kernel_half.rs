@@ -365,6 +365,13 @@ fn change_protection_keeps_the_kernels_entries_global_where_its_flushes_need_it(
     let writable = |p: Pte| Pte::new(p.frame(), PteFlags::PRESENT | PteFlags::WRITABLE);
     assert_eq!(change_protection(&cpu0, &space, page, writable), Ok(1));
     cpu1.write(KVA, 3).unwrap();
+    // An update that keeps the entry's own global bit (clearing only
+    // WRITABLE, as a kernel's is usually written) keeps it global.
+    let keep = |p: Pte| Pte(p.0 & !PteFlags::WRITABLE.bits());
+    assert_eq!(change_protection(&cpu0, &space, page, keep), Ok(1));
+    let pte = m.pte(kernel, KVA).unwrap();
+    assert!(pte.maps(f) && !pte.is_writable(), "{pte:?}");
+    assert!(pte.flags().contains(PteFlags::GLOBAL), "{pte:?}");
     // An entry the update clears stays clear: only present entries are
     // made global.
     assert_eq!(change_protection(&cpu0, &space, page, |_| Pte::EMPTY), Ok(1));

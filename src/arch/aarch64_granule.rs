@@ -191,6 +191,18 @@ mod tests {
     }
 
     #[test]
+    fn only_the_three_granules_are_granules() {
+        for size in [PageSize::SIZE_4K, PageSize::SIZE_16K, PageSize::SIZE_64K] {
+            assert!(is_granule(size), "{size}");
+        }
+        // Blocks, and the powers of two between the granules, are not.
+        for shift in [13, 15, 21, 25, 29, 30] {
+            let size = PageSize::from_shift(shift).unwrap();
+            assert!(!is_granule(size), "{size}");
+        }
+    }
+
+    #[test]
     fn level_hints_name_the_granule_and_the_leaf_level() {
         let (k4, k16, k64) = (PageSize::SIZE_4K, PageSize::SIZE_16K, PageSize::SIZE_64K);
         assert_eq!(ttl_hint(k4, k4), 0b0111);

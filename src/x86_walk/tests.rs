@@ -124,3 +124,36 @@ fn teardown_steps_over_an_unusable_table_and_unlinks_the_next() {
     // The unusable entry stays, and keeps the level-3 table attached.
     assert!(walk.detach_table(two_gib).is_none());
 }
+
+/// A 2 MiB entry takes a new 4 KiB view through `exchange` and `set` only
+/// for a frame aligned to 2 MiB: an odd multiple of 2 MiB is aligned, a
+/// frame 4 KiB past one is not (and leaves the entry as it was).
+#[test]
+fn a_huge_entry_takes_only_a_frame_aligned_to_its_size() {
+    let mut host = Host::new(0);
+    let root = host.root.unwrap();
+    let l3 = host.table();
+    let l2 = host.table();
+    host.put(root, 0, l3 | PRESENT);
+    host.put(l3, 0, l2 | PRESENT);
+    let mib2 = 2 << 20;
+    // The 2 MiB page at 2 MiB, over the frame at 4 MiB.
+    host.put(l2, 1, (2 * mib2) | PRESENT | super::HUGE);
+    let walk = Walk::new(&host);
+    assert_eq!(walk.lookup(mib2), Pte((2 * mib2) | PRESENT));
+    // 6 MiB: bit 21 set, aligned.
+    assert_eq!(
+        walk.exchange(mib2, Pte((3 * mib2) | PRESENT)),
+        Pte((2 * mib2) | PRESENT)
+    );
+    assert_eq!(walk.lookup(mib2 + 0x5000), Pte((3 * mib2 + 0x5000) | PRESENT));
+    // 4 MiB + 4 KiB: refused, nothing written.
+    assert_eq!(
+        walk.exchange(mib2, Pte((2 * mib2 + 0x1000) | PRESENT)),
+        Pte::EMPTY
+    );
+    walk.set(mib2, Pte((2 * mib2 + 0x1000) | PRESENT));
+    assert_eq!(walk.lookup(mib2), Pte((3 * mib2) | PRESENT));
+    walk.set(mib2, Pte(mib2 | PRESENT));
+    assert_eq!(walk.lookup(mib2), Pte(mib2 | PRESENT));
+}
