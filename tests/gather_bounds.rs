@@ -328,3 +328,58 @@ fn bounds_cover_a_table_only_with_both_its_ends_inside() {
         "an empty table"
     );
 }
+
+/// A `TableTeardown` written before bounds existed: it implements
+/// `detach_table` only, over the mock's table.
+struct BeforeBounds<'a, 'm>(&'a tlb_batch::arch::mock::MockSpace<'m>);
+
+// SAFETY: forwards every call to the mock's page table.
+unsafe impl tlb_batch::PageTable for BeforeBounds<'_, '_> {
+    fn tlb_state(&self) -> &MmTlbState {
+        self.0.tlb_state()
+    }
+    fn lookup(&self, va: u64) -> tlb_batch::Pte {
+        self.0.lookup(va)
+    }
+    fn exchange(&self, va: u64, new: tlb_batch::Pte) -> tlb_batch::Pte {
+        self.0.exchange(va, new)
+    }
+    fn test_and_clear_accessed(&self, va: u64) -> bool {
+        self.0.test_and_clear_accessed(va)
+    }
+    fn set(&self, va: u64, pte: tlb_batch::Pte) {
+        self.0.set(va, pte)
+    }
+}
+
+// SAFETY: forwards to the mock's page table.
+unsafe impl tlb_batch::TableTeardown for BeforeBounds<'_, '_> {
+    fn detach_table(&self, range: PageRange) -> Option<tlb_batch::DetachedTable> {
+        self.0.detach_table(range)
+    }
+}
+
+/// With an implementation that predates bounds, `unmap_range_bounded`
+/// still frees what `unmap_range` would: the leaf table wholly inside the
+/// range (the default `detach_table_bounded` keeps to `detach_table`).
+#[test]
+fn a_teardown_without_bounded_searches_frees_the_tables_inside_the_range() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, mm, _) = space_with(&m, &[512, 1023]);
+    let space = BeforeBounds(&rmap.spaces()[0]);
+    let mut kernel = MockKernel::new(&rmap);
+    let s = MmuGather::<64>::new()
+        .unmap_range_bounded(
+            &m.cpu(0).unwrap(),
+            &space,
+            &mut kernel,
+            common::pages(512, 1024),
+            gap(),
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("nothing refused"),
+        )
+        .unwrap();
+    assert_eq!((s.pages_unmapped, s.tables_freed), (2, 1));
+    assert_eq!(m.leaf_table(&mm, va(512)), None);
+    assert_eq!(m.violations(), []);
+}
