@@ -440,3 +440,75 @@ fn an_update_that_drops_the_hardware_bits_keeps_them_on_a_huge_entry() {
     assert_eq!(space.entry_size(TWO), PageSize::SIZE_2M);
     assert_eq!(s.m.violations(), []);
 }
+
+/// The huge page's table, whose MMU sets the dirty bit of the huge entry
+/// between the crate's read of it and its first exchange (a CPU's store
+/// through a cached writable entry, racing `change_protection`).
+struct DirtiedInTheGap<'a, 'b> {
+    inner: &'a OffsetSpace<'b>,
+    raced: std::cell::Cell<bool>,
+}
+
+// SAFETY: forwards every call to the adapter; the one extra store sets the
+// dirty bit of a present huge entry in place, as the MMU would.
+unsafe impl PageTable for DirtiedInTheGap<'_, '_> {
+    fn tlb_state(&self) -> &tlb_batch::MmTlbState {
+        self.inner.tlb_state()
+    }
+    fn lookup(&self, va: u64) -> Pte {
+        self.inner.lookup(va)
+    }
+    fn exchange(&self, va: u64, new: Pte) -> Pte {
+        if !self.raced.replace(true) {
+            let now = self.inner.lookup(va);
+            self.inner.set(va, Pte(now.0 | PteFlags::DIRTY.bits()));
+        }
+        self.inner.exchange(va, new)
+    }
+    fn test_and_clear_accessed(&self, va: u64) -> bool {
+        self.inner.test_and_clear_accessed(va)
+    }
+    fn set(&self, va: u64, pte: Pte) {
+        self.inner.set(va, pte)
+    }
+    fn next_populated(&self, range: PageRange) -> Option<u64> {
+        self.inner.next_populated(range)
+    }
+    fn entry_size(&self, va: u64) -> PageSize {
+        self.inner.entry_size(va)
+    }
+    fn check_range(&self, range: PageRange) -> Result<(), Error> {
+        self.inner.check_range(range)
+    }
+}
+
+/// A dirty bit the MMU sets on a huge entry after `change_protection` read
+/// it and before its exchange is added back to the new entry: the one
+/// record that the huge page was written is never lost.
+#[test]
+fn a_dirty_bit_set_during_the_update_of_a_huge_entry_is_kept() {
+    let mut s = Setup::new();
+    let cpu2 = s.m.cpu(2).unwrap();
+    cpu2.switch_to(&s.mm).unwrap();
+    cpu2.read(TWO + 300 * PAGE_SIZE).unwrap();
+    let (mut mapper, _) = s.t.mapper();
+    let adapter = OffsetSpace::new(&mut mapper, &s.mm);
+    assert!(!adapter.lookup(TWO).is_dirty(), "read only so far");
+    let space = DirtiedInTheGap {
+        inner: &adapter,
+        raced: std::cell::Cell::new(false),
+    };
+    let range = PageRange::new(TWO, PIECES).unwrap();
+    assert_eq!(
+        change_protection(&s.m.cpu(0).unwrap(), &space, range, read_only),
+        Ok(1)
+    );
+    let pte = adapter.lookup(TWO);
+    assert!(
+        pte.is_present() && !pte.is_writable() && pte.is_dirty(),
+        "{pte:?}"
+    );
+    assert_eq!(pte.frame(), s.huge);
+    assert_eq!(adapter.entry_size(TWO), PageSize::SIZE_2M);
+    assert_eq!(s.m.check_coherent(&s.mm, range), 0, "{:?}", s.m.violations());
+}
