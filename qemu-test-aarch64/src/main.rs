@@ -81,6 +81,7 @@ mod psci;
 mod semihost;
 mod space;
 mod teardown;
+mod teardown_space;
 mod tlb;
 mod uart;
 mod virt;
