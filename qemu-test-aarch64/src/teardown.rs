@@ -12,14 +12,16 @@
 //!
 //! # The teardown
 //!
-//! `MmuGather::unmap_range` over the level 2 table's gigabyte, with
-//! `free_tables`: it clears every page descriptor, detaches the four leaf
-//! tables and then the level 2 table
+//! `MmuGather::unmap_range` over the level 2 table's span (1 GiB at
+//! 4 KiB, 4 TiB at 64 KiB), with `free_tables`: it clears every page
+//! descriptor, detaches the four leaf tables and then the level 2 table
 //! ([`TableTeardown`](tlb_batch::TableTeardown)), flushes once (through
 //! the crate's aarch64 `Arch`: a broadcast `TLBI ASIDE1IS`, which
 //! interrupts no CPU), frees the data frames in one call and, once the
-//! policy allows, the five tables in one call ([`TeardownBacking`]). The
-//! level 1 table stays, as upper tables do in a kernel.
+//! policy allows, the five tables in one call ([`TeardownBacking`]). At
+//! 4 KiB the level 1 table stays, as upper tables do in a kernel; at
+//! 64 KiB the level 2 table hangs from the root itself, whose entry the
+//! teardown clears.
 //!
 //! # The walker
 //!
@@ -81,8 +83,8 @@ use tlb_batch::{
 
 use crate::mmu::{self, OUTPUT_ADDRESS};
 use crate::teardown_space::{
-    alloc, free, generation, in_use, index, prepare_pool, reach, word, TeardownSpace, BASE, POISON,
-    POOL_FRAMES, SPAN, TABLE_DESC,
+    alloc, free, generation, in_use, prepare_pool, word, Geometry, TeardownSpace, POISON, POOL_FRAMES,
+    TABLE_DESC,
 };
 use crate::{boot, tlb};
 
@@ -103,10 +105,12 @@ const WALKER_CPU: usize = 1;
 /// How long CPU 0 waits for the walker at each step.
 const WAIT_LIMIT_US: u64 = 10_000_000;
 
-// Two rounds' frames and the level 1 table fit.
+// Two rounds' frames and the level 1 table (4 KiB) fit.
 const _: () = assert!(2 * (PAGES + TABLES_FREED) < POOL_FRAMES);
 const _: () = assert!(PAGES <= 64, "the gather holds 64 frames of each kind");
-const _: () = assert!(TABLES as u64 * (1 << 21) <= SPAN);
+// The leaf tables fit in one level 2 table, and each leaf table's pages
+// (at entries `p`, below) in it, at either granule (512 or 8192 entries).
+const _: () = assert!(TABLES <= 512 && PAGES <= 512);
 
 /// 1 while CPU 0 wants the walker to run.
 static JOB: AtomicU32 = AtomicU32::new(0);
@@ -146,7 +150,8 @@ static OTHER: AtomicU64 = AtomicU64::new(0);
 /// it (so that no two pages share their low address bits, nor, under
 /// QEMU, their software-TLB slot).
 fn page_va(p: usize) -> u64 {
-    BASE + (p / PER_TABLE) as u64 * reach(3) + p as u64 * 4096
+    let g = Geometry::get();
+    g.base() + (p / PER_TABLE) as u64 * g.reach(3) + p as u64 * g.page_bytes()
 }
 
 fn pattern(round: u64, p: usize) -> u64 {
@@ -267,8 +272,9 @@ fn walk_once(va: u64) -> bool {
     let mut depth = 0;
     let mut table = mmu::root();
     let mut freed = false;
-    for level in 0..4 {
-        let slot = table + index(va, level) * 8;
+    let g = Geometry::get();
+    for level in g.root_level..4 {
+        let slot = table + g.index(va, level) * 8;
         // Not a table of ours: a freed table's frame reused; the check
         // below catches that.
         let Some(entry) = word(slot) else { break };
@@ -397,7 +403,8 @@ pub fn run(bootargs: &[u8]) -> bool {
 fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
     prepare_pool();
     let space = TeardownSpace;
-    let Ok(range) = PageRange::from_bounds(BASE, BASE + SPAN) else {
+    let g = Geometry::get();
+    let Ok(range) = PageRange::from_bounds(g.base(), g.base() + g.span()) else {
         crate::fatal("teardown: bad range");
     };
     let cpus = tlb::CPUS.online().len() as u64;
@@ -481,11 +488,16 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
         STALE.load(Ordering::SeqCst),
         OTHER.load(Ordering::SeqCst),
     );
-    // Only the level 1 table is left allocated.
-    let leaked = in_use().saturating_sub(1);
+    // Only the tables above the level 2 one are left allocated.
+    let leaked = in_use().saturating_sub(g.kept_tables());
     let rounds = ROUNDS as usize;
     let syncs = if after_flush { 0 } else { rounds };
     let b = &backing;
+    let (span, span_unit) = if g.span() >= 1 << 40 {
+        (g.span() >> 40, "TiB")
+    } else {
+        (g.span() >> 30, "GiB")
+    };
     let passed = errors == 0
         && handed_back == 0
         && leaked == 0
@@ -511,8 +523,9 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
         && other == 0
         && timeouts == 0;
     crate::say!(
-        "scenario teardown with batched table free: {} ({ROUNDS} rounds x {PAGES} pages in {TABLES} leaf tables \
-         written by CPU 0, torn down by MmuGather, tables freed {}, flush {flush}: {} data frames and {} tables \
+        "scenario teardown with batched table free: {} ({ROUNDS} rounds x {PAGES} pages of {} KiB in {TABLES} leaf \
+         tables of {} entries below a level 2 table over {span} {span_unit}, written by CPU 0, torn down by \
+         MmuGather ({} pages unmapped), tables freed {}, flush {flush}: {} data frames and {} tables \
          freed, {} of them before the flush, {} tables while a walk could hold them, {} pages dirty, {handed_back} \
          handed back, {} errors, {leaked} frames leaked; {} flushes sent {} IPIs ({} hook calls), {} table-free \
          syncs sent {} IPIs ({} hook calls); walker on CPU {WALKER_CPU}, lockless, interrupts masked: {walks} \
@@ -520,6 +533,9 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
          teardown: {fresh} reads faulted as they must, stale: {stale} reads of the old frame, {other} other, \
          {timeouts} timeouts, {elapsed_ms} ms)\n",
         if passed { "PASS" } else { "FAIL" },
+        g.page_bytes() >> 10,
+        g.entries(),
+        total.pages_unmapped,
         if after_flush {
             "right after the flush (AfterFlush, negative control)"
         } else {
