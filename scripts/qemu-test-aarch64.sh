@@ -10,7 +10,9 @@
 #   down 4 leaf tables of written pages while CPU 1 walks the tables
 #   locklessly with interrupts masked; tables freed after ipi_sync, the
 #   only user of the IPI hook, since the flush itself is a broadcast TLBI
-#   that sends no IPI) and the clean writes after unmap (TCR_EL1.HD on,
+#   that sends no IPI; its counts checked exactly: 512 pages unmapped, 80
+#   tables freed, 16 flushes with 0 IPIs, 16 syncs with one IPI per other
+#   CPU each) and the clean writes after unmap (TCR_EL1.HD on,
 #   pages mapped clean, read-only with DBM: after a batched try_to_unmap,
 #   before any flush, every store to a clean page must fault, the hardware
 #   finding its descriptor gone when it tries to set it dirty, while a
@@ -78,26 +80,37 @@
 #   4 page TLBIs for a 4-page flush_tlb_range, 1 with the 64 KiB leaf size
 #   for a batched try_to_unmap), the generations scenario with the 4 KiB
 #   run's exact lines (its roots copies of the 64-entry level 1 table, its
-#   frames 64 KiB), and "skipped" lines for the scenarios that need 4 KiB
-#   tables (the teardown, not ported) or a 2 MiB block; on "max" the clean writes after unmap too
-#   (16 pages of 64 KiB at the start of the test pages' leaf table); on "max" the kernel measures what
+#   frames 64 KiB), the teardown with batched table free with the 4 KiB
+#   run's exact counts (its tables 64 KiB frames of 8192 entries: a level
+#   2 table over 4 TiB below entry 2 of the 64-entry level 1 root, 4 leaf
+#   tables of 512 MiB; 512 pages unmapped and 80 tables freed in 16
+#   rounds, 16 flushes with 0 IPIs, 16 syncs with one IPI per other CPU
+#   each), and "skipped" lines for the four scenarios that need a 2 MiB
+#   block (a level 2 block is 512 MiB at 64 KiB); on "max" the clean
+#   writes after unmap too (16 pages of 64 KiB at the start of the test
+#   pages' leaf table); on "max" the kernel measures what
 #   TCG does with a wrong TTL hint, which the script reports (TCG ignores
 #   TTL, so no control rests on it). Then "granule64 negative" on the
 #   Cortex-A72 and "granule64 negative-local" on "max", which must fail
-#   every shared scenario on stale reads (negative-local the clean writes
-#   too, on late stores to dirty pages), "granule64 negative-dirty" on
+#   every shared scenario and the teardown on stale reads (negative-local
+#   the clean writes too, on late stores to dirty pages), "granule64
+#   negative-dirty" on
 #   "max", which must fail the clean writes alone, on stores landed after
-#   the unmap, and "granule64 negative-catchup"
+#   the unmap, "granule64 negative-catchup"
 #   on "max", which must fail the generations scenario alone, on the lazy
-#   CPU's read of the old 64 KiB frame.
+#   CPU's read of the old 64 KiB frame, and "granule64 negative-teardown"
+#   on the Cortex-A72, which must fail the teardown alone, its walker
+#   having read a freed, poisoned 64 KiB table (no stale read, no
+#   timeout).
 # Every run, negative controls included, ends with the offline scenario,
 #   whose flushes are the real ones and which must pass: the last CPU goes
 #   offline (take_offline) and comes back (bring_online) again and again
 #   while the others run ipi_sync, every sync completes, and the CPU reads
 #   no stale page after.
 # Prints each run's boot-to-exit wall time. Two to three minutes on a
-# 2-core machine under a load average of about 10 (the six 64 KiB runs
-# add about 40 s of boot-to-exit time in all).
+# 2-core machine under a load average of about 10 (the seven 64 KiB runs
+# add about 45 s of boot-to-exit time in all); 96 s under a load average
+# of about 1.5.
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
 # 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
 # what is missing.
@@ -252,10 +265,30 @@ offline_counted() {
     fi
 }
 
-# teardown_passed: the last run's teardown line must say PASS.
-teardown_passed() {
-    if ! grep -q "^scenario $TEARDOWN: PASS" "$log"; then
-        fail "qemu-aarch64: the teardown scenario did not run and pass"
+# teardown_counted CPUS GRANULE: the last run's teardown line, PASS with
+# its exact counts at GRANULE (4 or 64 KiB): 16 rounds of 32 pages
+# unmapped and freed and 5 tables freed (4 leaf tables and their level 2
+# table), one flush per round with no IPI, one ipi_sync per round with an
+# IPI to each other CPU, the walker never reading a freed table, every
+# read after a teardown faulting. The walks and the walker's leaf visits
+# vary from run to run.
+teardown_counted() {
+    local others=$(($1 - 1)) shape
+    if [ "$2" = 64 ]; then shape="of 64 KiB in 4 leaf tables of 8192 entries below a level 2 table over 4 TiB"; else
+        shape="of 4 KiB in 4 leaf tables of 512 entries below a level 2 table over 1 GiB"; fi
+    exact_line "scenario $TEARDOWN: PASS (16 rounds x 32 pages $shape, written by CPU 0, torn down by MmuGather (512 pages unmapped), tables freed after an IPI sync (IpiSync), flush on every CPU: 512 data frames and 80 tables freed, 0 of them before the flush, 0 tables while a walk could hold them, 512 pages dirty, 0 handed back, 0 errors, 0 frames leaked; 16 flushes sent 0 IPIs (0 hook calls), 16 table-free syncs sent $((16 * others)) IPIs (16 hook calls); walker on CPU 1, lockless, interrupts masked: [0-9]+ walks, [1-9][0-9]* reached a leaf table, walker read 0 freed tables; CPU 1 after each teardown: 512 reads faulted as they must, stale: 0 reads of the old frame, 0 other, 0 timeouts, [0-9]+ ms)" \
+        "teardown, $1 cpus, $2 KiB: the teardown did not pass with its exact counts"
+}
+
+# teardown_failed_walker TALLY NAME GRANULE: tables freed right after the
+# flush (negative-teardown): the teardown alone failed (TALLY is the run's
+# last line), at GRANULE (4 or 64 KiB), its walker having read a freed
+# table, with every count of the
+# unmap as in a passing run, no stale read and no timeout.
+teardown_failed_walker() {
+    if ! grep -qE "^scenario $TEARDOWN: FAIL \(16 rounds x 32 pages of $3 KiB .*torn down by MmuGather \(512 pages unmapped\), tables freed right after the flush \(AfterFlush, negative control\), flush on every CPU: 512 data frames and 80 tables freed, 0 of them before the flush, [1-9][0-9]* tables while a walk could hold them, .*; 16 flushes sent 0 IPIs \(0 hook calls\), 0 table-free syncs sent 0 IPIs \(0 hook calls\); .*walker read [1-9][0-9]* freed tables; .*stale: 0 reads of the old frame, 0 other, 0 timeouts" "$log" ||
+        ! grep -q "^$1\$" "$log"; then
+        fail "qemu-aarch64 negative control: '$2' did not fail on the walker reading a freed table alone"
     fi
 }
 
@@ -281,7 +314,7 @@ generations_counted() {
 NO_KEEP="generations: ASID-tagged entries kept across a TTBR0_EL1 change: no (AP 1 cached P in ASID 0x11, switched to ASID 0x12, P remapped with no TLBI, back on ASID 0x11 with 0 catch-ups it read the new frame): a skipped catch-up at a switch cannot be observed under this TCG, so it has no negative control"
 run "cortex-a72, 4 cpus" $PASS 4 cortex-a72 ""
 offline_counted
-teardown_passed
+teardown_counted 4 4
 generations_counted 4
 block_counted 4
 split_teardown_counted 4
@@ -290,7 +323,7 @@ if ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
 fi
 run "max, 2 cpus" $PASS 2 max ""
 offline_counted
-teardown_passed
+teardown_counted 2 4
 generations_counted 2
 block_counted 2
 split_teardown_counted 2
@@ -358,10 +391,7 @@ dirty_failed_writable "12 passed, 1 failed" "negative-dirty"
 # having read a freed table, with no stale read and no timeout.
 run "negative control: AfterFlush (must fail)" $FAIL 4 cortex-a72 "negative-teardown"
 offline_counted
-if ! grep -qE "^scenario $TEARDOWN: FAIL .*walker read [1-9][0-9]* freed tables; .*stale: 0 reads of the old frame, 0 other, 0 timeouts" "$log" ||
-    ! grep -q "^12 passed, 1 failed" "$log"; then
-    fail "qemu-aarch64 negative control: 'negative-teardown' did not fail on the walker reading a freed table alone"
-fi
+teardown_failed_walker "12 passed, 1 failed" "negative-teardown" 4
 
 # No DSB ISH after the broadcast TLBIs: not detectable under TCG (see the
 # header), so either verdict is accepted and reported; a failure must be
@@ -387,7 +417,8 @@ catchup_failed "12 passed, 1 failed" "negative-catchup"
 # not 768), the granule scenario's TLBI counts (4 for a flush_tlb_range of
 # 4 pages, 1 with the 64 KiB leaf size for a batched try_to_unmap; TTL
 # 0b1111 on "max", which has FEAT_TTL, none on the Cortex-A72), the
-# skipped lines of the scenarios that need 4 KiB tables or a block, and
+# teardown with its 4 KiB run's counts over 64 KiB tables, the skipped
+# lines of the scenarios that need a 2 MiB block, and
 # what TCG did with a wrong level hint (reported: TCG ignores TTL, so no
 # control rests on it).
 G64="64 KiB granule TLBIs"
@@ -422,9 +453,12 @@ granule64_counted() {
     elif ! grep -q "^scenario $DIRTY: skipped: no hardware dirty state" "$log"; then
         fail "qemu-aarch64 granule64 $2: the clean writes were not skipped for want of hardware dirty state"
     fi
-    if [ "$(grep -c '^scenario .*: skipped: 4 KiB granule only (' "$log")" -ne 1 ] ||
+    teardown_counted "$1" 64
+    # The four block scenarios skipped, and nothing for want of 4 KiB
+    # tables (the teardown runs: its line is checked above).
+    if grep -q '^scenario .*: skipped: 4 KiB granule only' "$log" ||
         [ "$(grep -c '^scenario 2 MiB block .*: skipped: a level 2 block is 512 MiB with the 64 KiB granule' "$log")" -ne 4 ]; then
-        fail "qemu-aarch64 granule64 $2: not the 1 + 4 skipped lines of the 4 KiB-only scenarios"
+        fail "qemu-aarch64 granule64 $2: not the 4 skipped lines of the block scenarios, or a scenario skipped for want of 4 KiB tables"
     fi
     grep -q "^14 passed, 0 failed" "$log" || fail "qemu-aarch64 granule64 $2: not 14 passed, 0 failed"
 }
@@ -453,14 +487,14 @@ grep -q "^granule64: what the emulator does with a level hint: not measured (no 
 # the granule scenario (real flushes) and the offline one still pass.
 run "granule64 negative control: no TLBI (must fail)" $FAIL 4 cortex-a72 "granule64 negative"
 offline_counted
-for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch"; do
+for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
     failed_for_stale "$s"
 done
-grep -q "^scenario $G64: PASS" "$log" && grep -q "^9 passed, 5 failed" "$log" ||
-    fail "qemu-aarch64 granule64 negative: not the 5 shared scenarios alone failed"
+grep -q "^scenario $G64: PASS" "$log" && grep -q "^8 passed, 6 failed" "$log" ||
+    fail "qemu-aarch64 granule64 negative: not the 5 shared scenarios and the teardown alone failed"
 run "granule64 max negative control: local TLBI (must fail)" $FAIL 2 max "granule64 negative-local"
 offline_counted
-for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch"; do
+for s in "unmap shootdown" "remap shootdown" "a list" "past the ceiling" "mprotect with a pending batch" "$TEARDOWN"; do
     failed_for_stale "$s"
 done
 # Its hot pages go unaged too (as at 4 KiB), and some of their reads fault.
@@ -469,8 +503,8 @@ grep -qE "^scenario reclaim flow: FAIL .*stale: [1-9][0-9]* reads of the old fra
 # The clean writes fail as at 4 KiB: every store to a clean page faults,
 # stores to dirty pages land after flush_dirty.
 dirty_failed_late
-grep -q "^scenario $G64: PASS" "$log" && grep -q "^7 passed, 7 failed" "$log" ||
-    fail "qemu-aarch64 granule64 max negative-local: not the 6 shared scenarios and the clean writes alone failed"
+grep -q "^scenario $G64: PASS" "$log" && grep -q "^6 passed, 8 failed" "$log" ||
+    fail "qemu-aarch64 granule64 max negative-local: not the 6 shared scenarios, the teardown and the clean writes alone failed"
 # Clean pages mapped writable but reported clean, at 64 KiB: the clean
 # writes alone fail, on stores landed after the unmap.
 run "granule64 max negative control: clean pages writable (must fail)" $FAIL 2 max "granule64 negative-dirty"
@@ -482,6 +516,11 @@ dirty_failed_writable "13 passed, 1 failed" "granule64 negative-dirty"
 run "granule64 negative control: no catch-up (must fail)" $FAIL 2 max "granule64 negative-catchup"
 offline_counted
 catchup_failed "13 passed, 1 failed" "granule64 negative-catchup"
+# Tables freed right after the flush, at 64 KiB: the teardown alone
+# fails, its walker having read a freed 64 KiB table.
+run "granule64 negative control: AfterFlush (must fail)" $FAIL 4 cortex-a72 "granule64 negative-teardown"
+offline_counted
+teardown_failed_walker "13 passed, 1 failed" "granule64 negative-teardown" 64
 
 run "negative control: no DSB ISH (reported)" $EITHER 4 cortex-a72 "negative-nodsb"
 offline_counted

@@ -329,10 +329,17 @@ pub fn root_copy(slot: usize) -> u64 {
     copy.addr()
 }
 
-/// Entry `index` (below 512) of the root table, for the teardown
-/// scenario's page tables, which hang below a level 0 entry of their own.
+/// Entry `index` of the root table, for the scenarios whose page tables
+/// hang below a root entry of their own: below 512 at 4 KiB (level 0),
+/// below 64 at 64 KiB (level 1, `mmu64.rs`; the entries past the 64th
+/// are not part of the table).
 pub fn root_entry(index: usize) -> &'static AtomicU64 {
-    only_4k("the teardown's root entries");
+    if granule64() {
+        if index >= 64 {
+            crate::fatal("a root entry past the 64 of the 64 KiB granule's level 1 table");
+        }
+        return &mmu64::root_table().0[index];
+    }
     &L0.0[index]
 }
 

@@ -4,29 +4,24 @@
 //!
 //! # The tables
 //!
-//! The scenario's pages hang below a level 0 entry of their own
-//! ([`ROOT_INDEX`]) of the kernel's root table, in level 1-3 tables taken
-//! from a small frame pool ([`POOL_FRAMES`] 4 KiB frames, identity-mapped
-//! like all of RAM), the way a hobby kernel grows its tables on demand:
-//! [`TeardownSpace::map`] allocates the missing tables on the way down and
-//! writes a page descriptor with the same attributes as the other test
-//! pages (non-global, so tagged with the test ASID; writable). A round
-//! maps [`PAGES`] pages spread over [`TABLES`] leaf (level 3) tables of one
-//! level 2 table, and CPU 0 writes every page through its new mapping.
-//!
-//! A freed frame is filled with [`POISON`] (bit 0 clear: an invalid
-//! descriptor at every level) and its generation counter is bumped, so a
-//! reader can tell that a table it is reading was freed under it.
+//! The scenario's pages hang below an entry of their own of the kernel's
+//! root table, in tables grown on demand from a poisoning frame pool
+//! ([`TeardownSpace`], `teardown_space.rs`). A round maps [`PAGES`] pages
+//! spread over [`TABLES`] leaf (level 3) tables of one level 2 table, and
+//! CPU 0 writes every page through its new mapping.
 //!
 //! # The teardown
 //!
-//! `MmuGather::unmap_range` over the level 2 table's gigabyte, with
-//! `free_tables`: it clears every page descriptor, detaches the four leaf
-//! tables and then the level 2 table ([`TableTeardown`]), flushes once
-//! (through the crate's aarch64 `Arch`: a broadcast `TLBI ASIDE1IS`, which
+//! `MmuGather::unmap_range` over the level 2 table's span (1 GiB at
+//! 4 KiB, 4 TiB at 64 KiB), with `free_tables`: it clears every page
+//! descriptor, detaches the four leaf tables and then the level 2 table
+//! ([`TableTeardown`](tlb_batch::TableTeardown)), flushes once (through
+//! the crate's aarch64 `Arch`: a broadcast `TLBI ASIDE1IS`, which
 //! interrupts no CPU), frees the data frames in one call and, once the
-//! policy allows, the five tables in one call ([`TeardownBacking`]). The
-//! level 1 table stays, as upper tables do in a kernel.
+//! policy allows, the five tables in one call ([`TeardownBacking`]). At
+//! 4 KiB the level 1 table stays, as upper tables do in a kernel; at
+//! 64 KiB the level 2 table hangs from the root itself, whose entry the
+//! teardown clears.
 //!
 //! # The walker
 //!
@@ -78,25 +73,21 @@
 //! without the `DSB ISH` that waits for the broadcast (see
 //! `tlb::NoDsb`).
 
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use tlb_batch::arch::aarch64 as a64;
 use tlb_batch::{
-    flush_tlb_range, heapless, Arch, DetachedTable, Frame, FreeFrames, MmTlbState, MmuGather, OwnedFrame,
-    PageRange, PageTable, Pte, TableFreePolicy, TableTeardown, TeardownBacking, TeardownSummary,
+    flush_tlb_range, heapless, Arch, Frame, FreeFrames, MmuGather, OwnedFrame, PageRange, TableFreePolicy,
+    TeardownBacking, TeardownSummary,
 };
 
-use crate::mmu::{self, AF, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS, TEST_PAGE_FLAGS};
-use crate::space::{to_descriptor, to_pte};
+use crate::mmu::{self, OUTPUT_ADDRESS};
+use crate::teardown_space::{
+    alloc, free, generation, in_use, prepare_pool, word, Geometry, TeardownSpace, POISON, POOL_FRAMES,
+    TABLE_DESC,
+};
 use crate::{boot, tlb};
 
-/// The root-table entry the scenario's tables hang below (the other test
-/// pages use entry 1, the identity map entry 0).
-const ROOT_INDEX: usize = 2;
-/// The first page of the scenario.
-const BASE: u64 = (ROOT_INDEX as u64) << 39;
-/// What the level 2 table maps: the range torn down each round.
-const SPAN: u64 = 1 << 30;
 /// Leaf tables mapped in a round.
 const TABLES: usize = 4;
 /// Pages mapped in each leaf table.
@@ -107,37 +98,19 @@ const PAGES: usize = TABLES * PER_TABLE;
 const ROUNDS: u64 = 16;
 /// Tables freed by each teardown: the leaf tables and their level 2 table.
 const TABLES_FREED: usize = TABLES + 1;
-/// Frames of the pool: data pages and tables of about four rounds, so the
-/// next-fit allocator does not hand a frame out again soon after its free.
-const POOL_FRAMES: usize = 160;
-/// What a free frame holds in every word (bit 0 clear: never a valid
-/// descriptor).
-const POISON: u64 = 0xdead_f4ee_dead_f4ee;
 /// How long the walker holds each level of a walk.
 const HOLD_US: u64 = 400;
 /// The CPU that walks the tables and reads the pages.
 const WALKER_CPU: usize = 1;
 /// How long CPU 0 waits for the walker at each step.
 const WAIT_LIMIT_US: u64 = 10_000_000;
-/// A table descriptor (levels 0-2) or a page descriptor (level 3).
-const TABLE_DESC: u64 = DESC_VALID | DESC_TABLE_OR_PAGE;
 
-// Two rounds' frames and the level 1 table fit.
+// Two rounds' frames and the level 1 table (4 KiB) fit.
 const _: () = assert!(2 * (PAGES + TABLES_FREED) < POOL_FRAMES);
 const _: () = assert!(PAGES <= 64, "the gather holds 64 frames of each kind");
-const _: () = assert!(TABLES as u64 * (1 << 21) <= SPAN);
-
-#[repr(C, align(4096))]
-struct PoolFrame([AtomicU64; 512]);
-
-static POOL: [PoolFrame; POOL_FRAMES] =
-    [const { PoolFrame([const { AtomicU64::new(0) }; 512]) }; POOL_FRAMES];
-static USED: [AtomicBool; POOL_FRAMES] = [const { AtomicBool::new(false) }; POOL_FRAMES];
-/// How many times each frame was freed.
-static GENERATION: [AtomicU64; POOL_FRAMES] = [const { AtomicU64::new(0) }; POOL_FRAMES];
-static NEXT_FIT: AtomicUsize = AtomicUsize::new(0);
-static IN_USE: AtomicUsize = AtomicUsize::new(0);
-static POOL_READY: AtomicBool = AtomicBool::new(false);
+// The leaf tables fit in one level 2 table, and each leaf table's pages
+// (at entries `p`, below) in it, at either granule (512 or 8192 entries).
+const _: () = assert!(TABLES <= 512 && PAGES <= 512);
 
 /// 1 while CPU 0 wants the walker to run.
 static JOB: AtomicU32 = AtomicU32::new(0);
@@ -173,217 +146,22 @@ static STALE: AtomicU64 = AtomicU64::new(0);
 /// Reads that returned anything else unexpected.
 static OTHER: AtomicU64 = AtomicU64::new(0);
 
-fn pool_index(pa: u64) -> Option<usize> {
-    let i = (pa.checked_sub(POOL.as_ptr() as u64)? / 4096) as usize;
-    (i < POOL_FRAMES).then_some(i)
-}
-
-/// The descriptor word at physical (= virtual) address `pa`, when it lies
-/// in the root table or in the pool; `None` elsewhere.
-fn word(pa: u64) -> Option<&'static AtomicU64> {
-    if !pa.is_multiple_of(8) {
-        return None;
-    }
-    let root = mmu::root();
-    if (root..root + 4096).contains(&pa) {
-        return Some(mmu::root_entry(((pa - root) / 8) as usize));
-    }
-    let i = pool_index(pa)?;
-    Some(&POOL[i].0[((pa % 4096) / 8) as usize])
-}
-
-fn fill(i: usize, value: u64) {
-    for w in &POOL[i].0 {
-        w.store(value, Ordering::Relaxed);
-    }
-}
-
-/// A zeroed frame of the pool (its address), next-fit.
-fn alloc() -> Option<u64> {
-    let start = NEXT_FIT.load(Ordering::Relaxed);
-    for k in 0..POOL_FRAMES {
-        let i = (start + k) % POOL_FRAMES;
-        if !USED[i].swap(true, Ordering::AcqRel) {
-            NEXT_FIT.store(i + 1, Ordering::Relaxed);
-            fill(i, 0);
-            IN_USE.fetch_add(1, Ordering::SeqCst);
-            // The zeroes are stored before the frame is linked anywhere.
-            core::sync::atomic::fence(Ordering::Release);
-            return Some(POOL[i].0.as_ptr() as u64);
-        }
-    }
-    None
-}
-
-/// Returns a frame to the pool: its generation bumped, then poisoned.
-fn free(pa: u64) {
-    let Some(i) = pool_index(pa) else {
-        crate::fatal("teardown: freeing a frame outside the pool");
-    };
-    GENERATION[i].fetch_add(1, Ordering::SeqCst);
-    fill(i, POISON);
-    if !USED[i].swap(false, Ordering::AcqRel) {
-        crate::fatal("teardown: double free of a pool frame");
-    }
-    IN_USE.fetch_sub(1, Ordering::SeqCst);
-}
-
-/// How many times the frame holding `pa` was freed (0 outside the pool).
-fn generation(pa: u64) -> u64 {
-    pool_index(pa).map_or(0, |i| GENERATION[i].load(Ordering::SeqCst))
-}
-
-/// The index of `va` in its table of `level` (0: the root ... 3: leaf).
-fn index(va: u64, level: usize) -> u64 {
-    (va >> (39 - 9 * level)) & 511
-}
-
-/// What a table of `level` maps.
-fn reach(level: usize) -> u64 {
-    1 << (39 + 9 - 9 * level)
-}
-
 /// Page `p` of the scenario: leaf table `p / PER_TABLE`, at entry `p` of
 /// it (so that no two pages share their low address bits, nor, under
 /// QEMU, their software-TLB slot).
 fn page_va(p: usize) -> u64 {
-    BASE + (p / PER_TABLE) as u64 * reach(3) + p as u64 * 4096
+    let g = Geometry::get();
+    g.base() + (p / PER_TABLE) as u64 * g.reach(3) + p as u64 * g.page_bytes()
 }
 
 fn pattern(round: u64, p: usize) -> u64 {
     0x7ea2_0000_0000_0000 | (p as u64) << 32 | round
 }
 
-/// The scenario's address space: the test address space's `MmTlbState`,
-/// below the root entry [`ROOT_INDEX`].
-pub struct TeardownSpace;
-
-impl TeardownSpace {
-    /// The slot of `va`'s entry in its table of `level`, allocating the
-    /// missing tables above it when `create`; `None` when one is missing
-    /// (or the pool is exhausted).
-    fn slot(&self, va: u64, level: usize, create: bool) -> Option<&'static AtomicU64> {
-        let mut table = mmu::root();
-        for l in 0..level {
-            let e = word(table + index(va, l) * 8)?;
-            let mut v = e.load(Ordering::Acquire);
-            if v & TABLE_DESC != TABLE_DESC {
-                if !create {
-                    return None;
-                }
-                v = alloc()? | TABLE_DESC;
-                e.store(v, Ordering::Release);
-            }
-            table = v & OUTPUT_ADDRESS;
-        }
-        word(table + index(va, level) * 8)
-    }
-
-    /// Maps `va` to the frame at `pa`, writable, like the other test pages.
-    fn map(&self, va: u64, pa: u64) {
-        let Some(slot) = self.slot(va, 3, true) else {
-            crate::fatal("teardown: the frame pool is exhausted");
-        };
-        slot.store(pa | TEST_PAGE_FLAGS, Ordering::Release);
-    }
-}
-
-// SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
-// operations on the descriptor, so an access flag the hardware sets
-// (TCR_EL1.HA where the CPU has it; HD acts only on descriptors with DBM,
-// which these tables never hold) is never lost; `lookup`
-// reads the descriptor as it is and the conversions are space.rs's, which
-// report every writable page dirty as the crate's aarch64 `Arch` needs;
-// the state is the test address space's, whose ASID and root (the root
-// these tables hang below) every CPU loaded with `switch_mm`;
-// `next_populated` skips only spans under a missing table, where every
-// entry is empty; only CPU 0 changes these tables, one call at a time,
-// so the default `with_table_locked` is right.
-unsafe impl PageTable for TeardownSpace {
-    fn tlb_state(&self) -> &MmTlbState {
-        tlb::mm()
-    }
-
-    fn lookup(&self, va: u64) -> Pte {
-        self.slot(va, 3, false)
-            .map_or(Pte::EMPTY, |s| to_pte(s.load(Ordering::Acquire)))
-    }
-
-    fn exchange(&self, va: u64, new: Pte) -> Pte {
-        self.slot(va, 3, false).map_or(Pte::EMPTY, |s| {
-            to_pte(s.swap(to_descriptor(new), Ordering::AcqRel))
-        })
-    }
-
-    fn test_and_clear_accessed(&self, va: u64) -> bool {
-        self.slot(va, 3, false)
-            .is_some_and(|s| s.fetch_and(!AF, Ordering::AcqRel) & AF != 0)
-    }
-
-    fn set(&self, va: u64, pte: Pte) {
-        if let Some(s) = self.slot(va, 3, false) {
-            s.store(to_descriptor(pte), Ordering::Release);
-        }
-    }
-
-    fn next_populated(&self, range: PageRange) -> Option<u64> {
-        let last = range.last()?;
-        let mut va = range.start();
-        'outer: while va <= last {
-            // Step over the span of the highest missing table.
-            for level in 0..3 {
-                let linked = self
-                    .slot(va, level, false)
-                    .is_some_and(|s| s.load(Ordering::Acquire) & TABLE_DESC == TABLE_DESC);
-                if !linked {
-                    let span = reach(level + 1);
-                    va = (va | (span - 1)).checked_add(1)?;
-                    continue 'outer;
-                }
-            }
-            return Some(va);
-        }
-        None
-    }
-}
-
-// SAFETY: `detach_table` unlinks (one atomic store of an invalid
-// descriptor) a level 3 or level 2 table whose whole reach lies in
-// `range`, leaf tables first, so a level 2 table goes only once no leaf
-// table is linked below it; the frame it hands over was allocated for that
-// table alone and nothing else frees it. A present page descriptor held
-// the only claim on its pool frame: each data frame is mapped once, at
-// the page it was allocated for.
-unsafe impl TableTeardown for TeardownSpace {
-    fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
-        let end = range.start().checked_add(range.pages() * 4096)?;
-        for level in [3, 2] {
-            let span = reach(level);
-            let mut va = range.start().checked_add(span - 1)? & !(span - 1);
-            while va.checked_add(span).is_some_and(|e| e <= end) {
-                // The entry that links a table of `level` is in the one
-                // above it.
-                let Some(above) = self.slot(va, level - 1, false) else {
-                    // No table of `level - 1` here: step over its reach.
-                    va = (va | (reach(level - 1) - 1)).checked_add(1)?;
-                    continue;
-                };
-                let v = above.load(Ordering::Acquire);
-                if v & TABLE_DESC == TABLE_DESC {
-                    above.store(0, Ordering::SeqCst);
-                    // A walk started before this point may still hold the
-                    // table; one started after it finds the entry empty.
-                    DETACH_SEEN.fetch_max(WALK_SEQ.load(Ordering::SeqCst), Ordering::SeqCst);
-                    return Some(DetachedTable {
-                        frame: Frame((v & OUTPUT_ADDRESS) >> 12),
-                        range: PageRange::from_bounds(va, va + span).ok()?,
-                    });
-                }
-                va += span;
-            }
-        }
-        None
-    }
+/// Called as a table is detached: a walk started before this point may
+/// still hold the table; one started after it finds the entry empty.
+pub(crate) fn note_detach() {
+    DETACH_SEEN.fetch_max(WALK_SEQ.load(Ordering::SeqCst), Ordering::SeqCst);
 }
 
 /// The counters read at one moment of a teardown.
@@ -494,8 +272,9 @@ fn walk_once(va: u64) -> bool {
     let mut depth = 0;
     let mut table = mmu::root();
     let mut freed = false;
-    for level in 0..4 {
-        let slot = table + index(va, level) * 8;
+    let g = Geometry::get();
+    for level in g.root_level..4 {
+        let slot = table + g.index(va, level) * 8;
         // Not a table of ours: a freed table's frame reused; the check
         // below catches that.
         let Some(entry) = word(slot) else { break };
@@ -622,13 +401,10 @@ pub fn run(bootargs: &[u8]) -> bool {
 }
 
 fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
-    if !POOL_READY.swap(true, Ordering::SeqCst) {
-        for i in 0..POOL_FRAMES {
-            fill(i, POISON);
-        }
-    }
+    prepare_pool();
     let space = TeardownSpace;
-    let Ok(range) = PageRange::from_bounds(BASE, BASE + SPAN) else {
+    let g = Geometry::get();
+    let Ok(range) = PageRange::from_bounds(g.base(), g.base() + g.span()) else {
         crate::fatal("teardown: bad range");
     };
     let cpus = tlb::CPUS.online().len() as u64;
@@ -712,11 +488,16 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
         STALE.load(Ordering::SeqCst),
         OTHER.load(Ordering::SeqCst),
     );
-    // Only the level 1 table is left allocated.
-    let leaked = IN_USE.load(Ordering::SeqCst).saturating_sub(1);
+    // Only the tables above the level 2 one are left allocated.
+    let leaked = in_use().saturating_sub(g.kept_tables());
     let rounds = ROUNDS as usize;
     let syncs = if after_flush { 0 } else { rounds };
     let b = &backing;
+    let (span, span_unit) = if g.span() >= 1 << 40 {
+        (g.span() >> 40, "TiB")
+    } else {
+        (g.span() >> 30, "GiB")
+    };
     let passed = errors == 0
         && handed_back == 0
         && leaked == 0
@@ -742,8 +523,9 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
         && other == 0
         && timeouts == 0;
     crate::say!(
-        "scenario teardown with batched table free: {} ({ROUNDS} rounds x {PAGES} pages in {TABLES} leaf tables \
-         written by CPU 0, torn down by MmuGather, tables freed {}, flush {flush}: {} data frames and {} tables \
+        "scenario teardown with batched table free: {} ({ROUNDS} rounds x {PAGES} pages of {} KiB in {TABLES} leaf \
+         tables of {} entries below a level 2 table over {span} {span_unit}, written by CPU 0, torn down by \
+         MmuGather ({} pages unmapped), tables freed {}, flush {flush}: {} data frames and {} tables \
          freed, {} of them before the flush, {} tables while a walk could hold them, {} pages dirty, {handed_back} \
          handed back, {} errors, {leaked} frames leaked; {} flushes sent {} IPIs ({} hook calls), {} table-free \
          syncs sent {} IPIs ({} hook calls); walker on CPU {WALKER_CPU}, lockless, interrupts masked: {walks} \
@@ -751,6 +533,9 @@ fn scenario<A: Arch>(arch: &A, flush: &str, after_flush: bool) -> bool {
          teardown: {fresh} reads faulted as they must, stale: {stale} reads of the old frame, {other} other, \
          {timeouts} timeouts, {elapsed_ms} ms)\n",
         if passed { "PASS" } else { "FAIL" },
+        g.page_bytes() >> 10,
+        g.entries(),
+        total.pages_unmapped,
         if after_flush {
             "right after the flush (AfterFlush, negative control)"
         } else {
