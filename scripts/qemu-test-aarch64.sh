@@ -137,11 +137,15 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
 # run NAME EXPECTED_EXIT CPUS CPU_MODEL CMDLINE [TIMEOUT_SECONDS]
+# The 4 KiB runs have 128 MiB of RAM. The granule64 runs have 4 GiB, for
+# the block scenarios' 512 MiB blocks: QEMU allocates guest RAM as it is
+# first touched.
 run() {
-    local name=$1 expected=$2 smp=$3 model=$4 cmdline=$5 limit=${6:-60} start end code line
+    local name=$1 expected=$2 smp=$3 model=$4 cmdline=$5 limit=${6:-60} start end code line ram=128M
+    case " $cmdline " in *" granule64 "*) ram=4G ;; esac
     start=$(date +%s.%N)
     set +e
-    timeout "$limit" qemu-system-aarch64 -machine virt -cpu "$model" -smp "$smp" -m 128M \
+    timeout "$limit" qemu-system-aarch64 -machine virt -cpu "$model" -smp "$smp" -m "$ram" \
         -nographic -semihosting -no-reboot -accel tcg -kernel "$kernel" -append "$cmdline" </dev/null >"$log" 2>&1
     code=$?
     set -e
