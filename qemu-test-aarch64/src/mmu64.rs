@@ -16,11 +16,14 @@
 //! as two 512 MiB Device-nGnRnE level 2 blocks; the RAM identity, its
 //! first 512 MiB (where the kernel is) with 64 KiB Normal pages through
 //! one level 3 table, the rest with 512 MiB Normal level 2 blocks (the
-//! `granule64` runs are given 4 GiB, for the 512 MiB blocks of the block
-//! scenarios); and [`TEST_PAGES`](crate::mmu::TEST_PAGES) 64 KiB test pages, the last
+//! block scenarios take six 512 MiB blocks at the top of RAM, so the
+//! `granule64` runs are given 4 GiB); and
+//! [`TEST_PAGES`](crate::mmu::TEST_PAGES) 64 KiB test pages, the last
 //! entries of a level 3 table of their own from [`TEST_VA`] on (level 1
 //! entry 0, level 2 entry 1024). Every test frame is 64 KiB-aligned and
-//! 64 KiB long (`virt.rs`).
+//! 64 KiB long (`virt.rs`). The level 2 entry after the test pages' one
+//! (1025, [`BLOCK_VA`]) is where the block scenarios write their 512 MiB
+//! block.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -46,15 +49,21 @@ const _: () = assert!(TEST_VA >> 42 == 0 && (TEST_VA >> 29) & 8191 == 1024);
 pub const DIRTY_VA: u64 = TEST_VA & !(L2_SPAN - 1);
 const _: () = assert!(crate::mmu::DIRTY_PAGES + TEST_PAGES <= ENTRIES);
 
+/// Where the block scenarios (`block.rs`, `block_split.rs`) map their
+/// 512 MiB block: the level 2 entry after the one whose leaf table holds
+/// the test pages.
+pub const BLOCK_VA: u64 = (TEST_VA & !(L2_SPAN - 1)) + L2_SPAN;
+const _: () = assert!(BLOCK_VA >> 42 == 0 && (BLOCK_VA >> 29) & 8191 == 1025);
+
 /// A 64 KiB table (levels 2 and 3), aligned to its size.
 #[repr(C, align(65536))]
 pub struct Table64(pub [AtomicU64; ENTRIES]);
 
 impl Table64 {
-    const fn new() -> Self {
+    pub const fn new() -> Self {
         Table64([const { AtomicU64::new(0) }; ENTRIES])
     }
-    fn addr(&self) -> u64 {
+    pub fn addr(&self) -> u64 {
         self.0.as_ptr() as u64
     }
 }
@@ -114,6 +123,11 @@ pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
     }
     L2.0[indices(TEST_VA)[1]].store(L3_TEST.addr() | table, Ordering::Relaxed);
     Ok(())
+}
+
+/// The level 2 entry that maps [`BLOCK_VA`].
+pub fn block_entry() -> &'static AtomicU64 {
+    &L2.0[indices(BLOCK_VA)[1]]
 }
 
 /// The leaf entry of the test page at `va`.
