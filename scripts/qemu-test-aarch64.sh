@@ -114,7 +114,10 @@
 # Prints each run's boot-to-exit wall time. Two to three minutes on a
 # 2-core machine under a load average of about 10 (the seven 64 KiB runs
 # add about 45 s of boot-to-exit time in all); 96 s under a load average
-# of about 1.5.
+# of about 1.5. With the block scenarios at 64 KiB: 2 min 14 s under a
+# load average of about 15 (the seven 64 KiB runs 61 s in all, the
+# longest run 13.6 s of its 60 s limit), 1 min 33 s at about 5 (39 s,
+# the longest 11.6 s).
 # Needs: the aarch64-unknown-none target and qemu-system-aarch64 (Debian
 # 12: qemu-system-arm from bookworm-backports); scripts/setup.sh installs
 # what is missing.

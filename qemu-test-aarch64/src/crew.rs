@@ -172,11 +172,12 @@ pub fn blocks_top(ram: (u64, u64)) -> u64 {
 /// 4 KiB granule; with the 64 KiB granule 4 KiB x (p / 4 mod 16) into
 /// it. Why: QEMU's TCG keeps a translation per 4 KiB of address whatever
 /// the granule, in a direct-mapped TLB indexed by the address bits from
-/// 12 up, which it shrinks to as few as 64 entries (cputlb.c's dynamic
-/// sizing, its minimum 2^6); 32 words at a 64 KiB stride would share 4
-/// of those slots and evict each other, so that the measurements saw
-/// next to no stale piece and the split's controls passed (measured).
-/// Spread this way they take 32 slots of 64, as 32 pieces of 4 KiB do.
+/// 12 up, which it may shrink to 64 entries (our reading of cputlb.c's
+/// dynamic sizing, its minimum 2^6); 32 words at a 64 KiB stride share
+/// 4 of those slots and evict each other. Measured with them so: the
+/// measurements saw next to no stale piece and the split's controls
+/// passed (docs/testing.md). Spread this way they take 32 slots of 64,
+/// as 32 pieces of 4 KiB do, and every control fails.
 pub fn piece_offset(p: u64) -> u64 {
     let page = crate::mmu::page_bytes();
     let quarters = page / 4096;
