@@ -1,23 +1,24 @@
-//! A 2 MiB block descriptor (a level 2 block, 4 KiB granule) taken as one
-//! unit by the crate's real `Aarch64`.
+//! A level 2 block descriptor taken as one unit by the crate's real
+//! `Aarch64`: 2 MiB with the 4 KiB granule, 512 MiB with the 64 KiB one
+//! ([`mmu::block_size`]); its pieces are pages of the granule.
 //!
-//! The block maps, at [`mmu::BLOCK_VA`], one of two 2 MiB-aligned blocks
-//! at the top of RAM, A (the one unmapped, reused and protected) or B
-//! (only for the measurement). Its table,
-//! [`BlockSpace`], answers [`PageSize::SIZE_2M`] from `entry_size` while a
+//! The block maps, at [`mmu::block_va`], one of two blocks aligned to
+//! their size at the top of RAM, A (the one unmapped, reused and
+//! protected) or B (only for the measurement). Its table,
+//! [`BlockSpace`], answers the block's size from `entry_size` while a
 //! block descriptor is there, and takes `exchange`, `set` and
 //! `test_and_clear_accessed` on the whole descriptor at the block's first
 //! address, converting as `space.rs` does for page descriptors (a block
 //! descriptor is a page descriptor without bit 1).
 //!
 //! First a measurement: every secondary CPU reads the first half of the
-//! pieces it will use ([`PIECES`] 4 KiB pieces in all), CPU 0 points the
+//! pieces it will use ([`PIECES`] pieces in all), CPU 0 points the
 //! descriptor at block B with no TLBI, and each secondary reads every
 //! piece again. The line says through how many pieces the old block was
 //! still read, the used ones and the unused ones apart.
 //!
 //! Then the scenario: while the secondaries read the pieces over and
-//! over, CPU 0 unmaps the block through `try_to_unmap` of its first 4 KiB
+//! over, CPU 0 unmaps the block through `try_to_unmap` of its first
 //! frame into a `TlbFlushUnmapBatch` (the block's one `TLBI VAE1IS` goes
 //! out as it is added), flushes the batch, and reuses block A at once with
 //! another pattern. From the flush on, every read must fault: a read of
@@ -27,7 +28,7 @@
 //!
 //! Last, the mprotect: block A mapped writable again, the secondaries
 //! store into the pieces over and over while CPU 0 makes the whole block
-//! read-only through `change_protection` over its 2 MiB; one entry
+//! read-only through `change_protection` over its whole span; one entry
 //! changes, it stays a block over A, and every store begun after the call
 //! returned must fault (none lands in the block). It fails under the
 //! controls on the stores that landed.
@@ -42,11 +43,10 @@ use tlb_batch::{
     TlbFlushUnmapBatch, TtuFlags,
 };
 
-use crate::mmu::{self, BLOCK_VA, DESC_TABLE_OR_PAGE, DESC_VALID};
+use crate::crew::{piece_offset, FILLED_PIECES};
+use crate::mmu::{self, DESC_TABLE_OR_PAGE, DESC_VALID};
 use crate::{space, tlb, MAX_CPUS};
 
-const NAME: &str = "2 MiB block unmap";
-const MIB2: u64 = 2 << 20;
 /// Pieces the secondaries read; the measurement warms the first half.
 const PIECES: u64 = 32;
 /// Reading passes each secondary makes over the pieces after the flush.
@@ -95,17 +95,17 @@ fn word(block: u64, piece: u64) -> &'static AtomicU64 {
     // SAFETY: `block` is one of the blocks `run` chose at the top of RAM,
     // identity-mapped Normal memory that nothing else uses; the words are
     // only accessed atomically.
-    unsafe { &*((block + piece * 4096) as *const AtomicU64) }
+    unsafe { &*((block + piece_offset(piece)) as *const AtomicU64) }
 }
 
 fn fill(block: u64, tag: u64) {
-    for piece in 0..MIB2 / 4096 {
+    for piece in 0..FILLED_PIECES {
         word(block, piece).store(tag | piece, Ordering::Release);
     }
     a64::dsb_ish();
 }
 
-/// A writable block descriptor over the 2 MiB block at `pa`, with its
+/// A writable block descriptor over the level 2 block at `pa`, with its
 /// access flag (the test address space's attributes; also `block_split.rs`
 /// and `block_teardown.rs`).
 pub fn block_descriptor(pa: u64) -> u64 {
@@ -139,15 +139,15 @@ pub struct BlockSpace;
 static SPACE: BlockSpace = BlockSpace;
 
 fn in_block(va: u64) -> bool {
-    (BLOCK_VA..BLOCK_VA + MIB2).contains(&va)
+    (mmu::block_va()..mmu::block_va() + mmu::block_bytes()).contains(&va)
 }
 
 // SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
 // operations on the descriptor (the hardware may set its access flag;
 // it has no DBM); `lookup` reads it as it is, in its 4 KiB view; the
 // state is the test address space's, which every CPU has loaded and
-// whose root holds this level 2 table; `entry_size` answers 2 MiB
-// wherever a block descriptor maps the address, and the whole-entry
+// whose root holds this level 2 table; `entry_size` answers the block's
+// size (2 or 512 MiB) wherever a block descriptor maps the address, and the whole-entry
 // operations act at the block's first address only.
 unsafe impl PageTable for BlockSpace {
     fn tlb_state(&self) -> &MmTlbState {
@@ -162,40 +162,40 @@ unsafe impl PageTable for BlockSpace {
         if !pte.is_present() {
             return pte;
         }
-        Pte(pte.0 + (va - BLOCK_VA))
+        Pte(pte.0 + (va - mmu::block_va()))
     }
 
     fn entry_size(&self, va: u64) -> PageSize {
         if in_block(va) && to_pte(mmu::block_entry().load(Ordering::Acquire)).is_present() {
-            PageSize::SIZE_2M
+            mmu::block_size()
         } else {
-            PageSize::SIZE_4K
+            mmu::page_size()
         }
     }
 
     fn exchange(&self, va: u64, new: Pte) -> Pte {
-        if va != BLOCK_VA {
+        if va != mmu::block_va() {
             return Pte::EMPTY;
         }
         to_pte(mmu::block_entry().swap(to_descriptor(new), Ordering::AcqRel))
     }
 
     fn test_and_clear_accessed(&self, va: u64) -> bool {
-        va == BLOCK_VA && mmu::block_entry().fetch_and(!mmu::AF, Ordering::AcqRel) & mmu::AF != 0
+        va == mmu::block_va() && mmu::block_entry().fetch_and(!mmu::AF, Ordering::AcqRel) & mmu::AF != 0
     }
 
     fn set(&self, va: u64, pte: Pte) {
-        if va == BLOCK_VA {
+        if va == mmu::block_va() {
             mmu::block_entry().store(to_descriptor(pte), Ordering::Release);
         }
     }
 }
 
-/// The reverse map of block A: its first 4 KiB frame is mapped, whole, at
-/// the block's first address.
+/// The reverse map of block A: its first frame is mapped, whole, at the
+/// block's first address.
 pub struct BlockRmap;
 
-// SAFETY: block A is mapped in the test address space only at BLOCK_VA
+// SAFETY: block A is mapped in the test address space only at block_va()
 // (the identity map of RAM covers it too, as a linear map does; nothing
 // here unmaps that).
 unsafe impl Rmap for BlockRmap {
@@ -209,7 +209,7 @@ unsafe impl Rmap for BlockRmap {
         if frame.addr() == BLOCK_A.load(Ordering::Relaxed) {
             visit(Mapping {
                 space: &SPACE,
-                va: BLOCK_VA,
+                va: mmu::block_va(),
                 flags: MappingFlags::empty(),
             })
         } else {
@@ -226,7 +226,7 @@ static DIRTIED: AtomicU64 = AtomicU64::new(0);
 
 /// Reads piece `piece` through the block: its word, or `None` on a fault.
 fn read(piece: u64) -> Option<u64> {
-    crate::boot::probe(BLOCK_VA + piece * 4096)
+    crate::boot::probe(mmu::block_va() + piece_offset(piece))
 }
 
 /// The secondary side, called from every wait loop (`Platform::poll`).
@@ -304,7 +304,7 @@ fn store_loop(me: usize) {
         for p in 0..PIECES {
             let after = after || FLUSHED.load(Ordering::Acquire);
             let value = if after { STORED_AFTER } else { STORED_BEFORE } | p;
-            let landed = crate::boot::probe_store_word(BLOCK_VA + p * 4096 + 8, value);
+            let landed = crate::boot::probe_store_word(mmu::block_va() + piece_offset(p) + 8, value);
             if after {
                 if landed { &LANDED } else { &STORE_FAULTS }.fetch_add(1, Ordering::Relaxed);
             }
@@ -321,7 +321,10 @@ fn wait(what: &str, done: impl Fn() -> bool) {
     let start = crate::now_us();
     while !done() {
         if crate::now_us() - start > 20_000_000 {
-            crate::say!("{NAME}: timed out waiting for {what}\n");
+            crate::say!(
+                "{} block unmap: timed out waiting for {what}\n",
+                mmu::block_name()
+            );
             crate::fatal("the block scenario's secondaries did not answer");
         }
         core::hint::spin_loop();
@@ -343,7 +346,7 @@ fn map(pa: u64) {
 /// Drops every CPU's translation of the block through the crate's real
 /// flush (between the steps, whatever the flush under test).
 fn real_flush() {
-    if flush_tlb_page(tlb::arch(), tlb::mm(), BLOCK_VA).is_err() {
+    if flush_tlb_page(tlb::arch(), tlb::mm(), mmu::block_va()).is_err() {
         crate::fatal("flush_tlb_page refused the block");
     }
 }
@@ -371,10 +374,11 @@ fn measure(cpus: usize) {
     }
     let per = (cpus as u64 - 1) * PIECES / 2;
     crate::say!(
-        "block: a 2 MiB block's translation kept across a descriptor change with no TLBI ({} other CPUs read \
+        "block: a {} block's translation kept across a descriptor change with no TLBI ({} other CPUs read \
          {warm} of {per} pieces of block A, the descriptor moved to block B): used pieces read the old block: \
          {used_old} of {per} (the new: {used_new}); unused pieces read the old block: {unused_old} of {per} (the new: \
          {unused_new})\n",
+        mmu::block_name(),
         cpus - 1
     );
     mmu::block_entry().store(0, Ordering::Release);
@@ -434,10 +438,11 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
         && old + new + other == 0
         && faults > 0;
     crate::say!(
-        "scenario {NAME}: {} (flush {under_test}; {} CPUs reading {PIECES} pieces; try_to_unmap: {:?}, pages \
+        "scenario {} block unmap: {} (flush {under_test}; {} CPUs reading {PIECES} pieces; try_to_unmap: {:?}, pages \
          pending in the batch: {pending}, descriptor cleared: {}, dirty frames reported: {dirtied}; page TLBIs issued on add: {}, \
          in all: {}, full flushes: {}, shootdowns: {}, broadcasts: {}, IPIs: {}; after the flush and the reuse: \
          {faults} reads faulted; stale: {old} reads of the old block, {new} of the reused block, {other} other)\n",
+        mmu::block_name(),
         if passed { "PASS" } else { "FAIL" },
         cpus,
         r,
@@ -478,7 +483,6 @@ fn with_secondaries(cpus: usize, cmd: u64, change: impl FnOnce()) {
 
 /// The mprotect of the whole block with `arch`; true when it passed.
 fn mprotect<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
-    const NAME: &str = "2 MiB block mprotect";
     let a = BLOCK_A.load(Ordering::Relaxed);
     fill(a, TAG_A);
     map(a);
@@ -493,7 +497,7 @@ fn mprotect<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
     let before = tlb::TLB.stats();
     let mut changed = None;
     with_secondaries(cpus, STORE, || {
-        let Ok(range) = PageRange::new(BLOCK_VA, MIB2 / 4096) else {
+        let Ok(range) = PageRange::new(mmu::block_va(), mmu::block_bytes() / 4096) else {
             crate::fatal("the block is not a page range");
         };
         let read_only = |pte: Pte| Pte(pte.0 & !PteFlags::WRITABLE.bits());
@@ -508,7 +512,7 @@ fn mprotect<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
     let late_words = (0..PIECES)
         .filter(|&p| {
             // SAFETY: as in `word`, one word further in the piece.
-            let w = unsafe { &*((a + p * 4096 + 8) as *const AtomicU64) };
+            let w = unsafe { &*((a + piece_offset(p) + 8) as *const AtomicU64) };
             w.load(Ordering::Acquire) & !0xffff == STORED_AFTER
         })
         .count();
@@ -527,10 +531,11 @@ fn mprotect<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
         && late_words == 0
         && faults > 0;
     crate::say!(
-        "scenario {NAME}: {} (flush {under_test}; {cpus} CPUs storing into {PIECES} pieces; entries changed: \
+        "scenario {} block mprotect: {} (flush {under_test}; {cpus} CPUs storing into {PIECES} pieces; entries changed: \
          {:?}, still a read-only block over A with its access flag: {still_block}; page TLBIs: {}, full \
          flushes: {}, shootdowns: {}, broadcasts: {}, IPIs: {}; stores begun after the call: {faults} faulted, \
          {landed} landed ({late_words} pieces hold a late store))\n",
+        mmu::block_name(),
         if passed { "PASS" } else { "FAIL" },
         changed.unwrap_or(Ok(0)),
         d.local_page_flushes,
@@ -548,11 +553,12 @@ fn mprotect<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
 /// Runs the measurement and the scenario; true when the scenario passed.
 pub fn run(bootargs: &[u8], ram: (u64, u64)) -> bool {
     let cpus = crate::ONLINE.load(Ordering::Acquire);
-    let top = (ram.0 + ram.1) & !(MIB2 - 1);
-    BLOCK_A.store(top - 2 * MIB2, Ordering::Relaxed);
-    BLOCK_B.store(top - MIB2, Ordering::Relaxed);
-    fill(top - 2 * MIB2, TAG_A);
-    fill(top - MIB2, TAG_B);
+    let block = mmu::block_bytes();
+    let top = crate::crew::blocks_top(ram);
+    BLOCK_A.store(top - 2 * block, Ordering::Relaxed);
+    BLOCK_B.store(top - block, Ordering::Relaxed);
+    fill(top - 2 * block, TAG_A);
+    fill(top - block, TAG_B);
     JOB.store(true, Ordering::Release);
     measure(cpus);
     let a = *tlb::arch();

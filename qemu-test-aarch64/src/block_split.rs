@@ -1,6 +1,8 @@
-//! A 2 MiB block descriptor split into a level 3 table of 4 KiB pages
-//! through the crate's `split_huge_mapping`, while the other CPUs read and
-//! store into the block's pieces.
+//! A level 2 block descriptor split into a level 3 table of pages through
+//! the crate's `split_huge_mapping`, while the other CPUs read and store
+//! into the block's pieces: a 2 MiB block into 512 pages of 4 KiB, or
+//! (`granule64`) a 512 MiB block into 8192 pages of 64 KiB, the table then
+//! a 64 KiB one ([`LEAF_64`]).
 //!
 //! The rule: the Arm ARM (DDI 0487), chapter D8, "Translation table entry
 //! changes", and in it "Using break-before-make when updating translation
@@ -10,10 +12,10 @@
 //! written; otherwise a CPU may hold entries of both sizes at once (a TLB
 //! conflict abort, or either translation used). The crate gives the three
 //! steps as typed values (`docs/huge-pages.md`): the break here swaps the
-//! level 2 descriptor for 0, the flush is one `TLBI VAE1IS` at the 2 MiB
-//! stride (the crate's shootdown, `DSB ISHST` before and `DSB ISH; ISB`
-//! after), and the make writes 512 page descriptors into [`LEAF`] and
-//! links it with a table descriptor.
+//! level 2 descriptor for 0, the flush is one `TLBI VAE1IS` at the
+//! block's stride (the crate's shootdown, `DSB ISHST` before and `DSB ISH;
+//! ISB` after), and the make writes a page descriptor into every entry of
+//! the leaf table and links it with a table descriptor.
 //!
 //! The new table is not the old block cut up: pieces [`moved`] map other
 //! frames (of block M, as a kernel remaps a piece after the split), and
@@ -35,15 +37,15 @@
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use tlb_batch::arch::aarch64 as a64;
-use tlb_batch::{flush_tlb_batched_pending, flush_tlb_range, split_huge_mapping, Arch, PageRange, PageSize};
+use tlb_batch::{flush_tlb_batched_pending, flush_tlb_range, split_huge_mapping, Arch, PageRange};
 
 use crate::block::block_descriptor;
-use crate::crew::Crew;
-use crate::mmu::{self, Table, AP_READ_ONLY, BLOCK_VA, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS};
+use crate::crew::{piece_offset, Crew, FILLED_PIECES};
+use crate::mmu::{self, Table, AP_READ_ONLY, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS};
+use crate::mmu64::Table64;
 use crate::tlb;
 
-const NAME: &str = "2 MiB block split";
-const MIB2: u64 = 2 << 20;
+const NAME: &str = "block split";
 /// Pieces the other CPUs read and store into (one TCG TLB slot each).
 const PIECES: u64 = 32;
 /// Passes each other CPU begins after the make.
@@ -69,8 +71,22 @@ const TAG_REUSED: u64 = 0x7c00_0000_0000;
 static BLOCK_S: AtomicU64 = AtomicU64::new(0);
 static BLOCK_M: AtomicU64 = AtomicU64::new(0);
 
-/// The level 3 table the make links.
+/// The level 3 table the make links (4 KiB granule).
 static LEAF: Table = Table::new();
+/// The level 3 table the make links with the 64 KiB granule, placed after
+/// every other static (`linker.ld`) so that none of them moved when it
+/// was added.
+#[link_section = ".bss_block64.split"]
+static LEAF_64: Table64 = Table64::new();
+
+/// The leaf table of this boot's granule: its entries and its address.
+fn leaf() -> (&'static [AtomicU64], u64) {
+    if mmu::granule64() {
+        (&LEAF_64.0, LEAF_64.addr())
+    } else {
+        (&LEAF.0, LEAF.addr())
+    }
+}
 
 static CREW: Crew = Crew::new(NAME);
 
@@ -105,14 +121,14 @@ static STALE_STORES: AtomicU64 = AtomicU64::new(0);
 static OTHER: AtomicU64 = AtomicU64::new(0);
 
 fn word(block: u64, piece: u64, w: u64) -> &'static AtomicU64 {
-    // SAFETY: `block` is one of the 2 MiB blocks `run` chose at the top of
-    // RAM, identity-mapped Normal memory that only this module uses while
-    // it runs; the words are only accessed atomically.
-    unsafe { &*((block + piece * 4096 + w * 8) as *const AtomicU64) }
+    // SAFETY: `block` is one of the level 2 blocks `run` chose at the top
+    // of RAM, identity-mapped Normal memory that only this module uses
+    // while it runs; the words are only accessed atomically.
+    unsafe { &*((block + piece_offset(piece) + w * 8) as *const AtomicU64) }
 }
 
 fn fill(block: u64, tag: u64) {
-    for p in 0..MIB2 / 4096 {
+    for p in 0..FILLED_PIECES {
         word(block, p, 0).store(tag | p, Ordering::Relaxed);
         word(block, p, 1).store(0, Ordering::Relaxed);
     }
@@ -120,31 +136,33 @@ fn fill(block: u64, tag: u64) {
 }
 
 fn piece_va(p: u64) -> u64 {
-    BLOCK_VA + p * 4096
+    mmu::block_va() + piece_offset(p)
 }
 
-/// Writes the split's 512 page descriptors into [`LEAF`], from the old
+/// Writes the split's page descriptors into the leaf table, from the old
 /// block descriptor `old`: its attributes, each piece over its own frame
 /// of block S, the moved ones over block M's, the read-only ones with
 /// AP\[2\] set.
 fn write_leaf(old: u64) {
     let (s, m) = (BLOCK_S.load(Ordering::Relaxed), BLOCK_M.load(Ordering::Relaxed));
     let attrs = (old & !OUTPUT_ADDRESS) | DESC_TABLE_OR_PAGE;
-    for p in 0..MIB2 / 4096 {
-        let frame = if moved(p) { m } else { s } + p * 4096;
+    let (entries, _) = leaf();
+    for (p, entry) in (0..mmu::block_pages()).zip(entries) {
+        let frame = if moved(p) { m } else { s } + p * mmu::page_bytes();
         let mut desc = frame | attrs;
         if read_only(p) {
             desc |= AP_READ_ONLY;
         }
-        LEAF.0[p as usize].store(desc, Ordering::Relaxed);
+        entry.store(desc, Ordering::Relaxed);
     }
 }
 
-/// Links [`LEAF`] in place of the block, and publishes it to the walks.
+/// Links the leaf table in place of the block, and publishes it to the
+/// walks.
 fn link_leaf() {
     // The page descriptors reach the walkers before the link does.
     a64::dsb_ishst();
-    mmu::block_entry().store(LEAF.addr() | DESC_VALID | DESC_TABLE_OR_PAGE, Ordering::Release);
+    mmu::block_entry().store(leaf().1 | DESC_VALID | DESC_TABLE_OR_PAGE, Ordering::Release);
     a64::dsb_ishst();
     a64::isb();
 }
@@ -155,13 +173,13 @@ fn map_block(pa: u64) {
     a64::isb();
 }
 
-/// Unmaps whatever is at [`BLOCK_VA`] and drops every CPU's translation
-/// of its 2 MiB with the crate's real flush (a whole-ASID one: a page
-/// `TLBI` drops one 4 KiB entry of a split block).
+/// Unmaps whatever is at the block's address and drops every CPU's
+/// translation of its span with the crate's real flush (a whole-ASID one:
+/// a page `TLBI` drops one page's entry of a split block).
 fn clear_and_flush() {
     mmu::block_entry().store(0, Ordering::Release);
     a64::dsb_ishst();
-    let Ok(range) = PageRange::new(BLOCK_VA, MIB2 / 4096) else {
+    let Ok(range) = PageRange::new(mmu::block_va(), mmu::block_bytes() / 4096) else {
         crate::fatal("the split block is not a page range");
     };
     if flush_tlb_range(tlb::arch(), tlb::mm(), range).is_err() {
@@ -258,10 +276,11 @@ fn measure(cpus: usize) {
     }
     let others = cpus as u64 - 1;
     crate::say!(
-        "block split: a 2 MiB block's translation kept across its split with no TLBI ({others} other CPUs read \
+        "block split: a {} block's translation kept across its split with no TLBI ({others} other CPUs read \
          {warm} of {} pieces of block S, then the descriptor was replaced by a level 3 table that maps {MOVED} of \
          them to other frames and {READ_ONLY} read-only): moved pieces read the old block: {old} of {} (the new \
          frames: {new}); read-only pieces took a store: {stored} of {}\n",
+        mmu::block_name(),
         others * PIECES,
         others * MOVED,
         others * READ_ONLY,
@@ -299,7 +318,7 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
     let mut split = false;
     CREW.with_secondaries(cpus, HAMMER, PASSES_AFTER, || {
         PHASE.store(BREAKING, Ordering::Release);
-        let broken = split_huge_mapping(arch, tlb::mm(), BLOCK_VA, PageSize::SIZE_2M, || {
+        let broken = split_huge_mapping(arch, tlb::mm(), mmu::block_va(), mmu::block_size(), || {
             mmu::block_entry().swap(0, Ordering::AcqRel)
         });
         let Ok(broken) = broken else {
@@ -323,7 +342,7 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
     });
     let d = tlb::TLB.stats().since(&before);
     let was_block = old & (DESC_VALID | DESC_TABLE_OR_PAGE) == DESC_VALID && old & OUTPUT_ADDRESS == s;
-    let linked = mmu::block_entry().load(Ordering::Acquire) == LEAF.addr() | DESC_VALID | DESC_TABLE_OR_PAGE;
+    let linked = mmu::block_entry().load(Ordering::Acquire) == leaf().1 | DESC_VALID | DESC_TABLE_OR_PAGE;
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let (new, kept, ro_faults, landed) = (get(&NEW_READS), get(&KEPT_READS), get(&RO_FAULTS), get(&LANDED));
     let (stale_old, stale_reused, stale_stores, other) = (
@@ -346,20 +365,22 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
         && landed > 0
         && stale_old + stale_reused + stale_stores + other == 0;
     crate::say!(
-        "scenario {NAME}: {} (flush {under_test}; {cpus} CPUs reading and storing into {PIECES} pieces; break: the \
-         old descriptor a block over S: {was_block}; flush: page TLBIs {}, full flushes {}, shootdowns {}, \
-         broadcasts {}, IPIs {}; make: a level 3 table of 512 pages, {MOVED} of the used pieces moved to other \
+        "scenario {} block split: {} (flush {under_test}; {cpus} CPUs reading and storing into {PIECES} pieces; \
+         break: the old descriptor a block over S: {was_block}; flush: page TLBIs {}, full flushes {}, shootdowns \
+         {}, broadcasts {}, IPIs {}; make: a level 3 table of {} pages, {MOVED} of the used pieces moved to other \
          frames, {READ_ONLY} read-only, linked: {linked}; after the make and the reuse of the old frames: {new} \
          reads of the new frames through moved pieces, {kept} of the block through kept pieces, {ro_faults} stores \
          to read-only pieces faulted, {landed} to the others landed; stale: {stale_old} reads of the old block and \
          {stale_reused} of the reused frames through moved pieces, {stale_stores} stores landed on read-only \
          pieces, {other} other)\n",
+        mmu::block_name(),
         if passed { "PASS" } else { "FAIL" },
         d.local_page_flushes,
         d.local_full_flushes,
         d.shootdowns,
         d.broadcasts,
         d.ipis_sent,
+        mmu::block_pages(),
     );
     clear_and_flush();
     passed
@@ -369,12 +390,13 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
 /// command line asks; true when the split passed.
 pub fn run(bootargs: &[u8], ram: (u64, u64)) -> bool {
     let cpus = crate::ONLINE.load(Ordering::Acquire);
-    let top = (ram.0 + ram.1) & !(MIB2 - 1);
+    let block = mmu::block_bytes();
+    let top = crate::crew::blocks_top(ram);
     // Below blocks A and B of `block.rs`.
-    BLOCK_S.store(top - 3 * MIB2, Ordering::Relaxed);
-    BLOCK_M.store(top - 4 * MIB2, Ordering::Relaxed);
-    fill(top - 3 * MIB2, TAG_S);
-    fill(top - 4 * MIB2, TAG_M);
+    BLOCK_S.store(top - 3 * block, Ordering::Relaxed);
+    BLOCK_M.store(top - 4 * block, Ordering::Relaxed);
+    fill(top - 3 * block, TAG_S);
+    fill(top - 4 * block, TAG_M);
     CREW.summon();
     measure(cpus);
     let a = *tlb::arch();

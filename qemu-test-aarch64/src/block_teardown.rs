@@ -1,18 +1,24 @@
-//! The teardown of a region that holds a 2 MiB block descriptor, through
-//! the crate's `MmuGather`, while the other CPUs read the block.
+//! The teardown of a region that holds a level 2 block descriptor (2 MiB,
+//! or 512 MiB with the 64 KiB granule), through the crate's `MmuGather`,
+//! while the other CPUs read the block.
 //!
-//! The region is the gigabyte below level 0 entry [`ROOT_INDEX`] of the
-//! kernel's root table: a level 1 table ([`L1`], which stays) whose first
+//! The region is what one level 2 table maps below entry [`ROOT_INDEX`]
+//! of the kernel's root table. With the 4 KiB granule, the gigabyte below
+//! level 0 entry 3: a level 1 table ([`L1`], which stays) whose first
 //! entry links a level 2 table ([`L2`]) holding one block descriptor, over
-//! block T at the top of RAM. `MmuGather::unmap_range` over the level 2
-//! table's whole span, with `free_tables` and `TableFreePolicy::IpiSync`,
-//! must clear the block as one entry (one page unmapped, its dirty bit
-//! moved to the block's first 4 KiB frame), detach the level 2 table
-//! (the range covers it), flush once, hand the block's first frame to
-//! `FreeFrames::free_batch` once, after the flush, and the table to
-//! `TeardownBacking::free_tables` after the flush and the sync.
+//! block T at the top of RAM. With the 64 KiB granule the root is the
+//! level 1 table (`mmu64.rs`), and its entry 3 links the level 2 table
+//! ([`L2_64`], 8192 entries, 4 TiB) itself; nothing stays above it, so the
+//! teardown clears the root entry (as `teardown_space.rs` does).
+//! `MmuGather::unmap_range` over the level 2 table's whole span, with
+//! `free_tables` and `TableFreePolicy::IpiSync`, must clear the block as
+//! one entry (one page unmapped, its dirty bit moved to the block's first
+//! frame), detach the level 2 table (the range covers it), flush once,
+//! hand the block's first frame to `FreeFrames::free_batch` once, after
+//! the flush, and the table to `TeardownBacking::free_tables` after the
+//! flush and the sync.
 //!
-//! The flush: the freed table's span (1 GiB) is flushed as well as the
+//! The flush: the freed table's span (1 GiB or 4 TiB) is flushed as well as the
 //! block, so that no CPU's walk caches keep a pointer to the table; that
 //! is far past the full-flush ceiling, so the one flush is a whole-ASID
 //! `TLBI ASIDE1IS` (a broadcast: no IPI). The sync (`ipi_sync`) is the
@@ -48,18 +54,16 @@ use tlb_batch::{
 };
 
 use crate::block::{block_descriptor, to_descriptor, to_pte};
-use crate::crew::Crew;
+use crate::crew::{piece_offset, Crew, FILLED_PIECES};
 use crate::mmu::{self, Table, DESC_TABLE_OR_PAGE, DESC_VALID, OUTPUT_ADDRESS};
+use crate::mmu64::Table64;
 use crate::tlb;
 
-const NAME: &str = "2 MiB block teardown";
-/// The root-table entry the region hangs below (0 is the identity map,
-/// 1 the test pages, 2 `teardown.rs`'s tables).
+const NAME: &str = "block teardown";
+/// The root-table entry the region hangs below (at 4 KiB 0 is the
+/// identity map, 1 the test pages, 2 `teardown.rs`'s tables; at 64 KiB
+/// 0 holds the identity map and the test pages, 2 `teardown.rs`'s).
 const ROOT_INDEX: usize = 3;
-const BASE: u64 = (ROOT_INDEX as u64) << 39;
-const MIB2: u64 = 2 << 20;
-/// What the level 2 table maps: the range torn down.
-const GIB: u64 = 1 << 30;
 const TABLE_DESC: u64 = DESC_VALID | DESC_TABLE_OR_PAGE;
 /// What a freed table holds in every word (bit 0 clear: invalid).
 const POISON: u64 = 0xdead_b10c_dead_b10c;
@@ -74,6 +78,44 @@ const TAG_REUSED: u64 = 0xaf00_0000_0000;
 static L1: Table = Table::new();
 static L2: Table = Table::new();
 static L2_ALT: Table = Table::new();
+/// The level 2 tables with the 64 KiB granule, after every other static
+/// (`linker.ld`), so that none of those moved when they were added.
+#[link_section = ".bss_block64.teardown"]
+static L2_64: Table64 = Table64::new();
+#[link_section = ".bss_block64.teardown_alt"]
+static L2_ALT_64: Table64 = Table64::new();
+
+/// The region's first address: what root entry [`ROOT_INDEX`] maps.
+fn base() -> u64 {
+    let root_shift = if mmu::granule64() { 42 } else { 39 };
+    (ROOT_INDEX as u64) << root_shift
+}
+
+/// What the level 2 table maps, the range torn down: 1 GiB or 4 TiB.
+fn span() -> u64 {
+    mmu::block_bytes() * mmu::block_pages()
+}
+
+/// The level 2 table (`alt`: the measurement's other one) of this boot's
+/// granule: its entries and its address.
+fn l2(alt: bool) -> (&'static [AtomicU64], u64) {
+    match (mmu::granule64(), alt) {
+        (false, false) => (&L2.0, L2.addr()),
+        (false, true) => (&L2_ALT.0, L2_ALT.addr()),
+        (true, false) => (&L2_64.0, L2_64.addr()),
+        (true, true) => (&L2_ALT_64.0, L2_ALT_64.addr()),
+    }
+}
+
+/// The entry that links the level 2 table: [`L1`]'s first at 4 KiB, the
+/// root's entry [`ROOT_INDEX`] at 64 KiB.
+fn link_entry() -> &'static AtomicU64 {
+    if mmu::granule64() {
+        mmu::root_entry(ROOT_INDEX)
+    } else {
+        &L1.0[0]
+    }
+}
 
 /// Block T (torn down) and block U (the measurement's other block).
 static BLOCK_T: AtomicU64 = AtomicU64::new(0);
@@ -98,54 +140,58 @@ static STALE_REUSED: AtomicU64 = AtomicU64::new(0);
 static OTHER: AtomicU64 = AtomicU64::new(0);
 
 fn fill(block: u64, tag: u64) {
-    for p in 0..MIB2 / 4096 {
-        // SAFETY: `block` is one of the 2 MiB blocks `run` chose at the top
-        // of RAM, identity-mapped Normal memory that only this module uses
-        // while it runs; the words are only accessed atomically.
-        let w = unsafe { &*((block + p * 4096) as *const AtomicU64) };
+    for p in 0..FILLED_PIECES {
+        // SAFETY: `block` is one of the level 2 blocks `run` chose at the
+        // top of RAM, identity-mapped Normal memory that only this module
+        // uses while it runs; the words are only accessed atomically.
+        let w = unsafe { &*((block + piece_offset(p)) as *const AtomicU64) };
         w.store(tag | p, Ordering::Relaxed);
     }
     a64::dsb_ish();
 }
 
 fn piece_va(p: u64) -> u64 {
-    BASE + p * 4096
+    base() + piece_offset(p)
 }
 
 /// The level 2 entry that maps `va`, when a level 2 table of this module
 /// is linked there.
 fn l2_entry(va: u64) -> Option<&'static AtomicU64> {
-    if !(BASE..BASE + GIB).contains(&va) {
+    if !(base()..base() + span()).contains(&va) {
         return None;
     }
-    let link = L1.0[0].load(Ordering::Acquire);
+    let link = link_entry().load(Ordering::Acquire);
     if link & TABLE_DESC != TABLE_DESC {
         return None;
     }
-    let table = [&L2, &L2_ALT]
+    let (table, _) = [l2(false), l2(true)]
         .into_iter()
-        .find(|t| t.addr() == link & OUTPUT_ADDRESS)?;
-    Some(&table.0[((va >> 21) & 511) as usize])
+        .find(|t| t.1 == link & OUTPUT_ADDRESS)?;
+    let index = (va - base()) / mmu::block_bytes();
+    table.get(index as usize)
 }
 
 fn is_block(desc: u64) -> bool {
     desc & TABLE_DESC == DESC_VALID
 }
 
-/// Links the level 1 table below the root and `l2` below it, and drops
-/// every CPU's translations of the region with the crate's real flush.
-fn link(l2: &Table) {
-    L1.0[0].store(l2.addr() | TABLE_DESC, Ordering::Release);
-    mmu::root_entry(ROOT_INDEX).store(L1.addr() | TABLE_DESC, Ordering::Release);
+/// Links the level 1 table below the root (4 KiB granule) and the level
+/// 2 table at `l2` below it, and drops every CPU's translations of the
+/// region with the crate's real flush.
+fn link(l2: u64) {
+    link_entry().store(l2 | TABLE_DESC, Ordering::Release);
+    if !mmu::granule64() {
+        mmu::root_entry(ROOT_INDEX).store(L1.addr() | TABLE_DESC, Ordering::Release);
+    }
     a64::dsb_ishst();
     a64::isb();
     real_flush();
 }
 
-/// The crate's real flush of the region's first 2 MiB: past the ceiling,
-/// so a whole-ASID one.
+/// The crate's real flush of the region's first block: past the
+/// ceiling, so a whole-ASID one.
 fn real_flush() {
-    let Ok(range) = PageRange::new(BASE, MIB2 / 4096) else {
+    let Ok(range) = PageRange::new(base(), mmu::block_bytes() / 4096) else {
         crate::fatal("the teardown block is not a page range");
     };
     if flush_tlb_range(tlb::arch(), tlb::mm(), range).is_err() {
@@ -159,7 +205,7 @@ pub struct RegionSpace;
 // SAFETY: `exchange` and `test_and_clear_accessed` are single atomic
 // operations on the level 2 descriptor (the hardware may set its access
 // flag; it has no DBM); `lookup` reads it as it is, in its 4 KiB view;
-// `entry_size` answers 2 MiB wherever a block descriptor maps the address,
+// `entry_size` answers the block's size wherever a block descriptor maps the address,
 // and the whole-entry operations act at a block's first address only;
 // `next_populated` skips only empty level 2 entries and addresses outside
 // the region, where nothing is mapped; the state is the test address
@@ -183,68 +229,71 @@ unsafe impl PageTable for RegionSpace {
         if !pte.is_present() {
             return pte;
         }
-        Pte(pte.0 + (va & (MIB2 - 1)))
+        Pte(pte.0 + (va & (mmu::block_bytes() - 1)))
     }
 
     fn entry_size(&self, va: u64) -> PageSize {
         if l2_entry(va).is_some_and(|e| is_block(e.load(Ordering::Acquire))) {
-            PageSize::SIZE_2M
+            mmu::block_size()
         } else {
-            PageSize::SIZE_4K
+            mmu::page_size()
         }
     }
 
     fn exchange(&self, va: u64, new: Pte) -> Pte {
         match l2_entry(va) {
-            Some(e) if va.is_multiple_of(MIB2) => to_pte(e.swap(to_descriptor(new), Ordering::AcqRel)),
+            Some(e) if va.is_multiple_of(mmu::block_bytes()) => {
+                to_pte(e.swap(to_descriptor(new), Ordering::AcqRel))
+            }
             _ => Pte::EMPTY,
         }
     }
 
     fn test_and_clear_accessed(&self, va: u64) -> bool {
-        va.is_multiple_of(MIB2)
+        va.is_multiple_of(mmu::block_bytes())
             && l2_entry(va).is_some_and(|e| e.fetch_and(!mmu::AF, Ordering::AcqRel) & mmu::AF != 0)
     }
 
     fn set(&self, va: u64, pte: Pte) {
-        if let Some(e) = l2_entry(va).filter(|_| va.is_multiple_of(MIB2)) {
+        if let Some(e) = l2_entry(va).filter(|_| va.is_multiple_of(mmu::block_bytes())) {
             e.store(to_descriptor(pte), Ordering::Release);
         }
     }
 
     fn next_populated(&self, range: PageRange) -> Option<u64> {
-        let last = range.last()?.min(BASE + GIB - 1);
-        let mut va = range.start().max(BASE) & !(MIB2 - 1);
+        let block = mmu::block_bytes();
+        let last = range.last()?.min(base() + span() - 1);
+        let mut va = range.start().max(base()) & !(block - 1);
         while va <= last {
             if l2_entry(va).is_some_and(|e| e.load(Ordering::Acquire) != 0) {
                 return Some(va.max(range.start()));
             }
-            va += MIB2;
+            va += block;
         }
         None
     }
 }
 
-// SAFETY: `detach_table` unlinks (one atomic swap of the level 1 entry)
-// the level 2 table only when `range` covers its whole gigabyte, so it
-// translates nothing outside `range`; the frame is the static [`L2`],
-// which nothing else frees (`Backing` poisons it); the range returned is
+// SAFETY: `detach_table` unlinks (one atomic swap of the level 1 entry
+// that links it) the level 2 table only when `range` covers its whole
+// span, so it translates nothing outside `range`; the frame is the static
+// [`L2`] or [`L2_64`], which nothing else frees (`Backing` poisons it); the range returned is
 // its whole span. `clear` of the block entry hands over the one claim on
 // block T, which `Backing` frees (reuses) once.
 unsafe impl TableTeardown for RegionSpace {
     fn detach_table(&self, range: PageRange) -> Option<DetachedTable> {
-        let covered = range.start() <= BASE && range.last()? >= BASE + GIB - 4096;
+        let covered = range.start() <= base() && range.last()? >= base() + span() - 4096;
         if !covered {
             return None;
         }
-        let link = L1.0[0].load(Ordering::Acquire);
+        let link = link_entry().load(Ordering::Acquire);
         if link & TABLE_DESC != TABLE_DESC {
             return None;
         }
-        let link = L1.0[0].swap(0, Ordering::AcqRel);
+        let link = link_entry().swap(0, Ordering::AcqRel);
         Some(DetachedTable {
             frame: Frame((link & OUTPUT_ADDRESS) >> 12),
-            range: PageRange::from_bounds(BASE, BASE + GIB).ok()?,
+            range: PageRange::from_bounds(base(), base() + span()).ok()?,
         })
     }
 }
@@ -306,8 +355,9 @@ impl TeardownBacking for Backing {
             if flushed && hooks > self.flush_hooks {
                 self.tables_after_sync += 1;
             }
-            if f.into_frame().addr() == L2.addr() {
-                for w in &L2.0 {
+            let (table, addr) = l2(false);
+            if f.into_frame().addr() == addr {
+                for w in table {
                     w.store(POISON, Ordering::Relaxed);
                 }
             }
@@ -361,14 +411,15 @@ pub fn serve() {
 /// the level 1 entry moved to another one, with no `TLBI`?
 fn measure(cpus: usize) {
     let (t, u) = (BLOCK_T.load(Ordering::Relaxed), BLOCK_U.load(Ordering::Relaxed));
-    L2.0[0].store(block_descriptor(t), Ordering::Release);
-    L2_ALT.0[0].store(block_descriptor(u), Ordering::Release);
-    link(&L2);
+    let ((table, addr), (alt, alt_addr)) = (l2(false), l2(true));
+    table[0].store(block_descriptor(t), Ordering::Release);
+    alt[0].store(block_descriptor(u), Ordering::Release);
+    link(addr);
     let mut warm = 0;
     for cpu in 1..cpus {
         warm += CREW.ask(cpu, READ_WARM);
     }
-    L1.0[0].store(L2_ALT.addr() | TABLE_DESC, Ordering::Release);
+    link_entry().store(alt_addr | TABLE_DESC, Ordering::Release);
     a64::dsb_ish();
     let half = (1u64 << (PIECES / 2)) - 1;
     let (mut used_old, mut used_new, mut unused_old, mut unused_new) = (0, 0, 0, 0);
@@ -392,19 +443,20 @@ fn measure(cpus: usize) {
             ""
         }
     );
-    L2_ALT.0[0].store(0, Ordering::Release);
-    link(&L2);
+    alt[0].store(0, Ordering::Release);
+    link(addr);
 }
 
 /// The teardown with `arch` as the crate's `Arch`; true when it passed.
 fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
     let t = BLOCK_T.load(Ordering::Relaxed);
     fill(t, TAG_T);
-    for w in &L2.0 {
+    let (table, addr) = l2(false);
+    for w in table {
         w.store(0, Ordering::Relaxed);
     }
-    L2.0[0].store(block_descriptor(t), Ordering::Release);
-    link(&L2);
+    table[0].store(block_descriptor(t), Ordering::Release);
+    link(addr);
     if flush_tlb_batched_pending(tlb::arch(), tlb::mm()).is_err() {
         crate::fatal("flush_tlb_batched_pending failed");
     }
@@ -412,7 +464,7 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
         c.store(0, Ordering::Relaxed);
     }
     PHASE.store(MAPPED, Ordering::Release);
-    let Ok(range) = PageRange::from_bounds(BASE, BASE + GIB) else {
+    let Ok(range) = PageRange::from_bounds(base(), base() + span()) else {
         crate::fatal("the teardown region is not a page range");
     };
     let mut b = Backing {
@@ -449,7 +501,7 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
     });
     let d = tlb::TLB.stats().since(&b.began);
     let hooks = tlb::ipis().1 - b.began_hooks;
-    let unlinked = L1.0[0].load(Ordering::Acquire) == 0;
+    let unlinked = link_entry().load(Ordering::Acquire) == 0;
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let (faults, old, reused, other) = (get(&FAULTS), get(&STALE_OLD), get(&STALE_REUSED), get(&OTHER));
     let s = summary.unwrap_or(TeardownSummary::default());
@@ -471,14 +523,16 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
         && faults > 0
         && old + reused + other == 0;
     crate::say!(
-        "scenario {NAME}: {} (flush {under_test}; {cpus} CPUs reading {PIECES} pieces; unmap_range of the level 2 \
-         table's 1 GiB with IpiSync: {} page unmapped, dirty moved to the block: {}; the block's first frame \
+        "scenario {} block teardown: {} (flush {under_test}; {cpus} CPUs reading {PIECES} pieces; unmap_range of \
+         the level 2 table's {} with IpiSync: {} page unmapped, dirty moved to the block: {}; the block's first frame \
          handed to free_batch {} times (after the flush: {}), reused at once, other frames {}, handed back \
          {handed_back}; tables freed {} (after the flush and the sync: {}, the level 1 entry cleared: {unlinked}); \
          page TLBIs {}, full flushes {}, shootdowns {}, broadcasts {}, IPIs: {} by the flush, {} by the sync ({} \
          hook call); after the reuse: {faults} reads faulted; stale: {old} reads of the old block, {reused} of the \
          reused block, {other} other)\n",
+        mmu::block_name(),
         if passed { "PASS" } else { "FAIL" },
+        if mmu::granule64() { "4 TiB" } else { "1 GiB" },
         s.pages_unmapped,
         b.dirty,
         b.block,
@@ -501,12 +555,13 @@ fn scenario<A: Arch>(arch: &A, cpus: usize, under_test: &str) -> bool {
 /// command line asks; true when the teardown passed.
 pub fn run(bootargs: &[u8], ram: (u64, u64)) -> bool {
     let cpus = crate::ONLINE.load(Ordering::Acquire);
-    let top = (ram.0 + ram.1) & !(MIB2 - 1);
+    let block = mmu::block_bytes();
+    let top = crate::crew::blocks_top(ram);
     // Below the blocks of `block.rs` and `block_split.rs`.
-    BLOCK_T.store(top - 5 * MIB2, Ordering::Relaxed);
-    BLOCK_U.store(top - 6 * MIB2, Ordering::Relaxed);
-    fill(top - 5 * MIB2, TAG_T);
-    fill(top - 6 * MIB2, TAG_U);
+    BLOCK_T.store(top - 5 * block, Ordering::Relaxed);
+    BLOCK_U.store(top - 6 * block, Ordering::Relaxed);
+    fill(top - 5 * block, TAG_T);
+    fill(top - 6 * block, TAG_U);
     CREW.summon();
     measure(cpus);
     let a = *tlb::arch();
@@ -520,7 +575,7 @@ pub fn run(bootargs: &[u8], ram: (u64, u64)) -> bool {
     CREW.dismiss();
     // Nothing of the region stays linked or cached, whatever the flush
     // under test.
-    L1.0[0].store(0, Ordering::Release);
+    link_entry().store(0, Ordering::Release);
     mmu::root_entry(ROOT_INDEX).store(0, Ordering::Release);
     a64::dsb_ishst();
     real_flush();

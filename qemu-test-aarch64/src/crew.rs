@@ -141,3 +141,53 @@ impl Crew {
         }
     }
 }
+
+/// The six level 2 blocks the block scenarios use lie below the returned
+/// address, the top of RAM rounded down to a block (A and B of
+/// `block.rs`, S and M of `block_split.rs`, T and U of
+/// `block_teardown.rs`, downwards in that order). Stops the kernel when
+/// the lowest of them would reach into the kernel's image (2 MiB blocks
+/// in 128 MiB, or 512 MiB blocks in 4 GiB, leave room to spare).
+pub fn blocks_top(ram: (u64, u64)) -> u64 {
+    extern "C" {
+        /// The end of the kernel's image and its statics (`linker.ld`).
+        static __image_end: u8;
+    }
+    let block = crate::mmu::block_bytes();
+    let top = (ram.0 + ram.1) & !(block - 1);
+    let image_end = core::ptr::addr_of!(__image_end) as u64;
+    if top < ram.0 + 6 * block || top - 6 * block < image_end {
+        crate::say!(
+            "the block scenarios' six blocks of {} below {top:#x} reach into the kernel's image (it ends at \
+             {image_end:#x}): give the machine more RAM\n",
+            crate::mmu::block_name()
+        );
+        crate::fatal("no room for the block scenarios' blocks at the top of RAM");
+    }
+    top
+}
+
+/// Where the words a block scenario uses in piece `p` of its block (page
+/// `p`) lie, from the block's start: at the start of the page with the
+/// 4 KiB granule; with the 64 KiB granule 4 KiB x (p / 4 mod 16) into
+/// it. Why: QEMU's TCG keeps a translation per 4 KiB of address whatever
+/// the granule, in a direct-mapped TLB indexed by the address bits from
+/// 12 up, which it may shrink to 64 entries (our reading of cputlb.c's
+/// dynamic sizing, its minimum 2^6); 32 words at a 64 KiB stride share
+/// 4 of those slots and evict each other. Measured with them so: the
+/// measurements saw next to no stale piece and the split's controls
+/// passed (docs/testing.md). Spread this way they take 32 slots of 64,
+/// as 32 pieces of 4 KiB do, and every control fails.
+pub fn piece_offset(p: u64) -> u64 {
+    let page = crate::mmu::page_bytes();
+    let quarters = page / 4096;
+    p * page + (p / (64 / quarters)) % quarters * 4096
+}
+
+/// The pieces a block scenario writes when it fills or reuses a block:
+/// the first 512, the whole block with the 4 KiB granule, the first
+/// 32 MiB of the 512 MiB block with the 64 KiB one. No CPU reads past
+/// the first 32 pieces; writing all 8192 pieces of a 512 MiB block took
+/// about a second a fill under TCG on a loaded 2-core machine (measured:
+/// the three block scenarios 12 s of a 17 s run on 4 Cortex-A72 CPUs).
+pub const FILLED_PIECES: u64 = 512;

@@ -35,14 +35,6 @@ const NAME: &str = "64 KiB granule TLBIs";
 /// Test pages the range flush covers.
 const RANGE_PAGES: usize = 4;
 
-/// Prints a `skipped` line for a scenario this run cannot hold, and
-/// counts it as passed (as the shared set counts its skipped reclaim
-/// flow).
-pub fn skipped(name: &str, why: &str) -> bool {
-    say!("scenario {name}: skipped: {why}\n");
-    true
-}
-
 /// The base page every `Arch` of this kernel answers, if they agree.
 fn base_page_of_all() -> Option<PageSize> {
     let a = *tlb::arch();

@@ -30,9 +30,9 @@
 //! With the boot argument `granule64` ([`use_granule64`]) the tables are
 //! those of `mmu64.rs` instead (64 KiB granule, levels 1 to 3), and
 //! [`test_va`], [`test_pte`], [`root`], [`config`] and [`clean_tables`]
-//! answer for them, as do [`dirty_pte`], [`dirty_va`] and [`root_copy`];
-//! the tables only the 4 KiB scenarios use (the block entry, the
-//! teardown's root entries) stop the kernel if asked for then.
+//! answer for them, as do [`dirty_pte`], [`dirty_va`], [`root_copy`],
+//! [`root_entry`] and the block scenarios' [`block_entry`] (a 512 MiB
+//! block then, [`block_size`]).
 
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -120,15 +120,6 @@ pub fn page_bytes() -> u64 {
 /// A test page in the crate's 4 KiB units (`PageRange` lengths).
 pub fn page_units() -> u64 {
     page_bytes() / 4096
-}
-
-/// Stops the kernel when a 4 KiB-granule-only table is asked for in a
-/// 64 KiB run (the scenarios that use them are skipped there).
-fn only_4k(what: &str) {
-    if granule64() {
-        crate::say!("{what}: 4 KiB granule only\n");
-        crate::fatal("a 4 KiB-granule table used with the 64 KiB granule");
-    }
 }
 
 /// MAIR_EL1: attribute 0 Device-nGnRnE, attribute 1 Normal memory,
@@ -263,11 +254,54 @@ pub fn test_pte(page: usize) -> &'static AtomicU64 {
     &L3_TEST.0[indices(test_va(page))[3]]
 }
 
-/// The level 2 entry that maps [`BLOCK_VA`] (empty until the block
-/// scenario writes a block descriptor there).
+/// The level 2 entry that maps [`block_va`] (empty until a block
+/// scenario writes a block descriptor or its split table there).
 pub fn block_entry() -> &'static AtomicU64 {
-    only_4k("the block entry");
+    if granule64() {
+        return mmu64::block_entry();
+    }
     &L2_TEST.0[indices(BLOCK_VA)[2]]
+}
+
+/// Where the block scenarios map their level 2 block: [`BLOCK_VA`], or
+/// [`mmu64::BLOCK_VA`] with the 64 KiB granule.
+pub fn block_va() -> u64 {
+    if granule64() {
+        mmu64::BLOCK_VA
+    } else {
+        BLOCK_VA
+    }
+}
+
+/// What a level 2 block maps: 2 MiB, or 512 MiB with the 64 KiB granule
+/// (the block scenarios' block; the pieces they read are pages,
+/// [`page_bytes`]).
+pub fn block_size() -> PageSize {
+    if granule64() {
+        PageSize::SIZE_512M
+    } else {
+        PageSize::SIZE_2M
+    }
+}
+
+/// Bytes in a level 2 block.
+pub fn block_bytes() -> u64 {
+    block_size().bytes()
+}
+
+/// The block's size as the scenario names and lines say it.
+pub fn block_name() -> &'static str {
+    if granule64() {
+        "512 MiB"
+    } else {
+        "2 MiB"
+    }
+}
+
+/// Pages in a level 2 block: the entries of a level 3 table (512 or
+/// 8192).
+pub fn block_pages() -> u64 {
+    block_bytes() / page_bytes()
 }
 
 /// The leaf entry of the clean-write scenario's page `page` (below

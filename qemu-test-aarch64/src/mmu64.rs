@@ -13,12 +13,17 @@
 //! output addresses; none are written here.
 //!
 //! What they map, as the 4 KiB tables do (`mmu.rs`): 0 - 1 GiB identity
-//! as two 512 MiB Device-nGnRnE level 2 blocks; the RAM identity with
-//! 64 KiB Normal pages (one level 3 table: RAM is at most 512 MiB here);
-//! and [`TEST_PAGES`](crate::mmu::TEST_PAGES) 64 KiB test pages, the last
+//! as two 512 MiB Device-nGnRnE level 2 blocks; the RAM identity, its
+//! first 512 MiB (where the kernel is) with 64 KiB Normal pages through
+//! one level 3 table, the rest with 512 MiB Normal level 2 blocks (the
+//! block scenarios take six 512 MiB blocks at the top of RAM, so the
+//! `granule64` runs are given 4 GiB); and
+//! [`TEST_PAGES`](crate::mmu::TEST_PAGES) 64 KiB test pages, the last
 //! entries of a level 3 table of their own from [`TEST_VA`] on (level 1
 //! entry 0, level 2 entry 1024). Every test frame is 64 KiB-aligned and
-//! 64 KiB long (`virt.rs`).
+//! 64 KiB long (`virt.rs`). The level 2 entry after the test pages' one
+//! (1025, [`BLOCK_VA`]) is where the block scenarios write their 512 MiB
+//! block.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,15 +49,21 @@ const _: () = assert!(TEST_VA >> 42 == 0 && (TEST_VA >> 29) & 8191 == 1024);
 pub const DIRTY_VA: u64 = TEST_VA & !(L2_SPAN - 1);
 const _: () = assert!(crate::mmu::DIRTY_PAGES + TEST_PAGES <= ENTRIES);
 
+/// Where the block scenarios (`block.rs`, `block_split.rs`) map their
+/// 512 MiB block: the level 2 entry after the one whose leaf table holds
+/// the test pages.
+pub const BLOCK_VA: u64 = (TEST_VA & !(L2_SPAN - 1)) + L2_SPAN;
+const _: () = assert!(BLOCK_VA >> 42 == 0 && (BLOCK_VA >> 29) & 8191 == 1025);
+
 /// A 64 KiB table (levels 2 and 3), aligned to its size.
 #[repr(C, align(65536))]
 pub struct Table64(pub [AtomicU64; ENTRIES]);
 
 impl Table64 {
-    const fn new() -> Self {
+    pub const fn new() -> Self {
         Table64([const { AtomicU64::new(0) }; ENTRIES])
     }
-    fn addr(&self) -> u64 {
+    pub fn addr(&self) -> u64 {
         self.0.as_ptr() as u64
     }
 }
@@ -77,8 +88,12 @@ fn indices(va: u64) -> [usize; 3] {
 /// Builds the tables, as `mmu::build` does (boot CPU, MMU off, plain
 /// stores only).
 pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
-    if !ram_base.is_multiple_of(L2_SPAN) || ram_size == 0 || ram_size > L2_SPAN {
-        return Err("RAM is not one block of at most 512 MiB at a 512 MiB boundary (64 KiB granule)");
+    // RAM below the test pages' level 2 entry (1024): 512 GiB.
+    let below_tests = TEST_VA & !(L2_SPAN - 1);
+    if !ram_base.is_multiple_of(L2_SPAN) || ram_size == 0 || ram_base + ram_size > below_tests {
+        return Err(
+            "RAM does not start at a 512 MiB boundary or does not end below 512 GiB (64 KiB granule)",
+        );
     }
     let table = DESC_VALID | DESC_TABLE_OR_PAGE;
     L1.0[0].store(L2.addr() | table, Ordering::Relaxed);
@@ -90,15 +105,29 @@ pub fn build(ram_base: u64, ram_size: u64) -> Result<(), &'static str> {
         );
     }
     L2.0[indices(ram_base)[1]].store(L3_RAM.addr() | table, Ordering::Relaxed);
-    for i in 0..ram_size.div_ceil(GRANULE) {
+    // The first 512 MiB in 64 KiB pages (the kernel's), the rest in
+    // level 2 blocks.
+    for i in 0..ram_size.min(L2_SPAN).div_ceil(GRANULE) {
         let pa = ram_base + i * GRANULE;
         L3_RAM.0[i as usize].store(
             pa | DESC_VALID | DESC_TABLE_OR_PAGE | ATTR_NORMAL | SH_INNER | AF | UXN,
             Ordering::Relaxed,
         );
     }
+    for i in 1..ram_size.div_ceil(L2_SPAN) {
+        let pa = ram_base + i * L2_SPAN;
+        L2.0[indices(pa)[1]].store(
+            pa | DESC_VALID | ATTR_NORMAL | SH_INNER | AF | UXN,
+            Ordering::Relaxed,
+        );
+    }
     L2.0[indices(TEST_VA)[1]].store(L3_TEST.addr() | table, Ordering::Relaxed);
     Ok(())
+}
+
+/// The level 2 entry that maps [`BLOCK_VA`].
+pub fn block_entry() -> &'static AtomicU64 {
+    &L2.0[indices(BLOCK_VA)[1]]
 }
 
 /// The leaf entry of the test page at `va`.
