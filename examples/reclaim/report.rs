@@ -46,21 +46,22 @@ const MATRIX_SEEDS: [u64; 12] = [
 /// The seeds a matrix cell pools.
 ///
 /// Elapsed time is the tick the slowest task finished, so it moves from
-/// seed to seed more than the per-page counts do: at 48 processes one
-/// seed's elapsed ratio against Linux 6.1 spreads by about 1.4% (standard
-/// deviation over twelve seeds, with the model's draws in one stream per
-/// purpose; 3.0% with a single stream, `calibrated/draws.rs`), and with processes the policies'
-/// elapsed times lie within about 1% of each other (a flush there reaches
-/// one CPU or none, 0.05 IPIs per page), so too few seeds would let the
-/// draw decide the verdict. Cells of processes pool four seeds at 8 and
-/// 16 CPUs and twelve at 48 (a standard error of about 0.4%); cells of
-/// threads, whose runs are the long ones (no batching interrupts 47 CPUs
-/// per page at 48) and whose elapsed ratios lie 5-30% below the goal, pool
-/// two.
+/// seed to seed more than the per-page counts do, and with processes the
+/// policies' elapsed times lie within about 1% of each other (a flush
+/// there reaches one CPU or none, 0.05 IPIs per page): too few seeds would
+/// let the draw decide the verdict. One seed's elapsed ratio of the
+/// drivers against Linux 6.1 spreads by 0.7% at 8 processes, 1.3% at 16
+/// and 1.4% at 48 (standard deviation over 16, 16 and 12 seeds, with the
+/// model's draws in one stream per purpose; 3.0% at 48 with a single
+/// stream, `calibrated/draws.rs`). Cells of processes pool four seeds at
+/// 8 CPUs and twelve at 16 and 48 (a standard error of 0.4% or less);
+/// cells of threads, whose runs are the long ones (no batching interrupts
+/// 47 CPUs per page at 48) and whose elapsed ratios lie 5-30% below the
+/// goal, pool two.
 pub fn matrix_seeds(cell: &Cell) -> &'static [u64] {
     match (cell.tasks, cell.cpus) {
         (Tasks::Threads, _) => &MATRIX_SEEDS[..2],
-        (Tasks::Processes, cpus) if cpus >= 48 => &MATRIX_SEEDS,
+        (Tasks::Processes, cpus) if cpus > 8 => &MATRIX_SEEDS,
         (Tasks::Processes, _) => &MATRIX_SEEDS[..4],
     }
 }
@@ -439,7 +440,7 @@ pub fn matrix_text(runs: &[CellRuns]) -> String {
         text,
         "\nThe matrix: TLBs untagged or tagged (PCID) x idle CPUs lazy (as Linux) or on the kernel's address space \
          x timer tick every {TIMER_TICKS} ticks, every {REALISTIC_TIMER} (4 ms) or none x {:?} CPUs x processes or \
-         threads, {HOT_PAGES} hot pages per task; seeds per cell: {} for processes at 8 and 16 CPUs, {} at 48, {} for threads. Ratios against \
+         threads, {HOT_PAGES} hot pages per task; seeds per cell: {} for processes at 8 CPUs, {} at 16 and 48, {} for threads. Ratios against \
          Linux 6.1's policy, per reclaimed page (IPIs, cycles) or for the whole run (elapsed: ticks until the last \
          task finished). drivers: tlb-batch's shrink_page_list (migrate_pages and MmuGather in the next table); pool: shrink_page_list_pooled. Only the pool acts \
          at timer ticks: the other peers' figures are the same for the three timers of a cell. Goals: drivers IPIs \
