@@ -26,12 +26,44 @@ pub const TIMERS: [Option<u64>; 3] = [Some(TIMER_TICKS), Some(REALISTIC_TIMER), 
 /// How far the model may be from the middle of a measured range.
 pub const TOLERANCE: f64 = 0.35;
 
-/// The seeds a matrix cell pools: two in every cell (the calibration
-/// table pools all four). A single seed moves a cell by about 15%, most
-/// at 48 CPUs, whose runs are short and end with the slowest of 48 tasks;
-/// two keep the demonstration within two minutes on a 2-core machine.
-pub fn matrix_seeds(_cpus: usize) -> &'static [u64] {
-    &SEEDS[..2]
+/// The seeds the matrix draws from: the calibration's four, then eight
+/// more.
+const MATRIX_SEEDS: [u64; 12] = [
+    SEEDS[0],
+    SEEDS[1],
+    SEEDS[2],
+    SEEDS[3],
+    0x2545_f491_4f6c_dd1d,
+    0x6a09_e667_f3bc_c908,
+    0xbb67_ae85_84ca_a73b,
+    0x3c6e_f372_fe94_f82b,
+    0xa54f_f53a_5f1d_36f1,
+    0x510e_527f_ade6_82d1,
+    0x9b05_688c_2b3e_6c1f,
+    0x1f83_d9ab_fb41_bd6b,
+];
+
+/// The seeds a matrix cell pools.
+///
+/// Elapsed time is the tick the slowest task finished, so it moves from
+/// seed to seed more than the per-page counts do, and with processes the
+/// policies' elapsed times lie within about 1% of each other (a flush
+/// there reaches one CPU or none, 0.05 IPIs per page): too few seeds would
+/// let the draw decide the verdict. One seed's elapsed ratio of the
+/// drivers against Linux 6.1 spreads by 0.7% at 8 processes, 1.3% at 16
+/// and 1.4% at 48 (standard deviation over 16, 16 and 12 seeds, with the
+/// model's draws in one stream per purpose; 3.0% at 48 with a single
+/// stream, `calibrated/draws.rs`). Cells of processes pool four seeds at
+/// 8 CPUs and twelve at 16 and 48 (a standard error of 0.4% or less);
+/// cells of threads, whose runs are the long ones (no batching interrupts
+/// 47 CPUs per page at 48) and whose elapsed ratios lie 5-30% below the
+/// goal, pool two.
+pub fn matrix_seeds(cell: &Cell) -> &'static [u64] {
+    match (cell.tasks, cell.cpus) {
+        (Tasks::Threads, _) => &MATRIX_SEEDS[..2],
+        (Tasks::Processes, cpus) if cpus > 8 => &MATRIX_SEEDS,
+        (Tasks::Processes, _) => &MATRIX_SEEDS[..4],
+    }
 }
 
 pub struct Calibrated {
@@ -87,7 +119,7 @@ impl Worst {
     /// The line the demonstration ends with.
     pub fn line(&self) -> String {
         format!(
-            "worst cell: drivers IPIs {:.2}x ({}); pool IPIs {:.3}x ({}); pool cycles {:.2}x ({}); elapsed {:.2}x ({}); violations {}",
+            "worst cell: drivers IPIs {:.2}x ({}); pool IPIs {:.3}x ({}); pool cycles {:.2}x ({}); elapsed {:.3}x ({}); violations {}",
             self.drivers_ipis.value,
             self.drivers_ipis.cell,
             self.pool_ipis.value,
@@ -174,7 +206,7 @@ pub struct CellRuns {
     pub pool: Figures,
 }
 
-/// Runs every peer on `cells` with `seeds(cpus)`. Only the pool does
+/// Runs every peer on `cells`, each with `seeds(cell)`. Only the pool does
 /// anything at a timer tick, so the other peers run once per cell with the
 /// timer left out and their figures serve every timer period. On a tagged
 /// TLB the two idle modes make the same flushes for every peer but the
@@ -187,10 +219,10 @@ pub struct CellRuns {
 /// frees a page table interrupts lazy CPUs, not those on the kernel's
 /// space, and Linux's reclaim marks a space for the teardown's first flush
 /// when a lazy CPU is in its CPU set; those cells run every peer.
-pub fn run_matrix(cells: &[Cell], seeds: &dyn Fn(usize) -> &'static [u64]) -> Vec<CellRuns> {
+pub fn run_matrix(cells: &[Cell], seeds: &dyn Fn(&Cell) -> &'static [u64]) -> Vec<CellRuns> {
     let mut out: Vec<CellRuns> = Vec::new();
     for &cell in cells {
-        let seeds = seeds(cell.cpus);
+        let seeds = seeds(&cell);
         let key = Cell { timer: None, ..cell };
         let lazy_twin = cell.tagged && cell.idle == Idle::Kernel && !cell.ops;
         let shared = out.iter().find(|r| {
@@ -206,15 +238,21 @@ pub fn run_matrix(cells: &[Cell], seeds: &dyn Fn(usize) -> &'static [u64]) -> Ve
                             ..key
                         })
         });
-        let (none, linux, drivers) = match shared {
-            Some(r) => (r.none, r.linux, r.drivers),
-            None => (
-                run_cell(cell, Peer::NoBatching, seeds),
-                run_cell(cell, Peer::Linux61, seeds),
-                run_cell(cell, Peer::TlbBatch, seeds),
-            ),
+        let (none, linux, drivers, pool) = match shared {
+            Some(r) => (r.none, r.linux, r.drivers, None),
+            // Every peer's runs are independent: they run side by side.
+            None => std::thread::scope(|s| {
+                let pool = s.spawn(|| run_cell(cell, Peer::TlbBatchPool, seeds));
+                let none = s.spawn(|| run_cell(cell, Peer::NoBatching, seeds));
+                let linux = s.spawn(|| run_cell(cell, Peer::Linux61, seeds));
+                let drivers = run_cell(cell, Peer::TlbBatch, seeds);
+                let join = |h: std::thread::ScopedJoinHandle<'_, Figures>| {
+                    h.join().expect("a model run does not panic")
+                };
+                (join(none), join(linux), drivers, Some(join(pool)))
+            }),
         };
-        let pool = run_cell(cell, Peer::TlbBatchPool, seeds);
+        let pool = pool.unwrap_or_else(|| run_cell(cell, Peer::TlbBatchPool, seeds));
         out.push(CellRuns {
             cell,
             none,
@@ -274,12 +312,14 @@ pub fn run_all() -> Calibrated {
     let _ = writeln!(
         text,
         "\nCalibrated model (see examples/reclaim/calibrated.rs): N tasks on N CPUs read {} file pages \
-         ({}x memory of {} frames) {} times, one byte per page, and keep touching {} hot pages; readahead of {} \
+         ({}x memory of {} frames; beyond 8 CPUs each task reads its 8-CPU share of {} pages) {} times, one byte \
+         per page, and keep touching {} hot pages; readahead of {} \
          pages, per-CPU LRU add batches of {}, kswapd and direct reclaim in calls of up to {} pages, a scheduler; \
          each CPU's time advances with the cycles charged on its path ({} cycles a tick).\n",
         calibrated::FILE_PAGES,
         calibrated::FILE_PAGES / calibrated::MEMORY,
         calibrated::MEMORY,
+        calibrated::task_pages(8),
         calibrated::PASSES,
         HOT_PAGES,
         calibrated::READAHEAD,
@@ -400,14 +440,16 @@ pub fn matrix_text(runs: &[CellRuns]) -> String {
         text,
         "\nThe matrix: TLBs untagged or tagged (PCID) x idle CPUs lazy (as Linux) or on the kernel's address space \
          x timer tick every {TIMER_TICKS} ticks, every {REALISTIC_TIMER} (4 ms) or none x {:?} CPUs x processes or \
-         threads, {HOT_PAGES} hot pages per task; seeds per cell: {}. Ratios against \
+         threads, {HOT_PAGES} hot pages per task; seeds per cell: {} for processes at 8 CPUs, {} at 16 and 48, {} for threads. Ratios against \
          Linux 6.1's policy, per reclaimed page (IPIs, cycles) or for the whole run (elapsed: ticks until the last \
          task finished). drivers: tlb-batch's shrink_page_list (migrate_pages and MmuGather in the next table); pool: shrink_page_list_pooled. Only the pool acts \
          at timer ticks: the other peers' figures are the same for the three timers of a cell. Goals: drivers IPIs \
          <= {GOAL_DRIVERS_IPIS}x, pool IPIs <= {GOAL_IPIS}x, pool cycles <= {GOAL_CYCLES}x, elapsed (drivers and \
          pool) <= {GOAL_ELAPSED}x, in every cell.\n",
         GOAL_CPUS,
-        matrix_seeds(8).len(),
+        matrix_seeds(&Cell::measured(8, Tasks::Processes)).len(),
+        matrix_seeds(&Cell::measured(48, Tasks::Processes)).len(),
+        matrix_seeds(&Cell::measured(8, Tasks::Threads)).len(),
     );
     let _ = writeln!(
         text,
@@ -562,7 +604,7 @@ pub fn others_text(runs: &[CellRuns]) -> (String, usize) {
             Peer::BroadcastAlways,
             Peer::BroadcastWide,
         ] {
-            let f = run_cell(r.cell, peer, matrix_seeds(r.cell.cpus));
+            let f = run_cell(r.cell, peer, matrix_seeds(&r.cell));
             violations += f.violations;
             let _ = writeln!(
                 text,

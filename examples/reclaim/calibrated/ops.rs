@@ -100,7 +100,7 @@ use tlb_batch::{
     TableTeardown, TeardownBacking, UnmapBatch, PAGE_SIZE,
 };
 
-use super::{Model, Run, HOT_BASE, KSWAPD_LOW, MEMORY, REGION_ALIGN};
+use super::{Model, Run, Stream, HOT_BASE, KSWAPD_LOW, MEMORY, REGION_ALIGN};
 use crate::policies::{handle, Peer, SCAN};
 
 /// Ticks between two compaction calls (1.28 ms at 10 us a tick).
@@ -463,10 +463,10 @@ impl<'m, H: Hardware> Model<'m, H> {
         if busy.is_empty() {
             return;
         }
-        let c = busy[self.random(busy.len())];
+        let c = busy[self.random(Stream::Ops, busy.len())];
         let room = self.m.free_frames().saturating_sub(KSWAPD_LOW).min(COMPACT_MAX);
         let frames_total = MEMORY + self.cell.hot;
-        let first = self.random(frames_total / COMPACT_BLOCK) * COMPACT_BLOCK;
+        let first = self.random(Stream::Ops, frames_total / COMPACT_BLOCK) * COMPACT_BLOCK;
         let frames: Vec<Frame> = (first..first + COMPACT_BLOCK)
             .map(|p| Frame(p as u64))
             .filter(|&f| self.rmap.mapcount(f) > 0)

@@ -10,15 +10,22 @@ pub fn run(cpus: usize, tasks: Tasks, peer: Peer) -> Figures {
 }
 
 /// The workload in `cell` with `peer`'s policy, pooled over `seeds`.
+///
+/// The seeds' runs are independent (each its own machine and model), so
+/// they run on threads of their own; the counts are summed, so the figures
+/// are the same whatever order they finish in.
 pub fn run_cell(cell: Cell, peer: Peer, seeds: &[u64]) -> Figures {
+    let one = |seed: u64| match peer {
+        Peer::BroadcastAlways | Peer::BroadcastWide => run_seed::<X86Invlpgb>(cell, peer, seed),
+        _ => run_seed::<X86Like>(cell, peer, seed),
+    };
     let mut total = Figures::default();
-    for &seed in seeds {
-        let f = match peer {
-            Peer::BroadcastAlways | Peer::BroadcastWide => run_seed::<X86Invlpgb>(cell, peer, seed),
-            _ => run_seed::<X86Like>(cell, peer, seed),
-        };
-        total.add(&f);
-    }
+    std::thread::scope(|s| {
+        let runs: Vec<_> = seeds.iter().map(|&seed| s.spawn(move || one(seed))).collect();
+        for run in runs {
+            total.add(&run.join().expect("a model run does not panic"));
+        }
+    });
     total
 }
 
@@ -106,7 +113,7 @@ impl<'m, H: Hardware> Model<'m, H> {
                 .expect("a hot page");
             }
         }
-        let pages = FILE_PAGES / cpus;
+        let pages = task_pages(cpus);
         let stride = pages.div_ceil(REGION_ALIGN) * REGION_ALIGN;
         let shared = Shared::default();
         install_hook(m, &shared);
@@ -139,7 +146,7 @@ impl<'m, H: Hardware> Model<'m, H> {
             runq: VecDeque::new(),
             lru: VecDeque::new(),
             kswapd: None,
-            rng: seed,
+            draws: Draws::new(seed, cpus),
             now: 0,
             cell,
             pool: Pool::new(),

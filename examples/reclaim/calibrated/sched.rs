@@ -56,7 +56,7 @@ impl<H: Hardware> Model<'_, H> {
         if idle.is_empty() {
             self.runq.push_back(t);
         } else {
-            let c = idle[self.random(idle.len())];
+            let c = idle[self.random(Stream::Sched, idle.len())];
             self.place(t, c);
         }
     }
@@ -71,9 +71,9 @@ impl<H: Hardware> Model<'_, H> {
         if self.kswapd.is_some() && !self.cpus.iter().any(|c| c.run == Run::Kswapd) {
             let idle = self.idle_cpus();
             let c = if idle.is_empty() {
-                self.random(self.cpus.len())
+                self.random(Stream::Sched, self.cpus.len())
             } else {
-                idle[self.random(idle.len())]
+                idle[self.random(Stream::Sched, idle.len())]
             };
             if let Run::Worker(t) = self.cpus[c].run {
                 self.runq.push_front(t);
