@@ -176,10 +176,16 @@ pub enum Error {
     /// [`change_protection`](crate::change_protection) or
     /// [`MmuGather::unmap_range`](crate::MmuGather::unmap_range) that
     /// covers part of it (a range that covers it wholly takes it as one
-    /// entry), a mapping of it that a reverse-map walk
-    /// ([`try_to_unmap`](crate::try_to_unmap),
-    /// [`page_referenced`](crate::page_referenced)) met at any address but
-    /// its first, or any mapping of it for
+    /// entry), a mapping of one of its 4 KiB pieces that a reverse-map
+    /// walk ([`try_to_unmap`](crate::try_to_unmap),
+    /// [`page_referenced`](crate::page_referenced)) met at an address that
+    /// is not the huge page's first (the frame asked about is the piece
+    /// the entry maps there: only the huge frame's first frame, at the huge
+    /// page's first address, is taken, whole; a place where the entry maps
+    /// another piece is no mapping of that frame and is stepped over, so a
+    /// reverse map must report the huge page's first address, as
+    /// [`Rmap::walk`](crate::Rmap::walk) requires of every mapping), or
+    /// any mapping of it for
     /// [`migrate_pages`](crate::migrate_pages) or hwpoison (sizes as
     /// [`PageTable::entry_size`](crate::PageTable::entry_size) reports
     /// them); also a range with a huge page for a caller that handles

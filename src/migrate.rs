@@ -148,7 +148,11 @@ fn count_shootdown(summary: &mut MigrateSummary, report: ShootdownReport) {
 ///
 /// 1. A hardware-poisoned frame is reported [`MigrateFailure::HwPoisoned`]
 ///    at once, untouched: nothing is ever copied from it, and it never goes
-///    back to the allocator.
+///    back to the allocator. A frame mapped through an entry larger than
+///    4 KiB (a huge page, or an arm64 16 or 64 KiB page) is not migrated:
+///    it is reported `MigrateFailure::Failed(Error::HugePage { .. })`,
+///    its mappings untouched, and the call goes on with the others (the
+///    call itself returns `Ok`).
 /// 2. Unmaps each other one with [`TtuFlags::MIGRATION`] | `BATCH_FLUSH`
 ///    (mlock and access bits ignored, as migration must), so every mapping
 ///    becomes a migration entry and its flush joins `batch`. A frame still

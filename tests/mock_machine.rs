@@ -440,3 +440,53 @@ fn a_reset_machine_starts_from_scratch() {
     let (_, again) = populate(&m, 1, 1, &[1], true);
     assert_eq!(again[0], frames[0], "frames are handed out in the same order");
 }
+
+/// The mock's kernel frees a huge frame whole when it is handed the huge
+/// frame's first 4 KiB frame, as the teardown contract asks of a kernel
+/// (`TableTeardown`: "the kernel frees the whole huge frame when handed
+/// that one"); a frame that heads no huge frame (its head freed on its own
+/// and taken again) is freed alone.
+#[test]
+fn the_mock_kernel_frees_a_huge_frame_whole_from_its_first_frame() {
+    use tlb_batch::arch::mock::{MockKernel, MockRmap};
+    use tlb_batch::{FreeFrames, OwnedFrame, PageSize};
+    let m = MockMachine::new(MockConfig {
+        frames: 2048,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let rmap = MockRmap::new(&m, vec![]);
+    let before = m.free_frames();
+    let huge = m.alloc_huge_frame(PageSize::SIZE_2M).unwrap();
+    assert_eq!(m.huge_frame_pages(huge), Some(512));
+    assert_eq!(
+        m.huge_frame_pages(Frame(huge.0 + 1)),
+        None,
+        "only the first frame names it"
+    );
+    assert_eq!(m.free_frames(), before - 512);
+    let mut frames = heapless::Vec::<OwnedFrame, 4>::new();
+    // SAFETY: the test owns the huge frame and hands its one claim over.
+    frames.push(unsafe { OwnedFrame::new(huge) }).unwrap();
+    let mut kernel = MockKernel::new(&rmap);
+    kernel.free_batch(&mut frames);
+    assert!(frames.is_empty());
+    assert_eq!(
+        (kernel.frames_freed, m.free_frames()),
+        (1, before),
+        "all 512 frames are free again"
+    );
+    assert_eq!(m.huge_frame_pages(huge), None);
+
+    // A huge frame whose first frame was freed on its own no longer heads
+    // a run: a frame taken there afterwards is freed alone.
+    let huge = m.alloc_huge_frame(PageSize::SIZE_2M).unwrap();
+    m.free_frame(huge).unwrap();
+    assert_eq!(m.huge_frame_pages(huge), None);
+    let again = m.alloc_frame().unwrap();
+    assert_eq!(again, huge, "the lowest free frame is taken first");
+    frames.push(unsafe { OwnedFrame::new(again) }).unwrap();
+    kernel.free_batch(&mut frames);
+    assert_eq!(m.free_frames(), before - 511, "only that frame came back");
+    assert_eq!(m.violations(), []);
+}

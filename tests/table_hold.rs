@@ -13,8 +13,9 @@ mod common;
 use common::{asid, config, va};
 use tlb_batch::arch::mock::{MockCpu, MockKernel, MockMachine, MockRmap, Violation, X86Like};
 use tlb_batch::{
-    shootdown, Error, FlushRequest, Frame, MappingFlags, PageGather, PageRange, PageTable, TableFreePolicy,
-    TableHold, TableTeardown, TeardownBacking, TeardownSummary,
+    shootdown, Error, FlushRequest, Frame, FreeFrames, MappingFlags, OwnedFrame, PageGather, PageRange,
+    PageTable, TableFreePolicy, TableHold, TableTeardown, TeardownBacking, TeardownSummary,
+    TABLE_HOLD_GROUPS,
 };
 
 /// Pages one leaf table translates.
@@ -364,7 +365,168 @@ fn a_failed_sync_keeps_what_the_tables_wait_for() {
             let _ = hold.flush(&cpu0).unwrap();
         } else {
             assert_eq!((s.tables_held, s.tables_freed, m.ipis_sent()), (0, 1, 1));
+            assert_eq!(s.ipis_sent, 1, "the summary counts the lazy CPU's flush");
         }
         assert_eq!(m.violations(), [], "room {room}");
     }
+}
+
+/// A kernel's backing that records the dirty bits a teardown hands it.
+struct DirtyLog<'r, 'm> {
+    kernel: MockKernel<'r, 'm, X86Like>,
+    dirty: Vec<Frame>,
+}
+
+impl FreeFrames for DirtyLog<'_, '_> {
+    fn free_batch<const N: usize>(&mut self, frames: &mut heapless::Vec<OwnedFrame, N>) {
+        self.kernel.free_batch(frames);
+    }
+}
+
+impl TeardownBacking for DirtyLog<'_, '_> {
+    fn set_dirty(&mut self, frame: Frame) {
+        self.dirty.push(frame);
+        self.kernel.set_dirty(frame);
+    }
+
+    fn free_tables<const N: usize>(&mut self, tables: &mut heapless::Vec<OwnedFrame, N>) {
+        self.kernel.free_tables(tables);
+    }
+}
+
+/// What a hold reports while it holds tables and after it gave them back
+/// (`len`, `room`, `groups`, `is_empty`, `waiting` and its `Debug`), and
+/// that the backing it wraps still gets the teardown's dirty bits.
+#[test]
+fn a_hold_reports_what_it_holds_and_passes_dirty_bits_on() {
+    let m = M::new(config(2, 64)).unwrap();
+    let rmap = setup(&m, 2, &[0, 1]);
+    let written: Vec<Frame> = (0..2)
+        .map(|t| {
+            m.cpu(0).unwrap().write(va(t * TABLE), 7).unwrap();
+            rmap.spaces()[0].lookup(va(t * TABLE)).frame()
+        })
+        .collect();
+    m.cpu(1).unwrap().enter_lazy().unwrap();
+    let fresh = TableHold::<8>::new();
+    assert_eq!(
+        (fresh.len(), fresh.room(), fresh.groups(), fresh.is_empty()),
+        (0, 8, 0, true)
+    );
+
+    let mut hold = TableHold::<8>::new();
+    let mut log = DirtyLog {
+        kernel: MockKernel::new(&rmap),
+        dirty: Vec::new(),
+    };
+    let cpu0 = m.cpu(0).unwrap();
+    let range = PageRange::new(va(0), (2 * TABLE) as u64).unwrap();
+    let s = PageGather::new()
+        .unmap_range(
+            &cpu0,
+            &rmap.spaces()[0],
+            &mut hold.around(&mut log),
+            range,
+            true,
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("the mock frees every frame"),
+        )
+        .unwrap();
+    assert_eq!((s.tables_held, s.tables_freed, s.ipis_sent), (2, 0, 0));
+    let mut dirty = log.dirty.clone();
+    dirty.sort();
+    assert_eq!(dirty, written, "the wrapped backing got both dirty bits");
+    assert_eq!(
+        (hold.len(), hold.room(), hold.groups(), hold.is_empty()),
+        (2, 6, 1, false)
+    );
+    assert_eq!(hold.waiting().len(), 1);
+    let shown = format!("{hold:?}");
+    assert!(
+        shown.starts_with("TableHold") && shown.contains("frames: 2") && shown.contains("groups: 1"),
+        "{shown}"
+    );
+
+    m.cpu(1).unwrap().switch_to(rmap.spaces()[0].mm()).unwrap();
+    let back = free_tables(&rmap, hold.release_passed(&cpu0));
+    assert_eq!(back.len(), 2);
+    assert_eq!(
+        (hold.len(), hold.room(), hold.groups(), hold.is_empty()),
+        (0, 8, 0, true)
+    );
+    assert_eq!(m.violations(), []);
+}
+
+/// With every group slot in use, a teardown of the newest group's space
+/// joins that group (its tables held, counted with it, and handed back
+/// with it); a teardown of another space finds no room and falls back to
+/// interrupting its lazy CPU.
+#[test]
+fn a_full_hold_takes_the_newest_groups_space_only() {
+    let m = M::new(config(3, 64)).unwrap();
+    let tables = TABLE_HOLD_GROUPS + 1;
+    let rmap = setup(&m, tables, &[0, 1]);
+    m.cpu(1).unwrap().enter_lazy().unwrap();
+    let cpu0 = m.cpu(0).unwrap();
+    let mut hold = TableHold::<64>::new();
+    let mut kernel = MockKernel::new(&rmap);
+    for t in 0..tables {
+        // One teardown per leaf table: one group each, until the slots
+        // run out and the last one joins the newest.
+        let range = PageRange::new(va(t * TABLE), TABLE as u64).unwrap();
+        let s = PageGather::new()
+            .unmap_range(
+                &cpu0,
+                &rmap.spaces()[0],
+                &mut hold.around(&mut kernel),
+                range,
+                true,
+                &mut TableFreePolicy::AfterFlush,
+                &mut |_, _| panic!("the mock frees every frame"),
+            )
+            .unwrap();
+        assert_eq!(
+            (s.tables_held, s.tables_freed, s.ipis_sent),
+            (1, 0, 0),
+            "teardown {t}"
+        );
+    }
+    assert_eq!((hold.len(), hold.groups()), (tables, TABLE_HOLD_GROUPS));
+
+    // Another space, lazy on CPU 2: no room for its table.
+    let other = MockRmap::new(&m, vec![m.space(&m.new_mm(asid(2)).unwrap())]);
+    other
+        .map(m.alloc_frame().unwrap(), 0, va(0), true, MappingFlags::empty())
+        .unwrap();
+    let cpu2 = m.cpu(2).unwrap();
+    cpu2.switch_to(other.spaces()[0].mm()).unwrap();
+    cpu2.read(va(0)).unwrap();
+    cpu2.enter_lazy().unwrap();
+    let s = PageGather::new()
+        .unmap_range(
+            &cpu0,
+            &other.spaces()[0],
+            &mut hold.around(&mut MockKernel::new(&other)),
+            PageRange::new(va(0), TABLE as u64).unwrap(),
+            true,
+            &mut TableFreePolicy::AfterFlush,
+            &mut |_, _| panic!("the mock frees every frame"),
+        )
+        .unwrap();
+    assert_eq!((s.tables_held, s.tables_freed, s.ipis_sent), (0, 1, 1));
+    assert_eq!((hold.len(), hold.groups()), (tables, TABLE_HOLD_GROUPS));
+
+    // CPU 1 passes: every table comes back, the joined one with its group.
+    m.cpu(1).unwrap().switch_to(rmap.spaces()[0].mm()).unwrap();
+    assert_eq!(free_tables_n(&rmap, hold.release_passed(&cpu0)).len(), tables);
+    assert!(hold.is_empty());
+    assert_eq!(m.violations(), []);
+}
+
+/// Frees what a hold of 64 handed back.
+fn free_tables_n(rmap: &MockRmap<'_, X86Like>, mut back: tlb_batch::Flushed<64>) -> Vec<Frame> {
+    let frames = back.frames_mut().iter().map(|f| f.frame()).collect();
+    MockKernel::new(rmap).free_tables(back.frames_mut());
+    assert!(back.frames_mut().is_empty(), "the mock frees every table");
+    frames
 }

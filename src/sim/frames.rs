@@ -28,6 +28,16 @@ impl<M: Model> MockMachine<M> {
         Ok(lock(&self.memory).alloc_aligned(size.base_pages())?)
     }
 
+    /// How many 4 KiB frames the huge frame whose first frame is `frame`
+    /// spans: `Some` for a frame [`alloc_huge_frame`](Self::alloc_huge_frame)
+    /// returned, until that first frame is freed; `None` for any other
+    /// frame. [`MockKernel`](super::MockKernel) frees the whole run when it
+    /// is handed the first frame, as a kernel frees a huge frame (a folio)
+    /// whole.
+    pub fn huge_frame_pages(&self, frame: Frame) -> Option<u64> {
+        lock(&self.memory).run_of(frame)
+    }
+
     /// Returns a frame to the free list. The oracle records a
     /// [`Violation::FreedWhileCached`] for every CPU still caching it (a
     /// lazy CPU's entry from the space it is lazy on is remembered instead,

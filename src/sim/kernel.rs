@@ -240,13 +240,19 @@ impl<M: Model> FreeFrames for MockKernel<'_, '_, M> {
         let mut refused: heapless::Vec<OwnedFrame, N> = heapless::Vec::new();
         while let Some(frame) = frames.pop() {
             self.rmap.remove_frame(frame.frame());
+            // A huge frame's handle names its first 4 KiB frame, and the
+            // kernel frees the whole huge frame with it (as Linux frees a
+            // folio); on a machine whose base page is larger than 4 KiB a
+            // page's frame is the first of an aligned run, freed with it
+            // too.
+            let base = self.machine().config().base_page.base_pages();
+            let run = self
+                .machine()
+                .huge_frame_pages(frame.frame())
+                .map_or(base, |pages| pages.max(base));
             match self.machine().free_frame(frame.frame()) {
                 Ok(()) => {
                     self.frames_freed += 1;
-                    // On a machine whose base page is larger than 4 KiB a
-                    // page's frame is the first of an aligned run: the
-                    // kernel frees the run with it.
-                    let run = self.machine().config().base_page.base_pages();
                     for i in 1..run {
                         let _ = self.machine().free_frame(Frame(frame.frame().0 + i));
                     }

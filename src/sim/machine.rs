@@ -138,7 +138,8 @@ impl<M: Model> MockMachine<M> {
     /// `config.cpus` is 0 or above [`MAX_CPUS`];
     /// [`Error::FeatureUnavailable`] (`supported: false`) for an address
     /// width outside 32 to 64 bits or an ASID wider than 16 bits, which no
-    /// hardware the crate runs on has (the crate's ASIDs are 16 bits).
+    /// hardware the crate runs on has (the crate's ASIDs are 16 bits), and
+    /// for a [`MockConfig::base_page`] other than 4, 16 or 64 KiB.
     pub fn with_model(config: MockConfig) -> Result<Self, Error> {
         if config.cpus == 0 || config.cpus > MAX_CPUS {
             return Err(Error::CpuOutOfRange {

@@ -1,6 +1,7 @@
 //! The frame-state oracle: which frames are free, in use or under I/O, and
 //! the record of every violation of the safety contract it witnessed.
 
+use std::collections::BTreeMap;
 use std::vec::Vec;
 
 use crate::cpuset::CpuId;
@@ -244,6 +245,9 @@ pub(crate) struct Memory {
     /// so that table allocations never change what data allocations see.
     data_frames: u64,
     table_free_list: Vec<u64>,
+    /// The huge frames `alloc_aligned` handed out, by first frame: how many
+    /// frames each spans, while its first frame is allocated.
+    runs: BTreeMap<u64, u64>,
 }
 
 impl Memory {
@@ -263,6 +267,7 @@ impl Memory {
             free_list: (0..count as u64).rev().collect(),
             data_frames: count as u64,
             table_free_list: (count as u64..total as u64).rev().collect(),
+            runs: BTreeMap::new(),
         }
     }
 
@@ -332,6 +337,9 @@ impl Memory {
         for pfn in first..first + pages {
             self.take(pfn)?;
         }
+        if pages > 1 {
+            self.runs.insert(first, pages);
+        }
         Ok(Frame(first))
     }
 
@@ -352,8 +360,16 @@ impl Memory {
         Ok(frame)
     }
 
+    /// How many frames the huge frame whose first frame is `frame` spans,
+    /// if `alloc_aligned` handed it out and its first frame was not freed
+    /// since.
+    pub(crate) fn run_of(&self, frame: Frame) -> Option<u64> {
+        self.runs.get(&frame.0).copied()
+    }
+
     pub(crate) fn free(&mut self, frame: Frame) -> Result<(), FrameError> {
         self.require(frame, FrameState::InUse)?.state = FrameState::Free;
+        self.runs.remove(&frame.0);
         if frame.0 < self.data_frames {
             self.free_list.push(frame.0);
         } else {
