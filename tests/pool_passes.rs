@@ -493,3 +493,98 @@ fn a_lazy_cpu_is_clear_of_a_pooled_generation_and_its_tick_does_nothing() {
         assert_eq!(m.ipis_sent(), 0);
     }
 }
+
+/// A generation every target has flushed past needs no local flush from
+/// the releasing CPU, even when it was a target itself: CPU 0 and CPU 1
+/// both cached the frames and both ran `quiescent_flush`, so
+/// `release_passed` on CPU 0 hands them back flushing nothing (pins the
+/// `&&` in `release_passed`'s "the caller must still flush itself": a
+/// target that is clear owes no local flush).
+#[test]
+fn a_releasing_target_that_already_passed_does_not_flush_again() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let (rmap, frames) = procs(&m, &[1], 3);
+    let (cpu0, cpu1, mm) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), rmap.spaces()[0].mm());
+    cpu0.switch_to(mm).unwrap();
+    for i in 0..3 {
+        cpu0.read(va(i)).unwrap();
+        m.test_and_clear_accessed(mm, va(i)).unwrap();
+    }
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    assert_eq!(pool.targets(), set(&m, &[0, 1]));
+    assert!(quiescent_flush(&cpu0));
+    assert!(quiescent_flush(&cpu1));
+    let before = m.stats();
+    let released = pool.release_passed(&cpu0);
+    assert_eq!(released.report(), ShootdownReport::default(), "no flush at all");
+    assert_eq!(free(&mut MockKernel::new(&rmap), released), frames[0]);
+    assert_eq!(m.violations(), []);
+    let after = m.stats();
+    assert_eq!(after.local_full_flushes, before.local_full_flushes);
+    assert_eq!(after.local_page_flushes, before.local_page_flushes);
+    assert_eq!(m.ipis_sent(), 0);
+}
+
+/// On a tagged TLB, a CPU that runs an address space other than the
+/// generation's is clear of it even though it never flushed that other
+/// space since the unmap: CPU 1 loaded ASID 9 before it ran the pooled
+/// frames' space, and returns to it with nothing to catch up, so its
+/// generation of ASID 9 is older than the pool's epoch. Only the
+/// generation's own spaces count (pins `Generation::names`: answering
+/// true for every ASID would keep the frames waiting for a flush of a
+/// space that never held them).
+#[test]
+fn a_tagged_cpu_back_on_an_unrelated_space_is_clear_without_flushing_it() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    let other = m.new_mm(asid(9)).unwrap();
+    cpu1.switch_to(&other).unwrap();
+    let (rmap, frames) = procs(&m, &[1], 2);
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 1 runs the space");
+    let before = m.stats().catch_ups;
+    cpu1.switch_to(&other).unwrap();
+    assert_eq!(m.stats().catch_ups, before, "ASID 9 had nothing to catch up");
+    assert!(!uncached(&m, &frames[0]), "CPU 1 keeps the entries, unusably");
+    let back = free(&mut MockKernel::new(&rmap), pool.release_passed(&cpu0));
+    assert_eq!(back, frames[0]);
+    assert_eq!(m.violations(), []);
+    assert_eq!((m.stats().quiescent_flushes, m.ipis_sent()), (0, 0));
+}
+
+/// On a tagged TLB, a CPU that runs the generation's space again, after
+/// catching up on it by generation (it left and came back), is clear of
+/// the generation without a whole-TLB flush: it flushed that space's ASID
+/// past the epoch. The pool hands the frames back with no IPI and no
+/// `quiescent_flush` (pins the `(Some(a), None)` arm of
+/// `Generation::clear_on`: without it the frames would wait for a pass).
+#[test]
+fn a_tagged_cpu_that_caught_up_on_the_space_it_runs_is_clear() {
+    let m = MockMachine::new(MockConfig {
+        tagged_tlb: true,
+        ..config(2, 64)
+    })
+    .unwrap();
+    let (rmap, frames) = procs(&m, &[1], 2);
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    let mut pool = FramePool::<8>::new();
+    pool_them(&m, &rmap, &frames[0], &mut pool);
+    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 1 runs the space");
+    let mm = cpu1.current_mm().unwrap();
+    cpu1.switch_to(&m.new_mm(asid(9)).unwrap()).unwrap();
+    let before = m.stats().catch_ups;
+    cpu1.switch_to(&mm).unwrap();
+    assert_eq!(m.stats().catch_ups - before, 1, "the return flushed ASID 1");
+    assert!(uncached(&m, &frames[0]));
+    assert!(cpu0.shootdown_state().flush_owed(cpu1.id()), "no pass");
+    let back = free(&mut MockKernel::new(&rmap), pool.release_passed(&cpu0));
+    assert_eq!(back, frames[0]);
+    assert_eq!(m.violations(), []);
+    assert_eq!((m.stats().quiescent_flushes, m.ipis_sent()), (0, 0));
+}

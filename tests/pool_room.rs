@@ -489,3 +489,45 @@ fn a_pool_reports_what_it_holds_and_counts_its_flushes() {
     assert_eq!(m.stats().batches_flushed, before + 1);
     assert_eq!(m.violations(), []);
 }
+
+/// A batch that joins the newest generation keeps that generation's
+/// "more address spaces than it names". CPUs 1 to 9 each run a space of
+/// their own; the newest generation holds a page of each (more ASIDs than
+/// a request names, so the ninth is known only as "many"), and a batch of
+/// the first space then joins it. Once CPUs 1 to 8 have passed, the
+/// fifteen older generations (the first space's alone) come back, but
+/// the joined one must wait for CPU 9, which runs the ninth space and
+/// still caches its page. Pins the `|=` of `Generation::merge_asids`:
+/// losing "many" would free that page while CPU 9 caches it.
+#[test]
+fn a_joined_generation_keeps_the_spaces_it_could_not_name() {
+    let spaces = tlb_batch::MAX_FLUSH_ASIDS + 1;
+    let m = MockMachine::new(config(spaces + 1, 64)).unwrap();
+    let n = tlb_batch::POOL_GENERATIONS;
+    let cpus: Vec<usize> = (1..=spaces).collect();
+    let (rmap, frames) = procs(&m, &cpus, n + 1);
+    let cpu0 = m.cpu(0).unwrap();
+    let mut pool = FramePool::<64>::new();
+    for &f in &frames[0][..n - 1] {
+        pool_them(&m, &rmap, &[f], &mut pool);
+    }
+    let newest: Vec<Frame> = frames.iter().map(|list| list[n - 1]).collect();
+    pool_them(&m, &rmap, &newest, &mut pool);
+    pool_them(&m, &rmap, &frames[0][n..], &mut pool);
+    assert_eq!((pool.generations(), pool.len()), (n, n + spaces));
+    for &c in &cpus[..spaces - 1] {
+        assert!(quiescent_flush(&m.cpu(c).unwrap()));
+    }
+    let last = newest[spaces - 1];
+    assert!(!m.cached_translations(last).is_empty(), "CPU 9 caches it");
+    let mut kernel = MockKernel::new(&rmap);
+    let back = free(&mut kernel, pool.release_passed(&cpu0));
+    assert_eq!(m.violations(), []);
+    assert_eq!(back, frames[0][..n - 1], "only the first space's generations");
+    assert_eq!(pool.len(), spaces + 1);
+    assert!(quiescent_flush(&m.cpu(spaces).unwrap()));
+    let rest = free(&mut kernel, pool.release_passed(&cpu0));
+    assert_eq!(m.violations(), []);
+    assert_eq!(rest.len(), spaces + 1);
+    assert_eq!(m.ipis_sent(), 0);
+}

@@ -94,3 +94,35 @@ fn a_generation_passed_before_it_was_pooled_counts_as_aged() {
     assert_eq!(pool.releases(), releases(1, 0, 0, 0));
     assert_eq!((m.ipis_sent(), m.violations()), (0, vec![]));
 }
+
+/// A batch that joins the newest generation (every slot in use) leaves it
+/// aged only if both were: an aged batch (a page never read, aging epoch
+/// 0) joining a generation CPU 1 had not flushed past leaves it unaged,
+/// so once CPU 1 passes, every frame counts as released by passes and
+/// none as aged. Pins the `&=` of the join in `FramePool::defer`.
+#[test]
+fn an_aged_batch_joining_the_newest_generation_leaves_it_unaged() {
+    let m = MockMachine::new(config(2, 64)).unwrap();
+    let n = tlb_batch::POOL_GENERATIONS;
+    let (rmap, frames) = procs(&m, &[1], n);
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
+    let mut pool = FramePool::<64>::new();
+    for &f in &frames[0] {
+        pool_them(&m, &rmap, &[f], &mut pool);
+    }
+    let f = m.alloc_frame().unwrap();
+    rmap.map_fresh(f, 0, va(n), false, MappingFlags::empty()).unwrap();
+    let mut batch = UnmapBatch::<4>::new();
+    let r = batch.try_to_unmap(&cpu0, &rmap, owned(f), TtuFlags::BATCH_FLUSH);
+    assert!(matches!(r, Ok(Unmapped::Held(_))), "{r:?}");
+    assert_eq!(pool.defer(&cpu0, &mut batch), Ok(1));
+    assert_eq!((pool.generations(), pool.len()), (n, n + 1));
+    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 1 has not passed");
+    assert!(quiescent_flush(&cpu1));
+    let mut released = pool.release_passed(&cpu0);
+    assert_eq!(released.len(), n + 1);
+    MockKernel::new(&rmap).free_batch(released.frames_mut());
+    assert_eq!(m.violations(), []);
+    assert_eq!(pool.releases(), releases(0, n as u64 + 1, 0, 0));
+    assert_eq!(m.ipis_sent(), 0);
+}
