@@ -35,6 +35,7 @@
 //! run; add `--json` for the same figures as JSON.
 
 mod calibrated;
+mod matrix;
 mod policies;
 mod report;
 mod report_ops;
