@@ -482,6 +482,8 @@ pub fn run(
         // Whatever the pages mapped before (B, or nothing) is gone
         // everywhere.
         p.flush_pages(pages);
+        // The pages the reclaim flow unmaps this round (none elsewhere).
+        let mut reclaimed = 0;
         WARM.store(round, Ordering::Release);
         if !wait_all(p, &READY, round) {
             out.timeouts += 1;
@@ -548,8 +550,14 @@ pub fn run(
                 {
                     out.batch_mismatches += 1;
                 }
+                // What an observer must see follows what the pass did: a
+                // hot page that it reclaimed (because a stale translation
+                // hid the observer's read from the access flag, as under a
+                // negative control) must fault, and reading its poison is
+                // a stale read, not another wrong value.
+                reclaimed = note.unmapped;
                 // The frames are free: their next owner overwrites them.
-                for i in (0..pages).filter(|&i| note.unmapped & 1 << i != 0) {
+                for i in (0..pages).filter(|&i| reclaimed & 1 << i != 0) {
                     p.fill_frame(i, Frame::A, poison(i, round));
                 }
             }
@@ -565,7 +573,7 @@ pub fn run(
                 let expected = match change {
                     Change::Unmap | Change::BatchedUnmap => FAULTED,
                     Change::Remap => pattern(Frame::B, i, round),
-                    Change::Reclaim if hot(i) => pattern(Frame::A, i, round),
+                    Change::Reclaim if reclaimed & 1 << i == 0 => pattern(Frame::A, i, round),
                     Change::Reclaim | Change::Mprotect => FAULTED,
                 };
                 match word.load(Ordering::Relaxed) {
