@@ -44,9 +44,11 @@
 //! ones are unmapped with `try_to_unmap` into the same batch, written out
 //! after `flush_dirty` and freed after `flush`: the driver then poisons
 //! each freed frame, as its next owner would overwrite it. After the
-//! signal the observers must read A's pattern on the hot pages and fault
-//! on the cold ones; reading A's pattern or the poison on a reclaimed page
-//! (or the poison on a hot one) is a stale read.
+//! signal the observers must read A's pattern on the pages the pass kept
+//! and fault on the ones it reclaimed (the cold ones, when the flushes
+//! work; a missing flush can hide a hot page's read from its access flag,
+//! and then the pass, counted as off, reclaims it too); reading A's
+//! pattern or the poison on a reclaimed page is a stale read.
 //!
 //! *mprotect with a pending batch*: while the observers read every page
 //! and also write the second half, the driver unmaps the frames of the
