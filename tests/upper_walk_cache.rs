@@ -347,3 +347,38 @@ fn a_cpu_that_switched_away_catches_up_before_it_walks_again() {
     assert!(cpu1.read(va).is_err());
     assert_eq!(m.violations(), []);
 }
+
+/// A CPU away while a table it walked through is freed is not judged at
+/// the free (an offline CPU walks nothing) but as it rejoins: through
+/// `come_online` (which runs `prepare_cpu_online`) its walk caches are
+/// empty; through the raw switch the pointer it kept is
+/// `OnlineWithStaleWalk`.
+#[test]
+fn a_cpu_rejoining_with_a_pointer_to_a_table_freed_while_away_is_caught() {
+    let va = GIB + 5 * MIB2 + 3 * PAGE_SIZE;
+    for proper in [true, false] {
+        let mut t = Tables::new();
+        let (m, mm) = machine_of::<X86Like>(&t);
+        let table = walked_empty_table(&mut t, &m, &mm, va, 2);
+        m.set_online(1, false).unwrap();
+        let (_, freed) = teardown(&mut t, &m, &mm, span(va, 2));
+        assert_eq!(freed, [table]);
+        assert_eq!(m.violations(), [], "an offline CPU walks nothing");
+        let cpu1 = m.cpu(1).unwrap();
+        assert!(caches(&cpu1, 2, table), "the flush did not reach it");
+        if proper {
+            cpu1.come_online();
+            assert_eq!(m.violations(), []);
+            assert!(cpu1.walk_cache().is_empty());
+        } else {
+            m.set_online(1, true).unwrap();
+            assert_eq!(
+                m.violations(),
+                [Violation::OnlineWithStaleWalk {
+                    cpu: cpu1.id(),
+                    table
+                }]
+            );
+        }
+    }
+}

@@ -142,7 +142,9 @@ impl<'m, M: Model> MockCpu<'m, M> {
         *lock(&self.state().lazy) = None;
         lock(&self.state().unloaded).clear();
         lock(&self.state().unloaded_walks).clear();
-        self.machine.online.insert(self.id, Ordering::SeqCst);
+        // Judged as any rejoin: what `prepare_cpu_online` left behind of
+        // the entries remembered while the CPU was away is a violation.
+        self.machine.join_online(self.id);
     }
 
     /// What this CPU's walk caches hold now: a pointer to a page table

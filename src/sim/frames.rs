@@ -74,6 +74,7 @@ impl<M: Model> MockMachine<M> {
             self.record(Violation::FreedDuringIo { frame });
         }
         freed?;
+        self.remember_dormant(frame, false);
         lock(&self.detached).remove(&frame);
         for cpu in walk_cached {
             self.record(Violation::TableFreedWhileCached { frame, cpu });
@@ -131,6 +132,7 @@ impl<M: Model> MockMachine<M> {
         let _judging = self.judging();
         let walk_cached = self.walk_cached(frame);
         lock(&self.freed_tables).insert(frame);
+        self.remember_dormant(frame, false);
         for cpu in walk_cached {
             self.record(Violation::TableFreedWhileCached { frame, cpu });
         }
@@ -146,6 +148,7 @@ impl<M: Model> MockMachine<M> {
         let _judging = self.judging();
         let cached = self.live_translations(frame);
         lock(&self.memory).start_io(frame)?;
+        self.remember_dormant(frame, true);
         for (cpu, entry) in cached.into_iter().filter(|(_, e)| e.writable) {
             // An entry the CPU cannot use before a catch-up flush is judged
             // then, as at a free.

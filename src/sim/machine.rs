@@ -42,6 +42,12 @@ pub(crate) struct CpuState {
     pub(crate) unloaded: Mutex<Vec<TlbEntry>>,
     /// The same for walk-cache entries pointing at freed page tables.
     pub(crate) unloaded_walks: Mutex<Vec<WalkEntry>>,
+    /// Entries the CPU held while offline for frames freed (or, writable,
+    /// written out) meanwhile, judged when it rejoins (`dormant.rs`). Lock
+    /// order: as `lazy`.
+    pub(crate) dormant: Mutex<Vec<TlbEntry>>,
+    /// The same for walk-cache entries pointing at freed page tables.
+    pub(crate) dormant_walks: Mutex<Vec<WalkEntry>>,
     pub(crate) irq_enabled: AtomicBool,
     pub(crate) irq_pending: AtomicBool,
     pub(crate) cycles: AtomicU64,
@@ -173,6 +179,8 @@ impl<M: Model> MockMachine<M> {
                 lazy: Mutex::new(None),
                 unloaded: Mutex::new(Vec::new()),
                 unloaded_walks: Mutex::new(Vec::new()),
+                dormant: Mutex::new(Vec::new()),
+                dormant_walks: Mutex::new(Vec::new()),
                 irq_enabled: AtomicBool::new(true),
                 irq_pending: AtomicBool::new(false),
                 cycles: AtomicU64::new(0),
@@ -238,6 +246,8 @@ impl<M: Model> MockMachine<M> {
             *lock(&cpu.lazy) = None;
             lock(&cpu.unloaded).clear();
             lock(&cpu.unloaded_walks).clear();
+            lock(&cpu.dormant).clear();
+            lock(&cpu.dormant_walks).clear();
             cpu.irq_enabled.store(true, Ordering::SeqCst);
             cpu.irq_pending.store(false, Ordering::SeqCst);
             cpu.cycles.store(0, Ordering::Relaxed);
@@ -321,8 +331,12 @@ impl<M: Model> MockMachine<M> {
     /// [`MockCpu::come_online`]: puts `cpu` in or out of the online set and
     /// nothing else. A kernel's online path runs
     /// [`prepare_cpu_online`](crate::prepare_cpu_online) first; calling this
-    /// instead models a kernel that forgets to, and the oracle sees what
-    /// the CPU's old entries then reach. A kernel's offline path serves the
+    /// instead models a kernel that forgets to: an entry the CPU still
+    /// holds for a frame freed (or, writable, written out) while it was
+    /// away is then a [`Violation::OnlineWithStale`]
+    /// ([`Violation::OnlineWithStaleWalk`] for a walk-cache entry pointing
+    /// at a freed table), recorded as it rejoins, whatever the frame holds
+    /// by then. A kernel's offline path serves the
     /// CPU's inbox until no initiator can still publish to it
     /// ([`take_cpu_offline`](crate::take_cpu_offline)); taking a CPU out
     /// with this instead models one that does not: with
@@ -333,7 +347,7 @@ impl<M: Model> MockMachine<M> {
     pub fn set_online(&self, cpu: usize, online: bool) -> Result<(), Error> {
         let id = self.cpu(cpu)?.id();
         if online {
-            self.online.insert(id, Ordering::SeqCst);
+            self.join_online(id);
         } else {
             self.online.remove(id, Ordering::SeqCst);
         }

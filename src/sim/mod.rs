@@ -52,6 +52,7 @@ mod cost;
 mod counters;
 mod counting;
 mod cpu;
+mod dormant;
 mod error;
 mod frames;
 mod kernel;

@@ -186,6 +186,33 @@ pub enum Violation {
         /// The freed page-table frame.
         table: Frame,
     },
+    /// A CPU rejoined the online set while its TLB still held an entry,
+    /// cached before it went offline, for a frame freed (or, with
+    /// `writable`, written out) while it was away: its online path skipped
+    /// the flush of [`prepare_cpu_online`](crate::prepare_cpu_online), and
+    /// it now translates to a freed frame, or to one with a new owner (rule
+    /// 2; rule 1 as well when `writable`). The free itself was not a
+    /// [`FreedWhileCached`](Violation::FreedWhileCached): an offline CPU
+    /// uses no entry.
+    OnlineWithStale {
+        /// The CPU that came back.
+        cpu: CpuId,
+        /// The frame freed (or written out) while it was cached.
+        frame: Frame,
+        /// The page's address.
+        va: u64,
+        /// Whether the stale entry allows writes.
+        writable: bool,
+    },
+    /// As [`OnlineWithStale`](Violation::OnlineWithStale), for a
+    /// walk-cache entry: a CPU rejoined while its paging-structure cache
+    /// still pointed to a page table freed while it was away (rule 6).
+    OnlineWithStaleWalk {
+        /// The CPU that came back.
+        cpu: CpuId,
+        /// The freed page-table frame.
+        table: Frame,
+    },
     /// The crate wrote a page-table entry through a
     /// [`MockSpace`](super::MockSpace) that the machine refuses (`error`
     /// says why: a present entry naming a free frame, a non-global entry
