@@ -42,8 +42,10 @@
 //! a CPU that dropped *every* entry after reading epoch `e` (its pass, see
 //! [`TlbShootdown::passed_epoch`](crate::TlbShootdown::passed_epoch)) is
 //! caught up on every space whose generation is at most `e`. So one full
-//! local flush (a timer tick's [`quiescent_flush`](crate::quiescent_flush),
-//! a switch on an untagged TLB) catches up every ASID at once, and pooled
+//! local flush (a switch on an untagged TLB; a timer tick's
+//! [`quiescent_flush`](crate::quiescent_flush) when it flushes, which it
+//! does only while a pool waits for that CPU) catches up every ASID at
+//! once, and pooled
 //! frames and generations are judged by the same clock. A new address
 //! space takes a fresh epoch at its first use, newer than anything any CPU
 //! recorded, so a CPU that still holds entries a dead space left under the

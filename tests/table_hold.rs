@@ -137,6 +137,14 @@ fn a_teardown_spares_a_lazy_cpu_and_holds_its_table_until_it_passed() {
             let early = free_tables(&rmap, hold.release_passed(&m.cpu(0).unwrap()));
             assert_eq!(m.violations(), [], "{at}: released while CPU 1 is lazy");
             assert_eq!(early, [], "{at}");
+            // A tick on the lazy CPU passes nothing (the hold's docs):
+            // `quiescent_flush` does nothing on a lazy CPU.
+            assert!(!tlb_batch::quiescent_flush(&cpu1), "{at}");
+            assert_eq!(
+                free_tables(&rmap, hold.release_passed(&m.cpu(0).unwrap())),
+                [],
+                "{at}"
+            );
             assert!(
                 cpu1.walk_cache().iter().any(|w| w.table == table),
                 "{at}: still cached"

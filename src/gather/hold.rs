@@ -33,18 +33,21 @@
 //! - it flushed the space's ASID whole, or everything, after reading an
 //!   epoch of at least `G`: its catch-up when it leaves lazy mode or
 //!   switches back ([`leave_lazy_tlb`](crate::leave_lazy_tlb),
-//!   [`switch_mm`](crate::switch_mm)), a whole-ASID flush it was sent, a
-//!   pass ([`quiescent_flush`](crate::quiescent_flush), an untagged
-//!   switch). Such a flush drops the paging-structure caches of that ASID
-//!   as well as its TLB entries: Intel SDM vol. 3A, 4.10.4.1 (`INVPCID`
-//!   type 1, single-context, invalidates the PCID's paging-structure-cache
+//!   [`switch_mm`](crate::switch_mm)), a whole-ASID flush it was sent
+//!   ([`TableHold::flush`]), an untagged switch. (A timer tick alone
+//!   passes no lazy CPU, and lazy CPUs are all a hold waits for:
+//!   [`quiescent_flush`](crate::quiescent_flush) does nothing on one,
+//!   since every pooled generation counts it clear already.) Such a flush
+//!   drops the paging-structure caches of that ASID as well as its TLB
+//!   entries: Intel SDM vol. 3A, 4.10.4.1 (`INVPCID` type 1,
+//!   single-context, invalidates the PCID's paging-structure-cache
 //!   entries with its mappings; so does `MOV to CR3` with bit 63 clear,
 //!   for the PCID it loads, and for every PCID without `CR4.PCIDE`); Arm
 //!   ARM (DDI 0487), the AArch64 TLB maintenance instructions: `TLBI
 //!   ASIDE1` invalidates every cached stage-1 entry of the ASID, the
 //!   intermediate (walk-cache) entries of every level included. `G` was
-//!   published after the tables were unlinked, so what the CPU walks after
-//!   that flush comes from tables that no longer link them; or
+//!   published after the tables were unlinked, so what the CPU walks
+//!   after that flush comes from tables that no longer link them; or
 //! - it has another root loaded ([`switch_mm`](crate::switch_mm) to
 //!   another space, the kernel's included): its MMU no longer walks this
 //!   root. On a tagged TLB its walk-cache entries of the old ASID stay,
