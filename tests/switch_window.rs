@@ -446,3 +446,36 @@ fn the_switch_hook_runs_once_per_loading_switch_and_never_recursively() {
     w.cpu(0).switch_to(&fresh).unwrap();
     assert_eq!(runs.lock().unwrap().len(), 2, "reset removed the hook");
 }
+
+/// A CPU switching away from a space it was lazy on (an idle CPU picking
+/// a task of another process) runs the new root from the CR3 write on: in
+/// the window its accesses to the new space fill its TLB as the hardware
+/// would (they are not the refused user accesses of a lazy CPU), while its
+/// TLB keeps nothing of the old space on an untagged TLB. Once the switch
+/// returns it is no longer lazy.
+#[test]
+fn a_lazy_cpu_switching_away_fills_from_the_new_tables_in_the_window() {
+    use tlb_batch::PageTable;
+    for tagged in [false, true] {
+        let w = World::<X86Like>::new(tagged);
+        let q = w.rmap.spaces()[1].lookup(va(0)).frame();
+        w.cpu(0).switch_to(&w.s).unwrap();
+        w.cpu(0).read(va(0)).unwrap();
+        w.cpu(0).enter_lazy().unwrap();
+        assert!(matches!(w.cpu(0).read(va(0)), Err(Fault::LazyUserAccess { .. })));
+        let read = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&read);
+        w.switch_cpu0_with(&w.t, move |cpu| {
+            *seen.lock().unwrap() = Some(cpu.read(va(0)));
+        });
+        assert_eq!(
+            *read.lock().unwrap(),
+            Some(Ok(w.m.frame_data(q).unwrap())),
+            "tagged {tagged}"
+        );
+        assert!(w.caches(0, q), "tagged {tagged}: filled in the window");
+        assert_eq!(w.caches(0, w.p), tagged, "tagged {tagged}: the old space's entry");
+        assert!(!w.cpu(0).is_lazy());
+        assert_eq!(w.m.violations(), [], "tagged {tagged}");
+    }
+}

@@ -102,10 +102,14 @@ impl<M: Model> MockCpu<'_, M> {
     }
 
     /// The access check of a lazy CPU: [`Fault::LazyUserAccess`] when an
-    /// access to `va` would translate through the user address space (a
-    /// non-global TLB entry, or a user page-table entry that is not empty).
+    /// access to `va` would translate through the user address space it is
+    /// lazy on (a non-global TLB entry, or a user page-table entry that is
+    /// not empty). A lazy CPU that has loaded another root already (a
+    /// switch away, inside its CR3 window: the switch hook) runs that one,
+    /// and its accesses there are the hardware's fills from the new tables.
     pub(crate) fn lazy_access_check(&self, va: u64, loaded: Option<(Asid, u64)>) -> Result<(), Fault> {
-        if !self.is_lazy() {
+        let lazy_root = lock(&self.state().lazy).as_ref().map(|l| l.root);
+        if lazy_root.is_none() || loaded.map(|(_, root)| root) != lazy_root {
             return Ok(());
         }
         let vpn = va >> PAGE_SHIFT;

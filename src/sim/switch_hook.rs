@@ -37,7 +37,9 @@ impl<M: Model> MockMachine<M> {
     /// This is the way to test a kernel's code against the CR3 window
     /// (CVE-2025-37964): the hook can make the switching CPU touch memory
     /// (a read or write fills its TLB from the new tables, as the hardware
-    /// may do speculatively as soon as the root is written), and drive
+    /// may do speculatively as soon as the root is written; so too on a
+    /// CPU leaving lazy mode by this switch, whose lazy mark the switch
+    /// clears only after the hook), and drive
     /// other CPUs (`cpu.machine().cpu(1)`) through an unmap, a flush, a
     /// [`FramePool`](crate::FramePool) release or a free, with the oracle
     /// watching. It runs on every switch, through
