@@ -259,8 +259,9 @@ pub type SendIpi = fn(targets: &CpuSet);
 /// ASIDs are the hardware's (8 or 16 bits, from the [`Config`]): every
 /// entry point refuses a wider one ([`Error::AsidOutOfRange`]), the kernel
 /// address space runs with ASID 0 in TTBR0, and a retired address space's
-/// ASID goes to a new one only after [`flush_tlb_mm`](crate::flush_tlb_mm)
-/// on the old one. Addresses are checked against the wider region of
+/// ASID may go to a new one once no CPU runs the old one, lazily included
+/// ([`switch_mm`](crate::switch_mm) flushes it at the new space's first
+/// load on each CPU). Addresses are checked against the wider region of
 /// TCR_EL1 ([`Config::va_bits`]) before any reaches a `TLBI`; a tagged
 /// pointer (TBI) must be stripped of its tag first.
 ///

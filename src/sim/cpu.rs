@@ -111,9 +111,12 @@ impl<'m, M: Model> MockCpu<'m, M> {
     /// A kernel's whole offline path, for a test that knows the CPU is
     /// online and outside a shootdown: a switch to the kernel's space (when
     /// it runs a user space, lazily or not), then
-    /// [`take_offline`](Self::take_offline). On an error (it was offline
-    /// already, or inside [`in_shootdown`](Self::in_shootdown)) the CPU
-    /// stays online, running the kernel's space.
+    /// [`take_offline`](Self::take_offline). It returns nothing: a test
+    /// that needs to see a refusal calls `take_offline` itself. Refused,
+    /// the CPU stays as it was: offline if it was offline already; online,
+    /// running the kernel's space, inside
+    /// [`in_shootdown`](Self::in_shootdown); online on its user space if
+    /// the switch to the kernel's space was refused.
     pub fn go_offline(&self) {
         let runs_user = self.current_mm().is_some_and(|mm| !mm.is_kernel());
         if runs_user && self.switch_to(self.machine.kernel_mm()).is_err() {
