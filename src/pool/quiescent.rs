@@ -28,7 +28,11 @@ pub(super) fn local_pass<A: Arch>(arch: &A, me: CpuId) {
 /// cannot tell: no pool counts it).
 ///
 /// Safe anywhere the CPU may flush its own TLB, interrupt handlers
-/// included; the caller must not migrate during the call.
+/// included; the caller must not migrate during the call. A tick that
+/// reaches a CPU already out of the online set (between
+/// [`take_cpu_offline`](crate::take_cpu_offline) and its halt) is harmless
+/// too: whatever this does, [`prepare_cpu_online`](crate::prepare_cpu_online)
+/// flushes everything again before the CPU runs anything.
 pub fn quiescent_flush<A: Arch>(arch: &A) -> bool {
     let state = arch.shootdown_state();
     let Ok(me) = arch.current_cpu() else {
