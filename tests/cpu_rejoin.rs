@@ -11,7 +11,7 @@ mod common;
 
 use common::{asid, config, va};
 use tlb_batch::arch::mock::{MockConfig, MockMachine, Violation};
-use tlb_batch::{flush_tlb_page, CpuId, Pte, PteFlags};
+use tlb_batch::{flush_tlb_page, CpuId, Frame, Pte, PteFlags};
 
 /// A tagged machine: a CPU's user entries survive its switch to the
 /// kernel's space on the way offline.
@@ -24,6 +24,22 @@ fn tagged(cpus: usize) -> MockConfig {
 
 fn cpu_id(i: usize) -> CpuId {
     CpuId::new(i).unwrap()
+}
+
+/// What the oracle must hold against CPU 1's rejoin: its entry for `frame`
+/// at `va` when `caught`, nothing otherwise.
+fn rejoin_verdict(caught: bool, frame: Frame, va: u64, writable: bool) -> Vec<Violation> {
+    let entry = Violation::OnlineWithStale {
+        cpu: cpu_id(1),
+        frame,
+        va,
+        writable,
+    };
+    if caught {
+        vec![entry]
+    } else {
+        vec![]
+    }
 }
 
 /// CPU 1 writes a user page, goes offline the proper way (its tagged entry
@@ -61,15 +77,7 @@ fn rejoining_with_an_entry_for_a_reused_frame_is_caught() {
             assert_eq!(m.violations(), []);
         } else {
             m.set_online(1, true).unwrap();
-            assert_eq!(
-                m.violations(),
-                [Violation::OnlineWithStale {
-                    cpu: cpu_id(1),
-                    frame: f,
-                    va: va(0),
-                    writable: true,
-                }]
-            );
+            assert_eq!(m.violations(), rejoin_verdict(true, f, va(0), true));
         }
     }
 }
@@ -98,17 +106,7 @@ fn rejoining_with_a_kernel_entry_for_a_freed_frame_is_caught() {
         }
         assert_eq!(m.violations(), []);
         m.set_online(1, true).unwrap();
-        let want: &[Violation] = if freed {
-            &[Violation::OnlineWithStale {
-                cpu: cpu_id(1),
-                frame: f,
-                va: kva,
-                writable: false,
-            }]
-        } else {
-            &[]
-        };
-        assert_eq!(m.violations(), want);
+        assert_eq!(m.violations(), rejoin_verdict(freed, f, kva, false));
     }
 }
 
@@ -132,17 +130,7 @@ fn rejoining_with_a_writable_entry_for_a_frame_written_out_is_caught() {
         m.end_io(f).unwrap();
         assert_eq!(m.violations(), []);
         m.set_online(1, true).unwrap();
-        let want: &[Violation] = if writable {
-            &[Violation::OnlineWithStale {
-                cpu: cpu_id(1),
-                frame: f,
-                va: va(0),
-                writable: true,
-            }]
-        } else {
-            &[]
-        };
-        assert_eq!(m.violations(), want);
+        assert_eq!(m.violations(), rejoin_verdict(writable, f, va(0), true));
     }
 }
 
