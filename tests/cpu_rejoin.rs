@@ -42,6 +42,21 @@ fn rejoin_verdict(caught: bool, frame: Frame, va: u64, writable: bool) -> Vec<Vi
     }
 }
 
+/// A fresh page of a new space at `va(0)`, mapped `writable`, that CPU 1
+/// reads (caching it) before it goes offline the proper way; CPU 0 then
+/// unmaps it and flushes, which cannot reach CPU 1. Returns its frame.
+fn cached_then_unmapped_while_away(m: &MockMachine, writable: bool) -> Frame {
+    let mm = m.new_mm(asid(1)).unwrap();
+    let f = m.map_new(&mm, va(0), writable).unwrap();
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    cpu1.read(va(0)).unwrap();
+    cpu1.go_offline();
+    m.clear_pte(&mm, va(0)).unwrap();
+    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    f
+}
+
 /// CPU 1 writes a user page, goes offline the proper way (its tagged entry
 /// stays, dormant); CPU 0 unmaps the page, flushes (no IPI: CPU 1 is away)
 /// and frees the frame, which a second space then takes. Through
@@ -118,14 +133,7 @@ fn rejoining_with_a_kernel_entry_for_a_freed_frame_is_caught() {
 fn rejoining_with_a_writable_entry_for_a_frame_written_out_is_caught() {
     for writable in [false, true] {
         let m = MockMachine::new(tagged(2)).unwrap();
-        let mm = m.new_mm(asid(1)).unwrap();
-        let f = m.map_new(&mm, va(0), writable).unwrap();
-        let cpu1 = m.cpu(1).unwrap();
-        cpu1.switch_to(&mm).unwrap();
-        cpu1.read(va(0)).unwrap();
-        cpu1.go_offline();
-        m.clear_pte(&mm, va(0)).unwrap();
-        flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+        let f = cached_then_unmapped_while_away(&m, writable);
         m.start_io(f).unwrap();
         m.end_io(f).unwrap();
         assert_eq!(m.violations(), []);
@@ -140,14 +148,7 @@ fn rejoining_with_a_writable_entry_for_a_frame_written_out_is_caught() {
 #[test]
 fn each_absence_is_judged_once() {
     let m = MockMachine::new(tagged(2)).unwrap();
-    let mm = m.new_mm(asid(1)).unwrap();
-    let f = m.map_new(&mm, va(0), false).unwrap();
-    let cpu1 = m.cpu(1).unwrap();
-    cpu1.switch_to(&mm).unwrap();
-    cpu1.read(va(0)).unwrap();
-    cpu1.go_offline();
-    m.clear_pte(&mm, va(0)).unwrap();
-    flush_tlb_page(&m.cpu(0).unwrap(), &mm, va(0)).unwrap();
+    let f = cached_then_unmapped_while_away(&m, false);
     m.free_frame(f).unwrap();
     m.set_online(1, true).unwrap();
     m.set_online(1, true).unwrap();
