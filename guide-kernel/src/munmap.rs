@@ -1,10 +1,12 @@
 //! An address space per process, and munmap.
 
+// guide: uses-munmap
 use tlb_batch::mapper::{DeallocatorFrees, OffsetSpace};
 use tlb_batch::{Asid, Error, MmTlbState, PageGather, PageRange, TableBounds, TeardownSummary};
 use x86_64::structures::paging::{FrameDeallocator, OffsetPageTable, PhysFrame, Size4KiB};
 
 use crate::tlb::arch;
+// guide: end
 
 // guide: address-space
 /// What the kernel keeps per process for the crate, next to its page table.

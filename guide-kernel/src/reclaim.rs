@@ -1,6 +1,7 @@
 //! Reclaim: the page cache's clean pages, unmapped in one batch, and
 //! the frame pool that saves their flush.
 
+// guide: uses-reclaim
 use core::cell::RefCell;
 
 use tlb_batch::heapless;
@@ -12,6 +13,7 @@ use tlb_batch::{
 use x86_64::structures::paging::{FrameDeallocator, OffsetPageTable, PhysFrame, Size4KiB};
 
 use crate::tlb::arch;
+// guide: end
 
 /// Frames one reclaim call looks at.
 const RECLAIM_BATCH: usize = 32;

@@ -1,12 +1,14 @@
 //! Setting the crate up: the statics, the `Arch`, the CPUs, the xAPIC
 //! page, the flush-IPI entry, bring-up and the address-space switch.
 
+// guide: uses-tlb
 use tlb_batch::arch::x86_64::{wrmsr, CpuTable, Features, LocalApic, X86_64};
 use tlb_batch::mapper::xapic::{map_local_xapic, XapicMapError, XapicPage};
 use tlb_batch::{CpuId, Error, MmTlbState, TlbShootdown};
 use x86_64::structures::idt::InterruptDescriptorTable;
 use x86_64::structures::paging::{FrameAllocator, OffsetPageTable, Page, Size4KiB};
 use x86_64::VirtAddr;
+// guide: end
 
 // guide: statics
 /// The flush IPI's vector: any vector the kernel does not use otherwise.
@@ -38,6 +40,25 @@ pub fn map_local_apic(
     // SAFETY: ring 0; `frames` hands out unused frames; nothing else uses
     // the APIC's page or `page` as memory; the mapping stays for good.
     unsafe { map_local_xapic(mapper, frames, page, XapicPage::default()) }
+}
+// guide: end
+
+// guide: enable-apic
+/// The local APIC's spurious-interrupt vector. Its handler only returns:
+/// a spurious interrupt is never in service, so it takes no EOI (Intel
+/// SDM vol. 3A, 10.9). 0xff also suits the P6 family, whose APICs wire
+/// the vector's low four bits to 1.
+pub const SPURIOUS_VECTOR: u8 = 0xff;
+
+/// On each CPU as it starts, before `init` (the boot CPU) or `cpu_online`
+/// (the others): turns its local APIC on. Only the spurious-interrupt
+/// register is written; the local vector table stays as the firmware left
+/// it, so interrupts the 8259 PIC delivers through LINT0 (PC firmware's
+/// virtual-wire mode, QEMU's too) keep coming.
+pub fn enable_local_apic(apic: &LocalApic) {
+    // SAFETY: ring 0; the kernel's IDT routes SPURIOUS_VECTOR to a handler
+    // that returns without an EOI, and TLB_VECTOR once `cpu_online` runs.
+    unsafe { apic.enable(SPURIOUS_VECTOR) }
 }
 // guide: end
 
