@@ -37,7 +37,9 @@
 //!   the CPU implements (it is the crate's [`base_page`](Arch::base_page):
 //!   addresses and ranges are refused unless aligned to it, and every
 //!   range is flushed one `TLBI` per page of it); T0SZ and T1SZ from 16 to
-//!   39 (48- to 25-bit regions); A1 = 0, so the ASID comes from TTBR0 and
+//!   39 (48- to 25-bit regions); a kernel that runs from TTBR0 alone with
+//!   TTBR1 walks off (EPD1 = 1) may leave TG1 and T1SZ at any value; A1 =
+//!   0, so the ASID comes from TTBR0 and
 //!   one register write changes root and ASID together; AS = 1 for 16-bit
 //!   ASIDs when ID_AA64MMFR0_EL1.ASIDBits says the CPU has them (8-bit
 //!   ASIDs otherwise). [`Config::from_registers`] refuses any other
