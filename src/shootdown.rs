@@ -44,10 +44,14 @@ pub struct ShootdownReport {
 
 impl ShootdownReport {
     /// Whether the flush reached no CPU: no IPI, no local flush, no
-    /// broadcast. Right when no CPU runs the address space (or the request
-    /// was empty); from a CPU that runs it, a sign that the crate does not
-    /// know it does (a root loaded without [`switch_mm`](crate::switch_mm),
-    /// which the crate refuses where [`Arch::root_loaded`] can tell).
+    /// broadcast. Right when no CPU runs the address space, or when there
+    /// was nothing to flush: an empty request, or a batch that owes nothing
+    /// (its unmaps flushed at once, as they do when no other CPU runs the
+    /// space: [`TlbFlushUnmapBatch::is_empty`](crate::TlbFlushUnmapBatch::is_empty)).
+    /// From a CPU that runs the space, with a flush owed, a sign that the
+    /// crate does not know it does (a root loaded without
+    /// [`switch_mm`](crate::switch_mm), which the crate refuses where
+    /// [`Arch::root_loaded`] can tell).
     pub fn reached_no_cpu(&self) -> bool {
         self.remote_cpus == 0 && !self.flushed_locally && !self.broadcast
     }

@@ -57,8 +57,9 @@ pub fn arch(config: Config) -> Aarch64 {
 
 // guide: boot
 /// On the boot CPU, before any other starts: reads and checks the MMU
-/// setup (4 KiB granules, ASID from TTBR0, ASIDs of 8 or 16 bits as
-/// TCR_EL1.AS and the CPU allow, 25- to 48-bit regions; CPUs with
+/// setup (a 4, 16 or 64 KiB granule the CPU implements, the same in TG0
+/// and TG1 unless TTBR1 walks are off; ASID from TTBR0, ASIDs of 8 or 16
+/// bits as TCR_EL1.AS and the CPU allow, 25- to 48-bit regions; CPUs with
 /// repeat-TLBI errata add `.with_repeated_tlbi()`), and registers every
 /// CPU: CPU i is the one whose MPIDR_EL1 is `mpidrs[i]`, the boot CPU
 /// first, in the order the ACPI MADT or the devicetree lists them.
