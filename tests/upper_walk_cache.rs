@@ -382,3 +382,52 @@ fn a_cpu_rejoining_with_a_pointer_to_a_table_freed_while_away_is_caught() {
         }
     }
 }
+
+/// What the rejoin judges is what the CPU still holds: on `Arm64Like`, a
+/// broadcast `TLBI` by VA reaches every CPU's TLB, an offline one's too
+/// (one parked, not powered off), and takes the walk-cache pointers on its
+/// way. CPU 1, away, keeps
+/// pointers to two page directories, both freed (with no flush: the
+/// oracle's record is what is tested); a broadcast for an address under
+/// the first drops that pointer only, so the rejoin holds the second
+/// alone against it.
+#[test]
+fn a_rejoin_is_judged_on_the_pointers_still_cached() {
+    let mut t = Tables::new();
+    // Three CPUs: CPU 2 runs the space (walking nothing), so that the
+    // flush has a remote target and goes out as a broadcast.
+    let m = MockMachine::<Arm64Like>::with_model(MockConfig::x86_like(3)).unwrap();
+    let root = t.root_addr();
+    let mm = m.new_mm_at(asid(1), root).unwrap();
+    m.attach_table(&mm, Arc::new(HostMmu { root })).unwrap();
+    m.cpu(2).unwrap().switch_to(&mm).unwrap();
+    let vas = [GIB + 3 * PAGE_SIZE, GIB512 + GIB + 3 * PAGE_SIZE];
+    let (mut mapper, mut pool) = t.mapper();
+    for va in vas {
+        let data = m.alloc_frame().unwrap();
+        map::<Size4KiB>(&mut mapper, &mut pool, va, data.addr(), user_rw());
+    }
+    let mmu = HostMmu { root: t.root_addr() };
+    let tables = vas.map(|va| mmu.table_frame_at(va, 2).unwrap());
+    let cpu1 = m.cpu(1).unwrap();
+    cpu1.switch_to(&mm).unwrap();
+    for va in vas {
+        cpu1.read(va).unwrap();
+    }
+    m.set_online(1, false).unwrap();
+    for table in tables {
+        m.free_table_frame(table);
+    }
+    assert_eq!(m.violations(), [], "CPU 1 is away");
+    tlb_batch::flush_tlb_page(&m.cpu(0).unwrap(), &mm, vas[0]).unwrap();
+    assert!(!caches(&cpu1, 2, tables[0]), "the broadcast reached it");
+    assert!(caches(&cpu1, 2, tables[1]));
+    m.set_online(1, true).unwrap();
+    assert_eq!(
+        m.violations(),
+        [Violation::OnlineWithStaleWalk {
+            cpu: cpu1.id(),
+            table: tables[1]
+        }]
+    );
+}

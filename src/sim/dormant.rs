@@ -58,14 +58,14 @@ impl<M: Model> MockMachine<M> {
 
     /// Puts `cpu` in the online set, with the rejoin judgement: every
     /// remembered dormant entry still in its TLB is recorded as a
-    /// violation, and the record is emptied. Returns how many it recorded.
-    pub(crate) fn join_online(&self, cpu: CpuId) -> usize {
+    /// violation, and the record is emptied.
+    pub(crate) fn join_online(&self, cpu: CpuId) {
         // No free scans the online set between the judgement and the
         // insertion: a frame freed in between would be judged neither as
         // dormant nor as live.
         let _transition = self.transition();
         if self.is_online(cpu) {
-            return 0;
+            return;
         }
         let state = self.state(cpu);
         let entries: Vec<TlbEntry> = core::mem::take(&mut *lock(&state.dormant));
@@ -94,6 +94,5 @@ impl<M: Model> MockMachine<M> {
             });
         }
         self.online.insert(cpu, core::sync::atomic::Ordering::SeqCst);
-        entries.len() + walks.len()
     }
 }
