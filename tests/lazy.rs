@@ -120,11 +120,18 @@ fn a_lazy_cpu_is_refused_user_accesses() {
     assert_eq!(m.frame_data(frames[0]), Ok(0));
     // Nothing mapped at all: an ordinary fault.
     assert_eq!(cpu1.read(va(5)), Err(Fault::NotMapped { va: va(5) }));
-    // Kernel code runs on a lazy CPU.
+    // Kernel code runs on a lazy CPU, through its cached global entry too.
     cpu1.write(KVA, 3).unwrap();
     assert_eq!(m.frame_data(kframe), Ok(3));
+    assert_eq!(cpu1.read(KVA), Ok(3));
     assert_eq!(cpu1.leave_lazy(), 0);
     assert_eq!(cpu1.read(va(1)), Ok(0));
+    assert_eq!(m.violations(), []);
+    // A cached entry of the lazy space whose PTE is gone (its flush not
+    // made yet) is refused as well: not read through.
+    cpu1.enter_lazy().unwrap();
+    m.clear_pte(&mm, va(1)).unwrap();
+    assert_eq!(cpu1.read(va(1)), Err(Fault::LazyUserAccess { va: va(1) }));
     assert_eq!(m.violations(), []);
 }
 
