@@ -240,6 +240,23 @@ fn flush_interrupts_only_the_cpus_that_have_not_passed() {
     }
 }
 
+/// CPU 1's process of 3 pages, read by CPU 0 too (which runs it as well),
+/// their accessed bits cleared, then pooled: the pool's generation counts
+/// both CPUs as targets.
+fn pooled_after_both_cpus_read(m: &MockMachine) -> (MockRmap<'_>, Vec<Vec<Frame>>, FramePool<8>) {
+    let (rmap, frames) = procs(m, &[1], 3);
+    let (cpu0, mm) = (m.cpu(0).unwrap(), rmap.spaces()[0].mm());
+    cpu0.switch_to(mm).unwrap();
+    for i in 0..3 {
+        cpu0.read(va(i)).unwrap();
+        m.test_and_clear_accessed(mm, va(i)).unwrap();
+    }
+    let mut pool = FramePool::<8>::new();
+    pool_them(m, &rmap, &frames[0], &mut pool);
+    assert_eq!(pool.targets(), set(m, &[0, 1]));
+    (rmap, frames, pool)
+}
+
 /// Test 6: when the CPU that releases or flushes the pool could cache the
 /// frames itself, it flushes itself, locally, with no IPI for it:
 /// `release_passed` once CPU 1 passed, `flush` with one IPI (to CPU 1)
@@ -248,16 +265,8 @@ fn flush_interrupts_only_the_cpus_that_have_not_passed() {
 fn the_releasing_cpu_flushes_itself_when_it_was_a_target() {
     for by_flush in [false, true] {
         let m = MockMachine::new(config(2, 64)).unwrap();
-        let (rmap, frames) = procs(&m, &[1], 3);
-        let (cpu0, cpu1, mm) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), rmap.spaces()[0].mm());
-        cpu0.switch_to(mm).unwrap();
-        for i in 0..3 {
-            cpu0.read(va(i)).unwrap();
-            m.test_and_clear_accessed(mm, va(i)).unwrap();
-        }
-        let mut pool = FramePool::<8>::new();
-        pool_them(&m, &rmap, &frames[0], &mut pool);
-        assert_eq!(pool.targets(), set(&m, &[0, 1]));
+        let (rmap, frames, mut pool) = pooled_after_both_cpus_read(&m);
+        let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
         assert!(m
             .cached_translations(frames[0][0])
             .iter()
@@ -503,16 +512,8 @@ fn a_lazy_cpu_is_clear_of_a_pooled_generation_and_its_tick_does_nothing() {
 #[test]
 fn a_releasing_target_that_already_passed_does_not_flush_again() {
     let m = MockMachine::new(config(2, 64)).unwrap();
-    let (rmap, frames) = procs(&m, &[1], 3);
-    let (cpu0, cpu1, mm) = (m.cpu(0).unwrap(), m.cpu(1).unwrap(), rmap.spaces()[0].mm());
-    cpu0.switch_to(mm).unwrap();
-    for i in 0..3 {
-        cpu0.read(va(i)).unwrap();
-        m.test_and_clear_accessed(mm, va(i)).unwrap();
-    }
-    let mut pool = FramePool::<8>::new();
-    pool_them(&m, &rmap, &frames[0], &mut pool);
-    assert_eq!(pool.targets(), set(&m, &[0, 1]));
+    let (rmap, frames, mut pool) = pooled_after_both_cpus_read(&m);
+    let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
     assert!(quiescent_flush(&cpu0));
     assert!(quiescent_flush(&cpu1));
     let before = m.stats();
