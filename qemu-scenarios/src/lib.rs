@@ -446,25 +446,11 @@ pub fn run(
     let observers = p.cpu_count().clamp(1, MAX_CPUS) as u32 - 1;
     let mut out = Outcome {
         label: p.label(),
-        name,
-        change,
-        flush,
         rounds,
         pages: pages as u32,
         observers,
-        fresh: 0,
-        stale: 0,
-        wrong: 0,
-        timeouts: 0,
-        batch_mismatches: 0,
-        full_flush: false,
-        invalidations: (0, 0, false),
         broadcast: p.broadcast_shootdowns(),
-        ipis_sent: 0,
-        ipis_seen: 0,
-        shootdowns: 0,
-        elapsed_us: 0,
-        skipped: None,
+        ..Outcome::new(name, change, flush)
     };
     if change == Change::Reclaim && !p.hw_access_flag() {
         out.skipped = Some(p.no_access_flag_why());

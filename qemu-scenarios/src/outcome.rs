@@ -129,6 +129,33 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The record of `name` before it runs: every count zero, no label,
+    /// no IPIs expected; the scenario fills in its size.
+    pub fn new(name: &'static str, change: Change, flush: Flush) -> Outcome {
+        Outcome {
+            label: "",
+            name,
+            change,
+            flush,
+            rounds: 0,
+            pages: 0,
+            observers: 0,
+            fresh: 0,
+            stale: 0,
+            wrong: 0,
+            timeouts: 0,
+            batch_mismatches: 0,
+            full_flush: false,
+            invalidations: (0, 0, false),
+            broadcast: false,
+            ipis_sent: 0,
+            ipis_seen: 0,
+            shootdowns: 0,
+            elapsed_us: 0,
+            skipped: None,
+        }
+    }
+
     pub fn passed(&self) -> bool {
         if self.skipped.is_some() {
             return true;

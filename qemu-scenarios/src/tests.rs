@@ -6,26 +6,15 @@ use super::*;
 /// counters given.
 fn outcome(broadcast: bool, shootdowns: u64, sent: u64, seen: u64) -> Outcome {
     Outcome {
-        label: "",
-        name: "t",
-        change: Change::BatchedUnmap,
-        flush: Flush::AllCpus,
         rounds: 2,
         pages: 4,
         observers: 3,
         fresh: 2 * 3 * 4,
-        stale: 0,
-        wrong: 0,
-        timeouts: 0,
-        batch_mismatches: 0,
-        full_flush: false,
-        invalidations: (0, 0, false),
         broadcast,
         ipis_sent: sent,
         ipis_seen: seen,
         shootdowns,
-        elapsed_us: 0,
-        skipped: None,
+        ..Outcome::new("t", Change::BatchedUnmap, Flush::AllCpus)
     }
 }
 
