@@ -240,6 +240,19 @@ fn flush_interrupts_only_the_cpus_that_have_not_passed() {
     }
 }
 
+/// CPU 1's process of 2 pages, pooled; the pool keeps them, since CPU 1
+/// still runs the space.
+fn pooled_while_cpu1_runs(m: &MockMachine) -> (MockRmap<'_>, Vec<Vec<Frame>>, FramePool<8>) {
+    let (rmap, frames) = procs(m, &[1], 2);
+    let mut pool = FramePool::<8>::new();
+    pool_them(m, &rmap, &frames[0], &mut pool);
+    assert!(
+        pool.release_passed(&m.cpu(0).unwrap()).is_empty(),
+        "CPU 1 runs the space"
+    );
+    (rmap, frames, pool)
+}
+
 /// CPU 1's process of 3 pages, read by CPU 0 too (which runs it as well),
 /// their accessed bits cleared, then pooled: the pool's generation counts
 /// both CPUs as targets.
@@ -482,11 +495,8 @@ fn a_lazy_cpu_is_clear_of_a_pooled_generation_and_its_tick_does_nothing() {
             ..config(2, 64)
         })
         .unwrap();
-        let (rmap, frames) = procs(&m, &[1], 2);
+        let (rmap, frames, mut pool) = pooled_while_cpu1_runs(&m);
         let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
-        let mut pool = FramePool::<8>::new();
-        pool_them(&m, &rmap, &frames[0], &mut pool);
-        assert!(pool.release_passed(&cpu0).is_empty(), "CPU 1 runs the space");
         cpu1.enter_lazy().unwrap();
         assert!(!quiescent_flush(&cpu1), "a lazy CPU's tick flushes nothing");
         let back = free(&mut MockKernel::new(&rmap), pool.release_passed(&cpu0));
@@ -545,10 +555,7 @@ fn a_tagged_cpu_back_on_an_unrelated_space_is_clear_without_flushing_it() {
     let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
     let other = m.new_mm(asid(9)).unwrap();
     cpu1.switch_to(&other).unwrap();
-    let (rmap, frames) = procs(&m, &[1], 2);
-    let mut pool = FramePool::<8>::new();
-    pool_them(&m, &rmap, &frames[0], &mut pool);
-    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 1 runs the space");
+    let (rmap, frames, mut pool) = pooled_while_cpu1_runs(&m);
     let before = m.stats().catch_ups;
     cpu1.switch_to(&other).unwrap();
     assert_eq!(m.stats().catch_ups, before, "ASID 9 had nothing to catch up");
@@ -572,11 +579,8 @@ fn a_tagged_cpu_that_caught_up_on_the_space_it_runs_is_clear() {
         ..config(2, 64)
     })
     .unwrap();
-    let (rmap, frames) = procs(&m, &[1], 2);
+    let (rmap, frames, mut pool) = pooled_while_cpu1_runs(&m);
     let (cpu0, cpu1) = (m.cpu(0).unwrap(), m.cpu(1).unwrap());
-    let mut pool = FramePool::<8>::new();
-    pool_them(&m, &rmap, &frames[0], &mut pool);
-    assert!(pool.release_passed(&cpu0).is_empty(), "CPU 1 runs the space");
     let mm = cpu1.current_mm().unwrap();
     cpu1.switch_to(&m.new_mm(asid(9)).unwrap()).unwrap();
     let before = m.stats().catch_ups;
